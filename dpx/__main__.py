@@ -1,0 +1,3 @@
+from dpx.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""Exception types raised by dpx.
+
+Every error dpx raises derives from :class:`DpxError`; the ones that describe a bad
+value or a bad type also derive from :class:`ValueError` or :class:`TypeError`, so callers
+that already catch the built-in kinds keep working.
+"""
+
+from __future__ import annotations
+
+
+class DpxError(Exception):
+    """Base class of every dpx error."""
+
+
+class DpxValueError(DpxError, ValueError):
+    """A value breaks a rule (a count, a size, a shape, a mode string)."""
+
+
+class DpxTypeError(DpxError, TypeError):
+    """A value has the wrong type (a float count, a tensor of the wrong dtype)."""
+
+
+class DpxCapacityError(DpxValueError):
+    """Real token counts exceed the static capacity of a plan."""
+
+
+class DpxMismatchError(DpxError):
+    """Ranks disagree on something they must share (a plan, an op, a dtype, counts)."""

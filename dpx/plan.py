@@ -1,0 +1,289 @@
+"""The padding planner: per-replica token counts in, a static plan out.
+
+A :class:`DpPlan` is a frozen, hashable dataclass of ints and enums. Every rank that plans
+the same counts with the same arguments gets an equal plan (and an equal
+:meth:`DpPlan.fingerprint`), so it can key caches, be compared across ranks, and be a
+static argument of ``jax.jit``.
+
+Shape algebra for replica ``d`` (``n_d`` real tokens, ``a_d = ceil_align(n_d, attn_tp)``)::
+
+    MAX_LEN : slot_rows[d] = max_d a_d            offsets[d] = d * slot_rows[0]
+    SUM_LEN : slot_rows[d] = a_d                  offsets[d] = a_0 + ... + a_{d-1}
+    GATHERV : as SUM_LEN (moved by a variable-length all-gather)
+    global_rows = sum(slot_rows)
+
+With ``capacity=`` the shapes are static and independent of the counts:
+
+    MAX_LEN : slot_rows[d] = ceil_align(capacity, attn_tp); offsets static as above
+    SUM_LEN / GATHERV : global_rows = ceil_align(capacity, attn_tp), and every replica's
+        local buffer has slot_rows[d] = global_rows rows (a replica may hold every token);
+        the offsets of the real counts are computed on the device at run time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from dpx.cost import CollectiveCost, CostModel
+from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError
+from dpx.layout import DpLayout
+from dpx.modes import PaddingMode, Policy
+
+ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
+                                      PaddingMode.GATHERV)
+
+
+def ceil_align(value: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``value``."""
+    return -(-value // multiple) * multiple
+
+
+def check_counts(num_tokens: Iterable[object], layout: DpLayout) -> tuple[int, ...]:
+    """Validate per-replica counts: ``dp_size`` non-negative Python ints."""
+    if isinstance(num_tokens, (str, bytes)) or not hasattr(num_tokens, "__iter__"):
+        raise DpxTypeError(f"num_tokens={num_tokens!r} must be a sequence of ints")
+    counts = tuple(num_tokens)
+    if len(counts) != layout.dp_size:
+        raise DpxValueError(
+            f"num_tokens has {len(counts)} entries {counts!r}; the layout has "
+            f"dp_size={layout.dp_size} replicas and needs one count per replica")
+    out = []
+    for d, n in enumerate(counts):
+        if isinstance(n, bool) or not isinstance(n, int):
+            # numpy integers are accepted through __index__, floats are not.
+            if hasattr(n, "__index__") and not isinstance(n, bool):
+                n = n.__index__()
+            else:
+                raise DpxTypeError(
+                    f"num_tokens[{d}]={n!r} must be an int (got {type(n).__name__})")
+        if n < 0:
+            raise DpxValueError(f"num_tokens[{d}]={n} must be >= 0")
+        out.append(int(n))
+    return tuple(out)
+
+
+def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool) -> tuple[PaddingMode, str]:
+    """sglang's rule on the aligned counts: extend with dp>1 -> SUM_LEN; else MAX_LEN when
+    ``2*sum >= dp*max`` (ties prefer MAX_LEN), else SUM_LEN."""
+    if is_extend and dp_size > 1:
+        return PaddingMode.SUM_LEN, "sglang rule: extend batch with dp_size > 1 -> SUM_LEN"
+    total, largest = sum(aligned), max(aligned)
+    if 2 * total >= dp_size * largest:
+        return PaddingMode.MAX_LEN, (
+            f"sglang rule: 2*sum={2 * total} >= dp*max={dp_size * largest} -> MAX_LEN")
+    return PaddingMode.SUM_LEN, (
+        f"sglang rule: 2*sum={2 * total} < dp*max={dp_size * largest} -> SUM_LEN")
+
+
+@dataclass(frozen=True)
+class ModeEstimate:
+    """The estimated cost of one mode for a (gather, reduce_scatter) pair."""
+
+    mode: PaddingMode
+    global_rows: int
+    steps: tuple[CollectiveCost, ...]
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+    @property
+    def moved(self) -> int:
+        """Bytes each rank sends over the step's collectives."""
+        return sum(s.moved for s in self.steps)
+
+
+def _layout_rows(mode: PaddingMode, aligned: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if mode is PaddingMode.MAX_LEN:
+        slot = max(aligned) if aligned else 0
+        slots = tuple(slot for _ in aligned)
+    else:
+        slots = tuple(aligned)
+    offsets, acc = [], 0
+    for s in slots:
+        offsets.append(acc)
+        acc += s
+    return slots, tuple(offsets)
+
+
+def estimate_mode(mode: PaddingMode, aligned: Sequence[int], layout: DpLayout, *,
+                  row_bytes: int, cost_model: CostModel) -> ModeEstimate:
+    """Estimate gather + reduce_scatter of one step in ``mode`` (partial gather)."""
+    n, tp = layout.world_size, layout.attn_tp_size
+    slots, _ = _layout_rows(mode, aligned)
+    total = sum(slots) * row_bytes
+    largest = max(slots) * row_bytes if slots else 0
+    steps: list[CollectiveCost] = []
+    if mode is PaddingMode.MAX_LEN:
+        steps.append(cost_model.local_pass("place into padded slot", largest))
+        if tp > 1:
+            steps.append(cost_model.reduce_scatter("gather: attn-tp reduce_scatter", largest, tp))
+        steps.append(cost_model.all_gather("gather: world all_gather", total, n))
+        steps.append(cost_model.reduce_scatter("reduce_scatter: world reduce_scatter", total, n))
+        if tp > 1:
+            steps.append(cost_model.all_gather("reduce_scatter: attn-tp all_gather", largest, tp))
+    elif mode is PaddingMode.SUM_LEN:
+        steps.append(cost_model.local_pass("place into zero buffer", total))
+        steps.append(cost_model.all_reduce("gather: world all_reduce", total, n))
+        steps.append(cost_model.all_reduce("reduce_scatter: world all_reduce", total, n))
+        steps.append(cost_model.local_pass("take slot", largest))
+    else:
+        steps.append(cost_model.local_pass("place own chunk", largest))
+        if tp > 1:
+            steps.append(cost_model.reduce_scatter("gather: attn-tp reduce_scatter", largest, tp))
+        steps.append(cost_model.variable("gather: variable all_gather", total, n, n))
+        steps.append(cost_model.variable("reduce_scatter: variable reduce_scatter", total, n, n))
+        if tp > 1:
+            steps.append(cost_model.all_gather("reduce_scatter: attn-tp all_gather", largest, tp))
+    return ModeEstimate(mode, sum(slots), tuple(steps))
+
+
+@dataclass(frozen=True)
+class DpPlan:
+    """A static description of one step's global buffer. Build it with :func:`plan_step`.
+
+    Fields: ``layout``; ``mode``; ``num_tokens`` (real count per replica; with a capacity
+    plan, the default counts used when no device counts are passed); ``slot_rows`` (rows of
+    each replica's slot in the global buffer, and of its scatter output); ``offsets``
+    (first global row of each slot); ``capacity`` (``None`` or the static capacity);
+    ``is_extend``; ``reason`` (why the mode was chosen).
+    """
+
+    layout: DpLayout
+    mode: PaddingMode
+    num_tokens: tuple[int, ...]
+    slot_rows: tuple[int, ...]
+    offsets: tuple[int, ...]
+    global_rows: int
+    capacity: int | None = None
+    is_extend: bool = False
+    reason: str = field(default="", compare=False)
+
+    @property
+    def aligned_tokens(self) -> tuple[int, ...]:
+        """Counts rounded up to a multiple of ``attn_tp_size``."""
+        tp = self.layout.attn_tp_size
+        return tuple(ceil_align(n, tp) for n in self.num_tokens)
+
+    @property
+    def max_slot_rows(self) -> int:
+        """The largest local buffer any replica needs (the per-device rows under JAX)."""
+        return max(self.slot_rows)
+
+    @property
+    def is_static(self) -> bool:
+        """True for capacity plans: shapes do not depend on the counts."""
+        return self.capacity is not None
+
+    @property
+    def dynamic_offsets(self) -> bool:
+        """True when slot offsets must be derived from the counts at run time."""
+        return self.is_static and self.mode is not PaddingMode.MAX_LEN
+
+    def slot_of_rank(self, rank: int) -> int:
+        return self.layout.coords(rank).attn_dp_rank
+
+    def key(self) -> tuple:
+        """The canonical content of the plan (what :meth:`fingerprint` hashes)."""
+        lay = self.layout
+        return (lay.world_size, lay.dp_size, lay.cp_size, self.mode.value, self.num_tokens,
+                self.slot_rows, self.offsets, self.global_rows, self.capacity, self.is_extend)
+
+    def fingerprint(self) -> str:
+        """A 16-hex-digit digest of :meth:`key`, equal on every rank for equal plans."""
+        return hashlib.sha256(repr(self.key()).encode()).hexdigest()[:16]
+
+    def fingerprint64(self) -> int:
+        """The fingerprint as a signed 64-bit int (to exchange in an int64 tensor)."""
+        value = int(self.fingerprint(), 16)
+        return value - (1 << 64) if value >= (1 << 63) else value
+
+    def with_counts(self, num_tokens: Sequence[int]) -> "DpPlan":
+        """For a capacity plan: the same static shapes, other default counts."""
+        if not self.is_static:
+            raise DpxValueError("with_counts() needs a capacity plan (capacity=None here)")
+        return plan_step(num_tokens, self.layout, is_extend=self.is_extend, mode=self.mode,
+                         capacity=self.capacity)
+
+    def explain(self, *, hidden: int = 7168, itemsize: int = 2,
+                cost_model: CostModel | None = None) -> str:
+        """A human-readable account: layout, slots, a picture, and every mode's cost."""
+        from dpx.explain import explain_plan
+
+        return explain_plan(self, hidden=hidden, itemsize=itemsize,
+                            cost_model=cost_model or CostModel())
+
+
+def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = False,
+              mode: PaddingMode | str | None = None, policy: Policy | str = Policy.SGLANG,
+              capacity: int | None = None, cost_model: CostModel | None = None,
+              row_bytes: int = 7168 * 2,
+              candidates: Sequence[PaddingMode | str] = ALL_MODES) -> DpPlan:
+    """Plan one step for per-replica real counts ``num_tokens`` (length ``dp_size``).
+
+    ``mode`` forces a mode; otherwise ``policy`` picks one (``"sglang"``: sglang's rule;
+    ``"cost"``: the cheapest of ``candidates`` under ``cost_model`` for rows of
+    ``row_bytes`` bytes). ``capacity`` makes the shapes static (see the module docstring);
+    a capacity plan with no forced mode uses MAX_LEN, the mode whose slots are static.
+    """
+    if not isinstance(layout, DpLayout):
+        raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
+    counts = check_counts(num_tokens, layout)
+    if not isinstance(is_extend, bool):
+        raise DpxTypeError(f"is_extend={is_extend!r} must be a bool")
+    policy = Policy.parse(policy)
+    forced = None if mode is None else PaddingMode.parse(mode)
+    cands = tuple(PaddingMode.parse(c) for c in candidates)
+    if not cands:
+        raise DpxValueError("candidates must name at least one PaddingMode")
+    tp = layout.attn_tp_size
+    aligned = tuple(ceil_align(n, tp) for n in counts)
+
+    if capacity is not None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise DpxTypeError(f"capacity={capacity!r} must be an int or None")
+        if capacity < 0:
+            raise DpxValueError(f"capacity={capacity} must be >= 0")
+        chosen = forced or PaddingMode.MAX_LEN
+        reason = (f"forced mode={chosen.value}" if forced else
+                  "capacity plan: MAX_LEN (static slots) unless mode= is given")
+        cap = ceil_align(capacity, tp)
+        if chosen is PaddingMode.MAX_LEN:
+            for d, n in enumerate(counts):
+                if n > capacity:
+                    raise DpxCapacityError(
+                        f"num_tokens[{d}]={n} exceeds capacity={capacity}: a MAX_LEN "
+                        f"capacity is the per-replica slot size")
+            slots = tuple(cap for _ in counts)
+            offsets = tuple(d * cap for d in range(layout.dp_size))
+            global_rows = cap * layout.dp_size
+        else:
+            if sum(aligned) > cap:
+                raise DpxCapacityError(
+                    f"sum of aligned num_tokens {aligned} = {sum(aligned)} exceeds "
+                    f"capacity={capacity} (aligned to attn_tp_size={tp}: {cap}): a "
+                    f"{chosen.name} capacity is the global buffer size")
+            slots = tuple(cap for _ in counts)
+            _, offsets = _layout_rows(chosen, aligned)
+            global_rows = cap
+        return DpPlan(layout, chosen, counts, slots, offsets, global_rows, capacity,
+                      is_extend, reason)
+
+    if forced is not None:
+        chosen, reason = forced, f"forced mode={forced.value}"
+    elif policy is Policy.SGLANG:
+        chosen, reason = sglang_mode(aligned, layout.dp_size, is_extend)
+    else:
+        model = cost_model or CostModel()
+        if isinstance(row_bytes, bool) or not isinstance(row_bytes, int) or row_bytes <= 0:
+            raise DpxValueError(f"row_bytes={row_bytes!r} must be a positive int")
+        estimates = [estimate_mode(m, aligned, layout, row_bytes=row_bytes, cost_model=model)
+                     for m in cands]
+        best = min(estimates, key=lambda e: (e.seconds, ALL_MODES.index(e.mode)))
+        chosen = best.mode
+        others = ", ".join(f"{e.mode.value}={e.seconds * 1e6:.1f}us" for e in estimates)
+        reason = f"cost policy: cheapest estimate ({others})"
+    slots, offsets = _layout_rows(chosen, aligned)
+    return DpPlan(layout, chosen, counts, slots, offsets, sum(slots), None, is_extend, reason)

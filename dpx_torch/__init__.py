@@ -1,0 +1,5 @@
+"""PyTorch frontend of dpx: row kernels and the DP-attention communicator ``DpComm``."""
+
+from dpx_torch.rows import place_rows, take_rows, zero_rows_
+
+__all__ = ["place_rows", "take_rows", "zero_rows_"]

@@ -1,0 +1,250 @@
+"""Torch launchers of the ``dpx.kernels`` row kernels, registered as ``torch.library`` ops.
+
+``place_rows(src [m, *rest], start, count, rows) -> out [rows, *rest]``:
+    ``out[start + j] = src[j]`` for ``j < count``; every other row is 0.
+``take_rows(src [m, *rest], start, count, rows) -> out [rows, *rest]``:
+    ``out[j] = src[start + j]`` for ``j < count``; rows ``count..`` are 0.
+
+``start``/``count`` are Python ints (checked against the shapes here) or one-element int32
+tensors on ``src``'s device (read by the kernel: no host sync, CUDA-graph replayable; a
+wrong value there is clipped to the buffers by the kernel's masks, never out of bounds).
+On CUDA the compiled Triton kernels run; on CPU the same kernels run in Triton's
+interpreter. The two are adjoint: ``<place(x), y> == <x, take(y)>`` for equal
+``start``/``count``, which is how their gradients are defined.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Union
+
+import torch
+
+from dpx.errors import DpxTypeError, DpxValueError
+from dpx.kernels import launch as _launch
+from dpx.kernels import rows as _rows
+
+Index = Union[int, torch.Tensor]
+
+
+@functools.cache
+def _interpreted(kernel_name: str) -> Callable:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(getattr(_rows, kernel_name).fn)
+
+
+def _kernel(kernel_name: str, device: torch.device):
+    if device.type == "cuda":
+        return getattr(_rows, kernel_name)
+    if device.type == "cpu":
+        return _interpreted(kernel_name)
+    raise DpxValueError(f"device {device} is not supported: dpx kernels run on cuda or cpu")
+
+
+def _width(t: torch.Tensor) -> int:
+    w = 1
+    for s in t.shape[1:]:
+        w *= s
+    return w
+
+
+def _split_index(name: str, value: Index, device: torch.device) -> tuple[torch.Tensor | None, int]:
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.int32 or value.numel() != 1:
+            raise DpxTypeError(f"{name} must be a one-element int32 tensor, got "
+                               f"dtype={value.dtype} shape={tuple(value.shape)}")
+        if value.device != device:
+            raise DpxValueError(f"{name} is on {value.device}, the data on {device}")
+        return value, 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DpxTypeError(f"{name}={value!r} must be an int or an int32 tensor")
+    if value < 0 or value >= 2**31:
+        raise DpxValueError(f"{name}={value} must be in [0, 2**31)")
+    return None, value
+
+
+def _launch_rows(kernel_name: str, src: torch.Tensor | None, start: torch.Tensor | None,
+                 count: torch.Tensor | None, start_val: int, count_val: int,
+                 out: torch.Tensor) -> None:
+    rows, width = out.shape[0], _width(out)
+    if out.numel() == 0:
+        return
+    block_r, block_c, warps = _launch.row_blocks(width)
+    grid = _launch.grid(rows, width)
+    from_ptr = start is not None
+    anchor = out if src is None else src
+    sp = start if from_ptr else anchor
+    cp = count if from_ptr else anchor
+    kern = _kernel(kernel_name, out.device)
+    if src is None:
+        kern[grid](sp, cp, start_val, count_val, rows, out, WIDTH=width, FROM_PTR=from_ptr,
+                   BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+    else:
+        kern[grid](src, sp, cp, start_val, count_val, src.shape[0], rows, out, WIDTH=width,
+                   FROM_PTR=from_ptr, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+
+
+# ---------------------------------------------------------------- torch.library ops
+# Out-variants mutate ``out``; functional variants allocate and are differentiable.
+
+@torch.library.custom_op("dpx::place_rows_out", mutates_args=("out",))
+def _place_rows_out(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
+                    start_val: int, count_val: int, out: torch.Tensor) -> None:
+    _launch_rows("place_rows_kernel", src, start, count, start_val, count_val, out)
+
+
+@torch.library.custom_op("dpx::take_rows_out", mutates_args=("out",))
+def _take_rows_out(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
+                   start_val: int, count_val: int, out: torch.Tensor) -> None:
+    _launch_rows("take_rows_kernel", src, start, count, start_val, count_val, out)
+
+
+@torch.library.custom_op("dpx::zero_rows_", mutates_args=("out",))
+def _zero_rows_(out: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
+                start_val: int, count_val: int) -> None:
+    _launch_rows("zero_rows_kernel", None, start, count, start_val, count_val, out)
+
+
+@_place_rows_out.register_fake
+def _(src, start, count, start_val, count_val, out) -> None:
+    return None
+
+
+@_take_rows_out.register_fake
+def _(src, start, count, start_val, count_val, out) -> None:
+    return None
+
+
+@_zero_rows_.register_fake
+def _(out, start, count, start_val, count_val) -> None:
+    return None
+
+
+@torch.library.custom_op("dpx::place_rows", mutates_args=())
+def _place_rows(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
+                start_val: int, count_val: int, rows: int) -> torch.Tensor:
+    out = src.new_empty((rows, *src.shape[1:]))
+    _launch_rows("place_rows_kernel", src, start, count, start_val, count_val, out)
+    return out
+
+
+@torch.library.custom_op("dpx::take_rows", mutates_args=())
+def _take_rows(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
+               start_val: int, count_val: int, rows: int) -> torch.Tensor:
+    out = src.new_empty((rows, *src.shape[1:]))
+    _launch_rows("take_rows_kernel", src, start, count, start_val, count_val, out)
+    return out
+
+
+@_place_rows.register_fake
+def _(src, start, count, start_val, count_val, rows):
+    return src.new_empty((rows, *src.shape[1:]))
+
+
+@_take_rows.register_fake
+def _(src, start, count, start_val, count_val, rows):
+    return src.new_empty((rows, *src.shape[1:]))
+
+
+def _setup_ctx(ctx, inputs, output) -> None:
+    src, start, count, start_val, count_val, rows = inputs
+    ctx.src_rows = src.shape[0]
+    ctx.index = (start, count, start_val, count_val)
+
+
+def _place_backward(ctx, grad):
+    start, count, start_val, count_val = ctx.index
+    g = _take_rows(grad.contiguous(), start, count, start_val, count_val, ctx.src_rows)
+    return g, None, None, None, None, None
+
+
+def _take_backward(ctx, grad):
+    start, count, start_val, count_val = ctx.index
+    g = _place_rows(grad.contiguous(), start, count, start_val, count_val, ctx.src_rows)
+    return g, None, None, None, None, None
+
+
+torch.library.register_autograd("dpx::place_rows", _place_backward, setup_context=_setup_ctx)
+torch.library.register_autograd("dpx::take_rows", _take_backward, setup_context=_setup_ctx)
+
+
+# ---------------------------------------------------------------- public launchers
+
+def _check_src_out(name: str, src: torch.Tensor, rows: int, out: torch.Tensor | None) -> None:
+    if not isinstance(src, torch.Tensor):
+        raise DpxTypeError(f"{name}: src must be a torch.Tensor, got {type(src).__name__}")
+    if src.dim() < 1:
+        raise DpxValueError(f"{name}: src must have at least one dim (rows), got a scalar")
+    if not src.is_contiguous():
+        raise DpxValueError(f"{name}: src of shape {tuple(src.shape)} must be contiguous")
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise DpxValueError(f"{name}: rows={rows!r} must be an int >= 0")
+    if out is None:
+        return
+    want = (rows, *src.shape[1:])
+    if tuple(out.shape) != want or out.dtype != src.dtype or out.device != src.device:
+        raise DpxValueError(
+            f"{name}: out has shape {tuple(out.shape)} {out.dtype} on {out.device}; it must "
+            f"be {want} {src.dtype} on {src.device}")
+    if not out.is_contiguous():
+        raise DpxValueError(f"{name}: out must be contiguous")
+    if out.numel() and src.numel() and _overlaps(src, out):
+        raise DpxValueError(f"{name}: out and src share memory; they must not alias")
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a0, a1 = a.data_ptr(), a.data_ptr() + a.numel() * a.element_size()
+    b0, b1 = b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()
+    return a0 < b1 and b0 < a1
+
+
+def _call(functional, out_op, src, start, count, rows, out):
+    s_t, s_v = _split_index("start", start, src.device)
+    c_t, c_v = _split_index("count", count, src.device)
+    if (s_t is None) != (c_t is None):
+        raise DpxTypeError("start and count must both be ints or both be int32 tensors")
+    if out is None:
+        return functional(src, s_t, c_t, s_v, c_v, rows)
+    out_op(src, s_t, c_t, s_v, c_v, out)
+    return out
+
+
+def place_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """``src [m, *rest] -> out [rows, *rest]`` with ``out[start:start+count] = src[:count]``,
+    zeros elsewhere. Python-int ``start``/``count`` must satisfy ``count <= m`` and
+    ``start + count <= rows``."""
+    _check_src_out("place_rows", src, rows, out)
+    if isinstance(start, int) and isinstance(count, int):
+        if not isinstance(start, bool) and not isinstance(count, bool) and (
+                count > src.shape[0] or start + count > rows):
+            raise DpxValueError(
+                f"place_rows: start={start}, count={count} must satisfy count <= src rows "
+                f"({src.shape[0]}) and start + count <= rows ({rows})")
+    return _call(_place_rows, _place_rows_out, src, start, count, rows, out)
+
+
+def take_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """``src [m, *rest] -> out [rows, *rest]`` with ``out[:count] = src[start:start+count]``,
+    zeros elsewhere. Python-int ``start``/``count`` must satisfy ``start + count <= m`` and
+    ``count <= rows``."""
+    _check_src_out("take_rows", src, rows, out)
+    if isinstance(start, int) and isinstance(count, int):
+        if not isinstance(start, bool) and not isinstance(count, bool) and (
+                start + count > src.shape[0] or count > rows):
+            raise DpxValueError(
+                f"take_rows: start={start}, count={count} must satisfy start + count <= src "
+                f"rows ({src.shape[0]}) and count <= rows ({rows})")
+    return _call(_take_rows, _take_rows_out, src, start, count, rows, out)
+
+
+def zero_rows_(out: torch.Tensor, start: Index, count: Index) -> torch.Tensor:
+    """In place: zero rows ``j >= start + count`` of ``out`` (the pad tail of a slot)."""
+    s_t, s_v = _split_index("start", start, out.device)
+    c_t, c_v = _split_index("count", count, out.device)
+    _zero_rows_(out, s_t, c_t, s_v, c_v)
+    return out
