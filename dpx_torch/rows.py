@@ -5,8 +5,8 @@
 ``take_rows(src [m, *rest], start, count, rows) -> out [rows, *rest]``:
     ``out[j] = src[start + j]`` for ``j < count``; rows ``count..`` are 0.
 
-``start``/``count`` are Python ints (checked against the shapes here) or one-element int32
-tensors on ``src``'s device (read by the kernel: no host sync, CUDA-graph replayable; a
+``start`` and ``count`` are each a Python int (checked against the shapes here) or a
+one-element int32 tensor on ``src``'s device (read by the kernel: no host sync, CUDA-graph replayable; a
 wrong value there is clipped to the buffers by the kernel's masks, never out of bounds).
 On CUDA the compiled Triton kernels run; on CPU the same kernels run in Triton's
 interpreter. The two are adjoint: ``<place(x), y> == <x, take(y)>`` for equal
@@ -72,17 +72,17 @@ def _launch_rows(kernel_name: str, src: torch.Tensor | None, start: torch.Tensor
         return
     block_r, block_c, warps = _launch.row_blocks(width)
     grid = _launch.grid(rows, width)
-    from_ptr = start is not None
     anchor = out if src is None else src
-    sp = start if from_ptr else anchor
-    cp = count if from_ptr else anchor
+    sp = anchor if start is None else start
+    cp = anchor if count is None else count
+    flags = dict(START_PTR=start is not None, COUNT_PTR=count is not None)
     kern = _kernel(kernel_name, out.device)
     if src is None:
-        kern[grid](sp, cp, start_val, count_val, rows, out, WIDTH=width, FROM_PTR=from_ptr,
+        kern[grid](sp, cp, start_val, count_val, rows, out, WIDTH=width, **flags,
                    BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     else:
         kern[grid](src, sp, cp, start_val, count_val, src.shape[0], rows, out, WIDTH=width,
-                   FROM_PTR=from_ptr, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+                   **flags, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
 
 
 # ---------------------------------------------------------------- torch.library ops
@@ -201,11 +201,13 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def _both_ints(start: Index, count: Index) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in (start, count))
+
+
 def _call(functional, out_op, src, start, count, rows, out):
     s_t, s_v = _split_index("start", start, src.device)
     c_t, c_v = _split_index("count", count, src.device)
-    if (s_t is None) != (c_t is None):
-        raise DpxTypeError("start and count must both be ints or both be int32 tensors")
     if out is None:
         return functional(src, s_t, c_t, s_v, c_v, rows)
     out_op(src, s_t, c_t, s_v, c_v, out)
@@ -218,9 +220,8 @@ def place_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
     zeros elsewhere. Python-int ``start``/``count`` must satisfy ``count <= m`` and
     ``start + count <= rows``."""
     _check_src_out("place_rows", src, rows, out)
-    if isinstance(start, int) and isinstance(count, int):
-        if not isinstance(start, bool) and not isinstance(count, bool) and (
-                count > src.shape[0] or start + count > rows):
+    if _both_ints(start, count):
+        if count > src.shape[0] or start + count > rows:
             raise DpxValueError(
                 f"place_rows: start={start}, count={count} must satisfy count <= src rows "
                 f"({src.shape[0]}) and start + count <= rows ({rows})")
@@ -233,9 +234,8 @@ def take_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
     zeros elsewhere. Python-int ``start``/``count`` must satisfy ``start + count <= m`` and
     ``count <= rows``."""
     _check_src_out("take_rows", src, rows, out)
-    if isinstance(start, int) and isinstance(count, int):
-        if not isinstance(start, bool) and not isinstance(count, bool) and (
-                start + count > src.shape[0] or count > rows):
+    if _both_ints(start, count):
+        if start + count > src.shape[0] or count > rows:
             raise DpxValueError(
                 f"take_rows: start={start}, count={count} must satisfy start + count <= src "
                 f"rows ({src.shape[0]}) and count <= rows ({rows})")

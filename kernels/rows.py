@@ -2,8 +2,8 @@
 
 Every kernel views its buffers as ``[rows, WIDTH]`` row-major matrices (trailing dims
 flattened into ``WIDTH``), writes every element of its output exactly once (one pass, no
-fill-then-copy), reads ``start``/``count`` either from device memory (``FROM_PTR``: int32
-scalars, so a captured CUDA graph or a compiled JAX function sees new values without a new
+fill-then-copy), reads ``start`` and ``count`` each either from device memory (``START_PTR`` /
+``COUNT_PTR``: int32 scalars, so a captured CUDA graph or a compiled JAX function sees new values without a new
 launch) or from plain integer arguments, does index math in int64, and masks every access
 against the buffer bounds: a wrong count can never read or write out of bounds.
 Kernels call no other ``@triton.jit`` function, so each runs unchanged in Triton's
@@ -18,18 +18,20 @@ import triton.language as tl
 
 @triton.jit
 def place_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_rows, out_rows,
-                      out_ptr, WIDTH: tl.constexpr, FROM_PTR: tl.constexpr,
+                      out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
                       BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """``out[start + j] = src[j]`` for ``0 <= j < count``; every other row of ``out`` is 0.
 
     src ``[src_rows, WIDTH]`` -> out ``[out_rows, WIDTH]``. Rows of ``src`` at or past
     ``count`` (or past ``src_rows``) are never read.
     """
-    if FROM_PTR:
+    if START_PTR:
         start = tl.load(start_ptr).to(tl.int64)
-        count = tl.load(count_ptr).to(tl.int64)
     else:
         start = start_val.to(tl.int64)
+    if COUNT_PTR:
+        count = tl.load(count_ptr).to(tl.int64)
+    else:
         count = count_val.to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
@@ -44,18 +46,20 @@ def place_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_r
 
 @triton.jit
 def take_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_rows, out_rows,
-                     out_ptr, WIDTH: tl.constexpr, FROM_PTR: tl.constexpr,
+                     out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """``out[j] = src[start + j]`` for ``0 <= j < count``; rows ``count..`` of ``out`` are 0.
 
     src ``[src_rows, WIDTH]`` -> out ``[out_rows, WIDTH]``. Rows of ``src`` outside
     ``[start, start + count)`` are never read.
     """
-    if FROM_PTR:
+    if START_PTR:
         start = tl.load(start_ptr).to(tl.int64)
-        count = tl.load(count_ptr).to(tl.int64)
     else:
         start = start_val.to(tl.int64)
+    if COUNT_PTR:
+        count = tl.load(count_ptr).to(tl.int64)
+    else:
         count = count_val.to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
@@ -70,21 +74,23 @@ def take_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_ro
 
 @triton.jit
 def zero_rows_kernel(start_ptr, count_ptr, start_val, count_val, out_rows,
-                     out_ptr, WIDTH: tl.constexpr, FROM_PTR: tl.constexpr,
+                     out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Zero rows ``j`` of ``out`` with ``j >= start + count`` (in place; writes pad rows only).
 
     Used after a collective has written a slot whose tail past the real count must be 0.
     """
-    if FROM_PTR:
+    if START_PTR:
         start = tl.load(start_ptr).to(tl.int64)
-        count = tl.load(count_ptr).to(tl.int64)
     else:
         start = start_val.to(tl.int64)
+    if COUNT_PTR:
+        count = tl.load(count_ptr).to(tl.int64)
+    else:
         count = count_val.to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
     pad = (rows >= start + count) & (rows < out_rows)
-    zeros = tl.zeros((BLOCK_R, BLOCK_C), dtype=out_ptr.dtype.element_ty)
+    zeros = tl.full((BLOCK_R, BLOCK_C), 0, dtype=out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], zeros,
              mask=pad[:, None] & (cols < WIDTH)[None, :])

@@ -1,0 +1,309 @@
+"""``DpComm``: DP-attention gather / scatter / reduce_scatter over torch.distributed.
+
+Per-rank shape algebra (``d`` = this rank's attn-dp rank, ``n_d`` its real count,
+``H...`` the trailing dims)::
+
+    gather(local [>= n_d, H...], plan, partial)  -> [plan.global_rows, H...]
+    scatter(global_ [global_rows, H...], plan)   -> [plan.slot_rows[d], H...]   (no collective)
+    reduce_scatter(global_ [global_rows, H...])  -> [plan.slot_rows[d], H...]
+
+Every output row that is not a real token row is zero. Streams: every call enqueues its
+kernels and collectives on the current CUDA stream (NCCL) and returns without a host sync.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from dpx.errors import DpxTypeError, DpxValueError
+from dpx.layout import DpLayout
+from dpx.modes import PaddingMode
+from dpx.plan import DpPlan
+from dpx_torch.groups import DpGroups, build_groups
+from dpx_torch.rows import place_rows, take_rows, zero_rows_
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+
+
+class _Counts:
+    """Where this call's counts and offsets come from: the plan (host ints) or a device
+    int32 tensor of counts (capacity plans; graph-replayable, no host sync)."""
+
+    def __init__(self, plan: DpPlan, counts: torch.Tensor | None, d: int) -> None:
+        self.plan, self.tensor, self.d = plan, counts, d
+        self._offsets: torch.Tensor | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        return self.tensor is not None
+
+    def count(self, d: int | None = None):
+        d = self.d if d is None else d
+        return self.plan.num_tokens[d] if self.tensor is None else self.tensor[d:d + 1]
+
+    def offset(self, d: int | None = None):
+        d = self.d if d is None else d
+        if self.tensor is None or not self.plan.dynamic_offsets:
+            return self.plan.offsets[d]
+        if self._offsets is None:
+            tp = self.plan.layout.attn_tp_size
+            aligned = (self.tensor + (tp - 1)) // tp * tp
+            self._offsets = (torch.cumsum(aligned, 0) - aligned).to(torch.int32)
+        return self._offsets[d:d + 1]
+
+    def clipped(self, start: int, length: int):
+        """``clamp(count - start, 0, length)``: real rows of the chunk ``[start, start+length)``."""
+        if self.tensor is None:
+            return max(0, min(self.plan.num_tokens[self.d] - start, length))
+        return torch.clamp(self.tensor[self.d:self.d + 1] - start, 0, length).to(torch.int32)
+
+
+class DpComm:
+    """The communicator of one DP-attention layout over one process group.
+
+    Build it on every rank of ``group`` (default: the default process group, whose size
+    must equal ``layout.world_size``). It owns the attn-tp subgroup and a CPU group; it holds
+    all state, so several communicators (other layouts, other groups) can coexist.
+    """
+
+    def __init__(self, layout: DpLayout, *, group: dist.ProcessGroup | None = None) -> None:
+        if not isinstance(layout, DpLayout):
+            raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
+        if layout.cp_size != 1:
+            raise DpxValueError(
+                f"DpComm supports cp_size=1; layout has cp_size={layout.cp_size} (gathers "
+                f"across context-parallel ranks are not defined by dpx)")
+        self.layout = layout
+        self.groups: DpGroups = build_groups(layout, group)
+        self.rank = self.groups.rank
+        coords = layout.coords(self.rank)
+        self.dp_rank = coords.attn_dp_rank
+        self.tp_rank = coords.attn_tp_rank
+        self.tp_size = layout.attn_tp_size
+
+    # ------------------------------------------------------------------ checks
+    def _check_plan(self, plan: DpPlan) -> None:
+        if not isinstance(plan, DpPlan):
+            raise DpxTypeError(f"plan must be a dpx.DpPlan, got {type(plan).__name__}")
+        if plan.layout != self.layout:
+            raise DpxValueError(f"plan was made for layout {plan.layout.describe()}, this "
+                                f"DpComm has {self.layout.describe()}")
+
+    def _check_tensor(self, name: str, t: torch.Tensor, *, min_rows: int | None = None,
+                      rows: int | None = None) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise DpxTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise DpxTypeError(f"{name} has dtype {t.dtype}; supported: "
+                               f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+        if t.dim() < 1:
+            raise DpxValueError(f"{name} must have a row dimension, got a scalar")
+        if not t.is_contiguous():
+            raise DpxValueError(f"{name} of shape {tuple(t.shape)} must be contiguous")
+        want = "cpu" if self.groups.backend == "gloo" else "cuda"
+        if t.device.type != want:
+            raise DpxValueError(f"{name} is on {t.device}; backend {self.groups.backend} "
+                                f"needs {want} tensors")
+        if min_rows is not None and t.shape[0] < min_rows:
+            raise DpxValueError(f"{name} has {t.shape[0]} rows; replica {self.dp_rank} needs "
+                                f"at least {min_rows} (its token count in the plan)")
+        if rows is not None and t.shape[0] != rows:
+            raise DpxValueError(f"{name} has {t.shape[0]} rows; the plan needs exactly {rows}")
+
+    def _check_out(self, out: torch.Tensor | None, ref: torch.Tensor, rows: int) -> None:
+        if out is None:
+            return
+        self._check_tensor("out", out)
+        want = (rows, *ref.shape[1:])
+        if tuple(out.shape) != want or out.dtype != ref.dtype or out.device != ref.device:
+            raise DpxValueError(f"out has shape {tuple(out.shape)} {out.dtype} on "
+                                f"{out.device}; it must be {want} {ref.dtype} on {ref.device}")
+        if out.numel() and ref.numel() and out.untyped_storage().data_ptr() == \
+                ref.untyped_storage().data_ptr():
+            raise DpxValueError("out shares storage with the input; they must not alias")
+
+    def _counts(self, plan: DpPlan, counts: torch.Tensor | None, ref: torch.Tensor) -> _Counts:
+        if counts is not None:
+            if not plan.is_static:
+                raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
+            if plan.mode is PaddingMode.GATHERV:
+                raise DpxValueError("GATHERV needs host-side counts to size its per-root "
+                                    "transfers; use MAX_LEN or SUM_LEN with device counts")
+            if (not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32
+                    or tuple(counts.shape) != (self.layout.dp_size,)):
+                raise DpxTypeError(f"counts must be an int32 tensor of shape "
+                                   f"({self.layout.dp_size},)")
+            if counts.device != ref.device:
+                raise DpxValueError(f"counts is on {counts.device}, the data on {ref.device}")
+        return _Counts(plan, counts, self.dp_rank)
+
+    # ------------------------------------------------------------------ gather
+    def gather(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
+               counts: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """``local [>= n_d, H...] -> [plan.global_rows, H...]`` on every rank.
+
+        Slot ``d`` row ``j < n_d`` holds the sum over replica d's attn-tp ranks of their
+        ``local[j]`` when ``partial``, else attn-tp rank 0's ``local[j]``. Other rows are 0.
+        """
+        self._check_plan(plan)
+        if not isinstance(partial, bool):
+            raise DpxTypeError(f"partial={partial!r} must be a bool")
+        n_d = plan.num_tokens[self.dp_rank]
+        self._check_tensor("local", local, min_rows=0 if counts is not None else n_d)
+        if counts is not None and local.shape[0] < plan.slot_rows[self.dp_rank]:
+            raise DpxValueError(f"local has {local.shape[0]} rows; with device counts it "
+                                f"needs the plan's static {plan.slot_rows[self.dp_rank]}")
+        self._check_out(out, local, plan.global_rows)
+        c = self._counts(plan, counts, local)
+        if out is None:
+            out = local.new_empty((plan.global_rows, *local.shape[1:]))
+        if plan.mode is PaddingMode.MAX_LEN:
+            self._gather_max_len(local, plan, partial, c, out)
+        elif plan.mode is PaddingMode.SUM_LEN:
+            self._gather_sum_len(local, plan, partial, c, out)
+        else:
+            self._gather_v(local, plan, partial, c, out)
+        return out
+
+    def _slot_chunk(self, local: torch.Tensor, slot: int, partial: bool, c: _Counts,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's ``slot/tp``-row chunk of its replica's zero-padded slot: reduced over
+        the attn-tp group (partial) or sliced from the local copy (replicated)."""
+        chunk = slot // self.tp_size
+        if self.tp_size == 1:
+            return place_rows(local, 0, c.count(), slot, out=out)
+        if partial:
+            padded = place_rows(local, 0, c.count(), slot)
+            if out is None:
+                out = local.new_empty((chunk, *local.shape[1:]))
+            dist.reduce_scatter_tensor(out, padded, group=self.groups.attn_tp)
+            return out
+        start = self.tp_rank * chunk
+        real = c.clipped(start, chunk)
+        # with host counts an empty chunk may start past local's rows: read from row 0
+        return take_rows(local, start if c.dynamic or real else 0, real, chunk, out=out)
+
+    def _gather_max_len(self, local, plan, partial, c, out) -> None:
+        slot = plan.slot_rows[0]
+        chunk = self._slot_chunk(local, slot, partial, c)
+        dist.all_gather_into_tensor(out, chunk, group=self.groups.world)
+
+    def _gather_sum_len(self, local, plan, partial, c, out) -> None:
+        writer = partial or self.tp_rank == 0
+        count = c.count() if writer else (0 if not c.dynamic else torch.zeros_like(c.count()))
+        place_rows(local, c.offset(), count, plan.global_rows, out=out)
+        dist.all_reduce(out, group=self.groups.world)
+
+    def _chunks(self, plan: DpPlan) -> list[tuple[int, int]]:
+        """``(first row, rows)`` in the global buffer of every rank's GATHERV chunk."""
+        tp = self.tp_size
+        return [(plan.offsets[r // tp] + (r % tp) * (plan.slot_rows[r // tp] // tp),
+                 plan.slot_rows[r // tp] // tp) for r in range(self.layout.world_size)]
+
+    def _gather_v(self, local, plan, partial, c, out) -> None:
+        chunks = self._chunks(plan)
+        first, rows = chunks[self.rank]
+        self._slot_chunk(local, plan.slot_rows[self.dp_rank], partial, c,
+                         out=out[first:first + rows])
+        if len({r for _, r in chunks}) == 1:
+            dist.all_gather_into_tensor(out, out[first:first + rows].clone(),
+                                        group=self.groups.world)
+            return
+        with self._grouped(out.device):
+            for root, (f, r) in enumerate(chunks):
+                if r:
+                    dist.broadcast(out[f:f + r], src=self._global(root),
+                                   group=self.groups.world)
+
+    # ------------------------------------------------------------------ scatter
+    def scatter(self, global_: torch.Tensor, plan: DpPlan, *,
+                counts: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]``: this replica's real
+        rows of an already reduced buffer, then zeros. No collective."""
+        self._check_plan(plan)
+        self._check_tensor("global_", global_, rows=plan.global_rows)
+        rows = plan.slot_rows[self.dp_rank]
+        self._check_out(out, global_, rows)
+        c = self._counts(plan, counts, global_)
+        return take_rows(global_, c.offset(), c.count(), rows, out=out)
+
+    # ------------------------------------------------------------------ reduce_scatter
+    def reduce_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
+                       counts: torch.Tensor | None = None,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+        """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]`` on every rank of
+        replica d: row ``j < n_d`` is the sum over all ranks of ``global_[offsets[d] + j]``;
+        other rows are 0. The adjoint of ``gather(partial=True)``. ``global_`` is not
+        modified."""
+        self._check_plan(plan)
+        self._check_tensor("global_", global_, rows=plan.global_rows)
+        rows = plan.slot_rows[self.dp_rank]
+        self._check_out(out, global_, rows)
+        c = self._counts(plan, counts, global_)
+        if out is None:
+            out = global_.new_empty((rows, *global_.shape[1:]))
+        if plan.mode is PaddingMode.MAX_LEN:
+            self._reduce_scatter_max_len(global_, plan, c, out)
+        elif plan.mode is PaddingMode.SUM_LEN:
+            reduced = global_.clone()
+            dist.all_reduce(reduced, group=self.groups.world)
+            take_rows(reduced, c.offset(), c.count(), rows, out=out)
+        else:
+            self._reduce_scatter_v(global_, plan, c, out)
+        return out
+
+    def _reduce_scatter_max_len(self, global_, plan, c, out) -> None:
+        chunk = plan.slot_rows[0] // self.tp_size
+        if self.tp_size == 1:
+            dist.reduce_scatter_tensor(out, global_, group=self.groups.world)
+        else:
+            part = global_.new_empty((chunk, *global_.shape[1:]))
+            dist.reduce_scatter_tensor(part, global_, group=self.groups.world)
+            dist.all_gather_into_tensor(out, part, group=self.groups.attn_tp)
+        zero_rows_(out, 0, c.count())
+
+    def _reduce_scatter_v(self, global_, plan, c, out) -> None:
+        chunks = self._chunks(plan)
+        staged = global_.clone()  # reduce works in place; the input stays untouched
+        with self._grouped(global_.device):
+            for root, (f, r) in enumerate(chunks):
+                if r:
+                    dist.reduce(staged[f:f + r], dst=self._global(root),
+                                group=self.groups.world)
+        first, rows = chunks[self.rank]
+        if self.tp_size == 1:
+            take_rows(staged, first, c.count(), out.shape[0], out=out)
+            return
+        dist.all_gather_into_tensor(out, staged[first:first + rows], group=self.groups.attn_tp)
+        zero_rows_(out, 0, c.count())
+
+    # ------------------------------------------------------------------ helpers
+    def _global(self, rank: int) -> int:
+        return self.groups.global_ranks[rank]
+
+    def _grouped(self, device: torch.device):
+        """Group per-root NCCL operations into one launch; a plain sequence elsewhere."""
+        import contextlib
+
+        if self.groups.backend == "nccl":
+            from torch.distributed.distributed_c10d import _coalescing_manager
+
+            return _coalescing_manager(self.groups.world, device)
+        return contextlib.nullcontext()
+
+    def destroy(self) -> None:
+        """Destroy the subgroups this communicator created."""
+        for g in {id(self.groups.attn_tp): self.groups.attn_tp,
+                  id(self.groups.cpu): self.groups.cpu}.values():
+            if g is not self.groups.world:
+                dist.destroy_process_group(g)
+
+
+def counts_tensor(num_tokens: Sequence[int], device: torch.device | str) -> torch.Tensor:
+    """An int32 device tensor of per-replica counts (to update in place between replays)."""
+    return torch.tensor(list(num_tokens), dtype=torch.int32, device=device)

@@ -1,0 +1,154 @@
+"""The row kernels through the torch launchers, against plain torch indexing.
+
+On CPU the same Triton kernels run in Triton's interpreter; the ``cuda`` cases (marked
+``gpu``) run the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import device_params
+from dpx import DpxTypeError, DpxValueError
+from dpx_torch import place_rows, take_rows, zero_rows_
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]
+POISON = {torch.float32: float("nan"), torch.bfloat16: float("nan"),
+          torch.float16: float("nan"), torch.int32: -7, torch.int64: -7}
+
+
+def _rand(shape, dtype, gen, device):
+    x = torch.randint(-1000, 1000, shape, generator=gen)
+    x = x.to(dtype) if not dtype.is_floating_point else (x.to(torch.float32) / 7).to(dtype)
+    return x.to(device)
+
+
+def _ref_place(src, start, count, rows):
+    out = torch.zeros((rows, *src.shape[1:]), dtype=src.dtype, device=src.device)
+    out[start:start + count] = src[:count]
+    return out
+
+
+def _ref_take(src, start, count, rows):
+    out = torch.zeros((rows, *src.shape[1:]), dtype=src.dtype, device=src.device)
+    out[:count] = src[start:start + count]
+    return out
+
+
+def _poisoned(rows, rest, dtype, device, margin=3):
+    """An ``out`` view with poisoned guard rows on both sides, to catch stray writes."""
+    big = torch.full((rows + 2 * margin, *rest), POISON[dtype], dtype=dtype, device=device)
+    return big, big[margin:margin + rows]
+
+
+def _check_guards(big, margin=3):
+    for guard in (big[:margin], big[big.shape[0] - margin:]):
+        g = guard.float()
+        assert (torch.isnan(g) | (g == -7)).all(), "a kernel wrote outside its output"
+
+
+CASES = [  # (src_rows, rest, start, count, rows)
+    (5, (7,), 2, 4, 9), (5, (1,), 0, 5, 5), (3, (3, 5), 4, 3, 7), (0, (11,), 0, 0, 4),
+    (4, (13,), 0, 0, 4), (6, (1029,), 3, 6, 9), (2, (4,), 8, 2, 10), (9, (2, 2, 3), 1, 8, 9),
+    (40, (130,), 17, 33, 50), (1, (8,), 0, 1, 1), (4, (6,), 3, 1, 4), (4, (6,), 0, 0, 0),
+]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_place_and_take_match_indexing(device, dtype, case):
+    src_rows, rest, start, count, rows = case
+    gen = torch.Generator().manual_seed(hash((src_rows, rest, start, count, rows)) % 2**31)
+    src = _rand((src_rows, *rest), dtype, gen, device)
+    for as_tensor in (False, True):
+        s = torch.tensor([start], dtype=torch.int32, device=device) if as_tensor else start
+        c = torch.tensor([count], dtype=torch.int32, device=device) if as_tensor else count
+        big, out = _poisoned(rows, rest, dtype, device)
+        place_rows(src, s, c, rows, out=out)
+        _check_guards(big)
+        assert torch.equal(out, _ref_place(src, start, count, rows))
+        assert torch.equal(place_rows(src, s, c, rows), _ref_place(src, start, count, rows))
+        # take reads back what place wrote
+        placed = _ref_place(src, start, count, rows)
+        big, out = _poisoned(src_rows, rest, dtype, device)
+        take_rows(placed, s, c, src_rows, out=out)
+        _check_guards(big)
+        assert torch.equal(out, _ref_take(placed, start, count, src_rows))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_mixed_int_and_tensor_index(device):
+    src = torch.arange(24, dtype=torch.float32, device=device).reshape(6, 4)
+    c = torch.tensor([3], dtype=torch.int32, device=device)
+    assert torch.equal(place_rows(src, 2, c, 8), _ref_place(src, 2, 3, 8))
+    s = torch.tensor([1], dtype=torch.int32, device=device)
+    assert torch.equal(take_rows(src, s, 4, 5), _ref_take(src, 1, 4, 5))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_device_counts_out_of_range_stay_in_bounds(device):
+    """A wrong device-side count is clipped by the masks: no stray write, no stray read."""
+    src = torch.arange(20, dtype=torch.float32, device=device).reshape(5, 4) + 1
+    big, out = _poisoned(6, (4,), torch.float32, device)
+    s = torch.tensor([4], dtype=torch.int32, device=device)
+    c = torch.tensor([1000], dtype=torch.int32, device=device)
+    place_rows(src, s, c, 6, out=out)
+    _check_guards(big)
+    assert torch.equal(out[:4], torch.zeros(4, 4, device=device))
+    assert torch.equal(out[4:], src[:2])
+    big, out = _poisoned(7, (4,), torch.float32, device)
+    take_rows(src, torch.tensor([3], dtype=torch.int32, device=device), c, 7, out=out)
+    _check_guards(big)
+    assert torch.equal(out[:2], src[3:]) and (out[2:] == 0).all()
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_rows_writes_only_the_tail(device, dtype):
+    gen = torch.Generator().manual_seed(3)
+    x = _rand((9, 5), dtype, gen, device)
+    ref = x.clone()
+    ref[4:] = 0
+    zero_rows_(x, 1, torch.tensor([3], dtype=torch.int32, device=device))
+    assert torch.equal(x, ref)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_gradients_are_adjoint(device):
+    src = torch.randn(5, 3, device=device, dtype=torch.float64).float().requires_grad_()
+    weight = torch.randn(8, 3, device=device)
+    (place_rows(src, 2, 4, 8) * weight).sum().backward()
+    expect = torch.zeros(5, 3, device=device)
+    expect[:4] = weight[2:6]
+    assert torch.equal(src.grad, expect)
+    src.grad = None
+    (take_rows(src, 1, 3, 6) * weight[:6]).sum().backward()
+    expect = torch.zeros(5, 3, device=device)
+    expect[1:4] = weight[:3]
+    assert torch.equal(src.grad, expect)
+
+
+def test_launcher_errors():
+    x = torch.zeros(4, 3)
+    with pytest.raises(DpxValueError, match=r"start=2, count=3.*start \+ count <= rows \(4\)"):
+        place_rows(x, 2, 3, 4)
+    with pytest.raises(DpxValueError, match=r"count <= src rows \(4\)"):
+        place_rows(x, 0, 5, 8)
+    with pytest.raises(DpxValueError, match=r"start \+ count <= src rows \(4\)"):
+        take_rows(x, 3, 2, 8)
+    with pytest.raises(DpxValueError, match="start=-1"):
+        take_rows(x, -1, 2, 8)
+    with pytest.raises(DpxTypeError, match="count=1.5"):
+        take_rows(x, 0, 1.5, 8)
+    with pytest.raises(DpxTypeError, match="int32"):
+        take_rows(x, 0, torch.tensor([1]), 8)
+    with pytest.raises(DpxValueError, match="contiguous"):
+        take_rows(torch.zeros(3, 4).t(), 0, 1, 2)
+    with pytest.raises(DpxValueError, match=r"out has shape \(3, 3\)"):
+        take_rows(x, 0, 1, 2, out=torch.zeros(3, 3))
+    with pytest.raises(DpxValueError, match="alias"):
+        take_rows(x, 0, 1, 2, out=x[2:])
+    with pytest.raises(DpxValueError, match="rows=-2"):
+        take_rows(x, 0, 0, -2)

@@ -1,0 +1,60 @@
+"""dpx_torch.DpComm on gloo process groups, against the NumPy reference."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+pytestmark = pytest.mark.multiproc
+
+MODES = ["max_len", "sum_len", "gatherv"]
+LAYOUTS = [(1, 1), (2, 2), (2, 1), (3, 3), (4, 4), (4, 2), (4, 1)]
+
+
+def _count_sets(dp: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    sets = [[0] * dp, [rng.randint(1, 9) for _ in range(dp)],
+            [0 if i % 2 else rng.randint(1, 12) for i in range(dp)],  # idle replicas
+            [17] + [0] * (dp - 1),                                    # one holds everything
+            [rng.randint(0, 6) for _ in range(dp)]]
+    return sets
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"w{l[0]}dp{l[1]}")
+def test_every_mode_partial_and_replicated(gloo_worlds, layout):
+    world, dp = layout
+    cases = [dict(counts=c, mode=m, partial=p, seed=i)
+             for i, (c, m, p) in enumerate(itertools.product(_count_sets(dp, world * 10 + dp),
+                                                             MODES, (True, False)))]
+    done = gloo_worlds(world).run("torch_jobs:check_cases", layout, cases)
+    assert done == [4 * len(cases)] * world
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int32", "int64"])
+def test_dtypes(gloo_worlds, dtype):
+    cases = [dict(counts=c, mode=m, partial=p, dtype=dtype, seed=3)
+             for c in ([3, 0], [5, 2]) for m in MODES for p in (True, False)]
+    gloo_worlds(4).run("torch_jobs:check_cases", (4, 2), cases)
+
+
+def test_policies_choose_and_run(gloo_worlds):
+    cases = [dict(counts=c, policy=pol, is_extend=ext, partial=True, seed=5)
+             for c in ([9, 0, 0, 0], [3, 3, 4, 2], [0, 1, 0, 30])
+             for pol in ("sglang", "cost") for ext in (False, True)]
+    gloo_worlds(4).run("torch_jobs:check_cases", (4, 4), cases)
+
+
+def test_trailing_dims(gloo_worlds):
+    cases = [dict(counts=[3, 1], mode=m, partial=p) for m in MODES for p in (True, False)]
+    gloo_worlds(4).run("torch_jobs:check_cases", (4, 2), cases, rest=(2, 3))
+
+
+@pytest.mark.parametrize("mode", ["max_len", "sum_len"])
+def test_capacity_plans_with_device_counts(gloo_worlds, mode):
+    cap = 8 if mode == "max_len" else 24
+    cases = [dict(counts=[1, 1], mode=mode, capacity=cap, run_counts=rc, partial=p, seed=i)
+             for i, rc in enumerate(([3, 0], [8, 5], [0, 0], [7, 1]))
+             for p in (True, False)]
+    gloo_worlds(4).run("torch_jobs:check_cases", (4, 2), cases)

@@ -1,0 +1,63 @@
+"""Jobs run on every rank of a gloo world (see harness.py); each checks against reference.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import dpx
+from reference import global_inputs, local_inputs, ref_gather, ref_reduce_scatter, ref_scatter
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "int32": torch.int32, "int64": torch.int64}
+
+
+def _t(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
+
+
+def _eq(name: str, got: torch.Tensor, want: np.ndarray, dtype: torch.dtype, case) -> None:
+    want_t = _t(want, dtype)
+    if got.shape != want_t.shape or not torch.equal(got, want_t):
+        bad = (got.double() - want_t.double()).abs()
+        raise AssertionError(f"{name} differs for case {case}: shape {tuple(got.shape)} vs "
+                             f"{tuple(want_t.shape)}; max abs diff "
+                             f"{bad.max().item() if bad.numel() and got.shape == want_t.shape else 'n/a'}")
+
+
+def check_cases(ctx, layout_args, cases, *, rest=(5,)) -> int:
+    """Each case: dict(counts, mode, partial, dtype, seed, is_extend, policy, capacity,
+    run_counts). Runs gather, scatter and reduce_scatter; returns checks done."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    d = layout.coords(ctx.rank).attn_dp_rank
+    done = 0
+    for case in cases:
+        dtype = DTYPES[case.get("dtype", "float32")]
+        partial = case.get("partial", True)
+        plan = dpx.plan_step(case["counts"], layout, mode=case.get("mode"),
+                             is_extend=case.get("is_extend", False),
+                             policy=case.get("policy", "sglang"), capacity=case.get("capacity"))
+        run_counts = case.get("run_counts")
+        counts_t = None if run_counts is None else torch.tensor(run_counts, dtype=torch.int32)
+        eff = plan.num_tokens if run_counts is None else tuple(run_counts)
+        seed = case.get("seed", 0)
+        static_rows = plan.slot_rows[d] if plan.is_static else None
+        locs = local_inputs(seed, plan.with_counts(eff) if plan.is_static else plan, rest,
+                            partial=partial, rows=static_rows)
+        got = comm.gather(_t(locs[ctx.rank], dtype), plan, partial=partial, counts=counts_t)
+        want = ref_gather(locs, plan, partial=partial, counts=eff)
+        _eq("gather", got, want, dtype, case)
+        out = torch.full_like(got, 5)
+        comm.gather(_t(locs[ctx.rank], dtype), plan, partial=partial, counts=counts_t, out=out)
+        _eq("gather(out=)", out, want, dtype, case)
+        sc = comm.scatter(got, plan, counts=counts_t)
+        _eq("scatter", sc, ref_scatter(want, plan, d, eff), dtype, case)
+        globs = global_inputs(seed, plan, rest)
+        g_in = _t(globs[ctx.rank], dtype)
+        g_copy = g_in.clone()
+        rs = comm.reduce_scatter(g_in, plan, counts=counts_t)
+        _eq("reduce_scatter", rs, ref_reduce_scatter(globs, plan, d, eff), dtype, case)
+        assert torch.equal(g_in, g_copy), "reduce_scatter modified its input"
+        done += 4
+    return done
