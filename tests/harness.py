@@ -84,7 +84,7 @@ class GlooWorld:
             p.start()
         self.alive = True
 
-    def run(self, target: str, *args: Any, timeout: float = 180.0, **kwargs: Any) -> list[Any]:
+    def run(self, target: str, *args: Any, timeout: float = 90.0, **kwargs: Any) -> list[Any]:
         if not self.alive:
             raise RuntimeError("this gloo world was closed after a failure")
         for q in self.jobs:

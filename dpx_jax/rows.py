@@ -1,0 +1,191 @@
+"""``place_rows`` / ``take_rows`` for JAX: the ``dpx.kernels`` Triton kernels through
+jax-triton on GPU, an XLA (jnp) implementation of the same functions elsewhere.
+
+``place_rows(src [m, *rest], start, count, rows) -> [rows, *rest]``: ``out[start + j] =
+src[j]`` for ``j < count`` (and ``j < m``), zeros elsewhere.
+``take_rows(src [m, *rest], start, count, rows) -> [rows, *rest]``: ``out[j] = src[start +
+j]`` for ``j < count`` (and ``start + j < m``), zeros elsewhere.
+
+``start`` and ``count`` are Python ints or int32 scalars (traced values are fine: they are
+read on the device, so new values never recompile). ``rows`` is static. Both functions are
+linear and adjoint to each other; a ``custom_vjp`` uses that, so ``jax.grad`` works through
+either implementation. The XLA version gathers with clipped indices and masks, so no
+``dynamic_update_slice`` index clamping can move a slot.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpx.errors import DpxTypeError, DpxValueError
+
+
+class Impl(enum.Enum):
+    """Which implementation runs the row kernels."""
+
+    AUTO = "auto"
+    TRITON = "triton"
+    XLA = "xla"
+
+    @classmethod
+    def parse(cls, value: "Impl | str") -> "Impl":
+        if isinstance(value, cls):
+            return value
+        for m in cls:
+            if isinstance(value, str) and value.lower() == m.value:
+                return m
+        raise DpxValueError(f"impl={value!r} must be one of 'auto', 'triton', 'xla'")
+
+
+def resolve_impl(impl: Impl | str) -> Impl:
+    """``AUTO`` -> ``TRITON`` on a GPU backend with jax-triton available, else ``XLA``."""
+    impl = Impl.parse(impl)
+    if impl is not Impl.AUTO:
+        return impl
+    from dpx_jax.triton_shim import jax_triton
+
+    if jax.default_backend() == "gpu" and jax_triton() is not None:
+        return Impl.TRITON
+    return Impl.XLA
+
+
+def _index(name: str, v) -> jax.Array:
+    if isinstance(v, bool):
+        raise DpxTypeError(f"{name}={v!r} must be an int or an int32 scalar")
+    if isinstance(v, int):
+        if v < 0 or v >= 2**31:
+            raise DpxValueError(f"{name}={v} must be in [0, 2**31)")
+        return jnp.int32(v)
+    if not hasattr(v, "dtype") or not jnp.issubdtype(v.dtype, jnp.integer) or jnp.ndim(v) not in (0, 1) \
+            or (jnp.ndim(v) == 1 and v.shape[0] != 1):
+        raise DpxTypeError(f"{name} must be an int or an integer scalar array, got {v!r}")
+    return jnp.reshape(v, ()).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------- XLA implementation
+def _mask(ok: jax.Array, vals: jax.Array) -> jax.Array:
+    return jnp.where(ok.reshape(ok.shape + (1,) * (vals.ndim - 1)), vals,
+                     jnp.zeros((), vals.dtype))
+
+
+def _place_xla(src, start, count, rows: int):
+    m = src.shape[0]
+    if rows == 0 or m == 0:
+        return jnp.zeros((rows, *src.shape[1:]), src.dtype)
+    j = jnp.arange(rows, dtype=jnp.int32) - start
+    ok = (j >= 0) & (j < count) & (j < m)
+    return _mask(ok, jnp.take(src, jnp.clip(j, 0, m - 1), axis=0))
+
+
+def _take_xla(src, start, count, rows: int):
+    m = src.shape[0]
+    if rows == 0 or m == 0:
+        return jnp.zeros((rows, *src.shape[1:]), src.dtype)
+    j = jnp.arange(rows, dtype=jnp.int32)
+    s = j + start
+    ok = (j < count) & (s >= 0) & (s < m)
+    return _mask(ok, jnp.take(src, jnp.clip(s, 0, m - 1), axis=0))
+
+
+# ---------------------------------------------------------------- Triton implementation
+def _triton(kernel_name: str, src, start, count, rows: int):
+    from dpx.kernels import launch, rows as kernels
+    from dpx_jax.triton_shim import triton_call
+
+    m, rest = src.shape[0], src.shape[1:]
+    width = math.prod(rest)
+    if rows == 0 or width == 0:
+        return jnp.zeros((rows, *rest), src.dtype)
+    block_r, block_c, warps = launch.row_blocks(width)
+    out = triton_call(
+        src.reshape(m, width), start.reshape(1), count.reshape(1), 0, 0, m, rows,
+        kernel=getattr(kernels, kernel_name),
+        out=jax.ShapeDtypeStruct((rows, width), src.dtype),
+        grid=launch.grid(rows, width), num_warps=warps,
+        WIDTH=width, START_PTR=True, COUNT_PTR=True, BLOCK_R=block_r, BLOCK_C=block_c)
+    out = out.reshape(rows, *rest)
+    vma = getattr(jax.typeof(src), "vma", frozenset()) | getattr(jax.typeof(start), "vma",
+                                                                 frozenset()) \
+        | getattr(jax.typeof(count), "vma", frozenset())
+    if vma:  # triton_call's outputs are typed invariant; they vary like the inputs
+        out = jax.lax.pcast(out, tuple(sorted(vma)), to="varying")
+    return out
+
+
+def _run(kind: str, impl: Impl, src, start, count, rows: int):
+    if impl is Impl.TRITON:
+        return _triton(f"{kind}_rows_kernel", src, start, count, rows)
+    return (_place_xla if kind == "place" else _take_xla)(src, start, count, rows)
+
+
+def _int_zero_cotangent(x):
+    return np.zeros(np.shape(x), dtype=jax.dtypes.float0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _place(src, start, count, rows: int, src_rows: int, impl: Impl):
+    return _run("place", impl, src, start, count, rows)
+
+
+def _place_fwd(src, start, count, rows, src_rows, impl):
+    return _run("place", impl, src, start, count, rows), (start, count)
+
+
+def _place_bwd(rows, src_rows, impl, res, g):
+    start, count = res
+    return (_take(g, start, count, src_rows, rows, impl), _int_zero_cotangent(start),
+            _int_zero_cotangent(count))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _take(src, start, count, rows: int, src_rows: int, impl: Impl):
+    return _run("take", impl, src, start, count, rows)
+
+
+def _take_fwd(src, start, count, rows, src_rows, impl):
+    return _run("take", impl, src, start, count, rows), (start, count)
+
+
+def _take_bwd(rows, src_rows, impl, res, g):
+    start, count = res
+    return (_place(g, start, count, src_rows, rows, impl), _int_zero_cotangent(start),
+            _int_zero_cotangent(count))
+
+
+_place.defvjp(_place_fwd, _place_bwd)
+_take.defvjp(_take_fwd, _take_bwd)
+
+
+def _check(name: str, src, rows) -> None:
+    if not hasattr(src, "shape") or len(src.shape) < 1:
+        raise DpxValueError(f"{name}: src must be an array with a row dimension")
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise DpxValueError(f"{name}: rows={rows!r} must be a static int >= 0")
+
+
+def place_rows(src: jax.Array, start, count, rows: int, *, impl: Impl | str = Impl.AUTO) -> jax.Array:
+    """``src [m, *rest] -> [rows, *rest]``; see the module docstring."""
+    _check("place_rows", src, rows)
+    if isinstance(start, int) and isinstance(count, int) and not isinstance(count, bool) \
+            and (count > src.shape[0] or start + count > rows):
+        raise DpxValueError(f"place_rows: start={start}, count={count} must satisfy count <= "
+                            f"src rows ({src.shape[0]}) and start + count <= rows ({rows})")
+    return _place(src, _index("start", start), _index("count", count), rows, src.shape[0],
+                  resolve_impl(impl))
+
+
+def take_rows(src: jax.Array, start, count, rows: int, *, impl: Impl | str = Impl.AUTO) -> jax.Array:
+    """``src [m, *rest] -> [rows, *rest]``; see the module docstring."""
+    _check("take_rows", src, rows)
+    if isinstance(start, int) and isinstance(count, int) and not isinstance(count, bool) \
+            and (start + count > src.shape[0] or count > rows):
+        raise DpxValueError(f"take_rows: start={start}, count={count} must satisfy start + "
+                            f"count <= src rows ({src.shape[0]}) and count <= rows ({rows})")
+    return _take(src, _index("start", start), _index("count", count), rows, src.shape[0],
+                 resolve_impl(impl))
