@@ -16,10 +16,12 @@ as data, so new counts never recompile.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from dpx.errors import DpxTypeError, DpxValueError
@@ -103,8 +105,12 @@ def _step(plan: DpPlan, counts, impl) -> _Step:
             o = jnp.cumsum(aligned) - aligned
         else:
             o = jnp.asarray(plan.offsets, jnp.int32)
+    return _step_from(plan, c, o, impl)
+
+
+def _step_from(plan: DpPlan, counts, offsets, impl) -> _Step:
     return _Step(plan, resolve_impl(impl), lax.axis_index("dp"), lax.axis_index(TP),
-                 lax.axis_index(AXES), c, o)
+                 lax.axis_index(AXES), counts, offsets)
 
 
 def _check_rows(name: str, x, rows: int, *, exact: bool) -> None:
@@ -126,13 +132,46 @@ def gather(local: jax.Array, plan: DpPlan, *, partial: bool, counts: jax.Array |
     """Per device ``local [>= rows, H...] -> [plan.global_rows, H...]`` (see module doc).
 
     Slot d row ``j < n_d`` holds the sum over replica d's attn-tp ranks of ``local[j]``
-    (``partial``) or attn-tp rank 0's ``local[j]``; every other row is zero.
+    (``partial``) or attn-tp rank 0's ``local[j]``; every other row is zero. Gradients: both
+    give every attn-tp rank the whole slot's gradient (``reduce_scatter`` of the cotangent):
+    the adjoint of the partial sum, and the gradient of the one replicated value.
     """
     if not isinstance(partial, bool):
         raise DpxTypeError(f"partial={partial!r} must be a bool")
     s = _step(plan, counts, impl)
     need = plan.max_slot_rows if plan.is_static else max(plan.num_tokens)
     _check_rows("local", local, need, exact=False)
+    if partial:
+        return _gather(local, plan, True, s)
+    return _gather_replicated(local, plan, s.counts, s.offsets, impl, local.shape[0])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 4, 5))
+def _gather_replicated(local, plan, counts, offsets, impl, rows):
+    """Replicated gather. Its gradient treats the attn-tp copies as one replicated value:
+    every attn-tp rank receives the whole slot gradient (``reduce_scatter`` of the
+    cotangent), as a replicated activation's backward expects."""
+    return _gather(local, plan, False, _step_from(plan, counts, offsets, impl))
+
+
+def _gather_replicated_fwd(local, plan, counts, offsets, impl, rows):
+    return _gather_replicated(local, plan, counts, offsets, impl, rows), (local, counts, offsets)
+
+
+def _gather_replicated_bwd(plan, impl, rows, res, ct):
+    # the partial gather's pullback: every attn-tp rank gets its replica's slot gradient
+    local, counts, offsets = res
+    s = _step_from(plan, counts, offsets, impl)
+    _, pullback = jax.vjp(lambda x: _gather(x, plan, True, s), local)
+    (g,) = pullback(ct)
+    return (g, np.zeros(counts.shape, dtype=jax.dtypes.float0),
+            np.zeros(offsets.shape, dtype=jax.dtypes.float0))
+
+
+_gather_replicated.defvjp(_gather_replicated_fwd, _gather_replicated_bwd)
+
+
+def _gather(local, plan: DpPlan, partial: bool, s: _Step) -> jax.Array:
     rest = local.shape[1:]
     if plan.global_rows == 0:
         return jnp.zeros((0, *rest), local.dtype)
@@ -197,6 +236,10 @@ def reduce_scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None
     The adjoint of ``gather(partial=True)``."""
     s = _step(plan, counts, impl)
     _check_rows("global_", global_, plan.global_rows, exact=True)
+    return _reduce_scatter(global_, plan, s)
+
+
+def _reduce_scatter(global_, plan: DpPlan, s: _Step) -> jax.Array:
     rest = global_.shape[1:]
     rows = plan.max_slot_rows
     if plan.global_rows == 0:

@@ -109,13 +109,37 @@ def _triton(kernel_name: str, src, start, count, rows: int):
         out=jax.ShapeDtypeStruct((rows, width), src.dtype),
         grid=launch.grid(rows, width), num_warps=warps,
         WIDTH=width, START_PTR=True, COUNT_PTR=True, BLOCK_R=block_r, BLOCK_C=block_c)
-    out = out.reshape(rows, *rest)
-    vma = getattr(jax.typeof(src), "vma", frozenset()) | getattr(jax.typeof(start), "vma",
-                                                                 frozenset()) \
-        | getattr(jax.typeof(count), "vma", frozenset())
-    if vma:  # triton_call's outputs are typed invariant; they vary like the inputs
-        out = jax.lax.pcast(out, tuple(sorted(vma)), to="varying")
-    return out
+    # triton_call's outputs are typed invariant; they vary like the inputs
+    return vary_like(out.reshape(rows, *rest), src, start, count)
+
+
+def _vma(x) -> frozenset:
+    """Mesh axes ``x`` varies over (``.vma`` on some JAX versions, ``.mat.varying`` on
+    others); empty outside ``shard_map``."""
+    t = jax.typeof(x)
+    mat = getattr(t, "mat", None)
+    if mat is not None and hasattr(mat, "varying"):
+        return frozenset(mat.varying)
+    return frozenset(getattr(t, "vma", ()) or ())
+
+
+def match_vma(g: jax.Array, like: jax.Array) -> jax.Array:
+    """A cotangent ``g`` typed like the primal ``like``: summed over the mesh axes that
+    ``like`` is invariant over (each device contributed a share of its cotangent) and cast
+    to vary over the axes ``like`` varies over."""
+    extra = _vma(g) - _vma(like)
+    if extra:
+        g = jax.lax.psum(g, tuple(sorted(extra)))
+    return vary_like(g, like)
+
+
+def vary_like(x: jax.Array, *refs) -> jax.Array:
+    """``x`` cast to vary over every mesh axis any of ``refs`` varies over (inside
+    ``shard_map`` with ``check_vma``; a no-op elsewhere)."""
+    missing = frozenset().union(*(_vma(r) for r in refs)) - _vma(x)
+    if not missing:
+        return x
+    return jax.lax.pcast(x, tuple(sorted(missing)), to="varying")
 
 
 def _run(kind: str, impl: Impl, src, start, count, rows: int):
@@ -134,13 +158,13 @@ def _place(src, start, count, rows: int, src_rows: int, impl: Impl):
 
 
 def _place_fwd(src, start, count, rows, src_rows, impl):
-    return _run("place", impl, src, start, count, rows), (start, count)
+    return _run("place", impl, src, start, count, rows), (start, count, src[:0])
 
 
 def _place_bwd(rows, src_rows, impl, res, g):
-    start, count = res
-    return (_take(g, start, count, src_rows, rows, impl), _int_zero_cotangent(start),
-            _int_zero_cotangent(count))
+    start, count, like = res
+    return (match_vma(_take(g, start, count, src_rows, rows, impl), like),
+            _int_zero_cotangent(start), _int_zero_cotangent(count))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -149,13 +173,13 @@ def _take(src, start, count, rows: int, src_rows: int, impl: Impl):
 
 
 def _take_fwd(src, start, count, rows, src_rows, impl):
-    return _run("take", impl, src, start, count, rows), (start, count)
+    return _run("take", impl, src, start, count, rows), (start, count, src[:0])
 
 
 def _take_bwd(rows, src_rows, impl, res, g):
-    start, count = res
-    return (_place(g, start, count, src_rows, rows, impl), _int_zero_cotangent(start),
-            _int_zero_cotangent(count))
+    start, count, like = res
+    return (match_vma(_place(g, start, count, src_rows, rows, impl), like),
+            _int_zero_cotangent(start), _int_zero_cotangent(count))
 
 
 _place.defvjp(_place_fwd, _place_bwd)

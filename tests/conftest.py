@@ -9,6 +9,16 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+#: Simulated CPU devices for the JAX tests (set before any JAX backend starts).
+JAX_CPU_DEVICES = 8
+
+try:
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", JAX_CPU_DEVICES)
+except ImportError:
+    pass
+
 
 def _cuda_available() -> bool:
     try:
@@ -16,6 +26,14 @@ def _cuda_available() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+def jax_gpu_available() -> bool:
+    try:
+        import jax
+    except ImportError:
+        return False
+    return jax.default_backend() == "gpu"
 
 
 def device_params():

@@ -1,0 +1,241 @@
+"""dpx_jax on simulated CPU devices (shard_map, jit, grad), against reference.py."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import dpx  # noqa: E402
+import dpx_jax  # noqa: E402
+from conftest import jax_gpu_available  # noqa: E402
+from jax_harness import SPEC, mesh_for, shard, step_fn, unstack  # noqa: E402
+from reference import (global_inputs, local_inputs, ref_gather, ref_reduce_scatter,  # noqa: E402
+                       ref_scatter)
+
+MODES = ["max_len", "sum_len", "gatherv"]
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
+          "int32": jnp.int32}
+
+
+def _counts(dp: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randint(1, 9) for _ in range(dp)],
+            [0 if i % 2 else rng.randint(1, 11) for i in range(dp)],
+            [13] + [0] * (dp - 1)]
+
+
+def run_case(plan, partial, dtype="float32", rest=(3,), seed=0, counts=None, impl="auto"):
+    lay = plan.layout
+    eff = plan.num_tokens if counts is None else tuple(counts)
+    eff_plan = plan.with_counts(eff) if plan.is_static else plan
+    locs = local_inputs(seed, eff_plan, rest, partial=partial, rows=plan.max_slot_rows)
+    globs = global_inputs(seed, plan, rest)
+    mesh = mesh_for(lay)
+    f = step_fn(plan, partial, impl, counts is not None)
+    c = jnp.asarray(eff, jnp.int32)
+    g, sc, rs = f(shard(mesh, locs, DTYPES[dtype]), shard(mesh, globs, DTYPES[dtype]), c)
+    g, sc, rs = (unstack(a, lay.world_size) for a in (g, sc, rs))
+    want = ref_gather(locs, plan, partial=partial, counts=eff)
+    for r in range(lay.world_size):
+        d = lay.coords(r).attn_dp_rank
+        rows = plan.slot_rows[d]
+        np.testing.assert_array_equal(g[r], want, err_msg=f"gather rank {r}")
+        np.testing.assert_array_equal(sc[r][:rows], ref_scatter(want, plan, d, eff),
+                                      err_msg=f"scatter rank {r}")
+        np.testing.assert_array_equal(rs[r][:rows], ref_reduce_scatter(globs, plan, d, eff),
+                                      err_msg=f"reduce_scatter rank {r}")
+        assert not np.any(sc[r][rows:]) and not np.any(rs[r][rows:]), "rows past the slot"
+    return f
+
+
+@pytest.mark.parametrize("layout", [(8, 8), (8, 4), (8, 2), (8, 1), (4, 2), (2, 1), (4, 4),
+                                    (6, 3), (1, 1)], ids=lambda l: f"w{l[0]}dp{l[1]}")
+def test_every_mode_partial_and_replicated(layout):
+    lay = dpx.DpLayout(*layout)
+    for i, (counts, mode, partial) in enumerate(itertools.product(
+            _counts(lay.dp_size, sum(layout)), MODES, (True, False))):
+        run_case(dpx.plan_step(counts, lay, mode=mode), partial, seed=i)
+
+
+def test_all_idle_and_policies():
+    lay = dpx.DpLayout(8, 4)
+    for mode in MODES:
+        run_case(dpx.plan_step([0, 0, 0, 0], lay, mode=mode), True)
+    for counts in ([40, 0, 0, 1], [5, 5, 6, 4]):
+        for policy, ext in itertools.product(("sglang", "cost"), (False, True)):
+            run_case(dpx.plan_step(counts, lay, policy=policy, is_extend=ext), True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int32"])
+def test_dtypes(dtype):
+    lay = dpx.DpLayout(8, 4)
+    for mode, partial in itertools.product(MODES, (True, False)):
+        run_case(dpx.plan_step([3, 0, 6, 2], lay, mode=mode), partial, dtype=dtype)
+
+
+def test_trailing_dims():
+    lay = dpx.DpLayout(4, 2)
+    for mode in MODES:
+        run_case(dpx.plan_step([3, 1], lay, mode=mode), False, rest=(2, 3))
+
+
+@pytest.mark.parametrize("mode,cap", [("max_len", 8), ("sum_len", 24), ("gatherv", 24)])
+def test_capacity_plan_no_recompile(mode, cap):
+    lay = dpx.DpLayout(8, 4)
+    plan = dpx.plan_step([1, 1, 1, 1], lay, capacity=cap, mode=mode)
+    f = None
+    for i, counts in enumerate(([3, 0, 8, 5], [0, 0, 0, 0], [8, 8, 8, 0], [1, 2, 3, 4])):
+        f = run_case(plan, i % 2 == 0, counts=counts, seed=i)
+        run_case(plan, i % 2 == 1, counts=counts, seed=i)
+    assert f._cache_size() == 1, "new counts must not recompile"
+
+
+# ---------------------------------------------------------------- rows
+def test_rows_xla_edges():
+    x = jnp.arange(20, dtype=jnp.float32).reshape(5, 4) + 1
+    # a slot at the very end is not moved (dynamic_update_slice would clamp it)
+    out = dpx_jax.place_rows(x, 6, 3, 9, impl="xla")
+    assert np.array_equal(out[6:], x[:3]) and not np.any(out[:6])
+    # traced start/count, out-of-range counts are clipped, never wrap
+    f = jax.jit(lambda s, c: dpx_jax.take_rows(x, s, c, 7, impl="xla"))
+    got = np.asarray(f(jnp.int32(3), jnp.int32(100)))
+    assert np.array_equal(got[:2], x[3:]) and not np.any(got[2:])
+    assert dpx_jax.place_rows(jnp.zeros((0, 4)), 0, 0, 3, impl="xla").shape == (3, 4)
+    assert dpx_jax.take_rows(x, 0, 0, 0, impl="xla").shape == (0, 4)
+
+
+def test_rows_bad_inputs():
+    x = jnp.zeros((4, 3))
+    with pytest.raises(dpx.DpxValueError, match=r"start \+ count <= rows \(4\)"):
+        dpx_jax.place_rows(x, 2, 3, 4)
+    with pytest.raises(dpx.DpxValueError, match="impl='cuda'"):
+        dpx_jax.place_rows(x, 0, 1, 4, impl="cuda")
+    with pytest.raises(dpx.DpxTypeError, match="count"):
+        dpx_jax.take_rows(x, 0, 1.5, 4)
+    if not jax_gpu_available():
+        with pytest.raises(dpx.DpxValueError, match="jax-triton"):
+            dpx_jax.place_rows(x, 0, 1, 4, impl="triton")
+
+
+def test_ops_bad_inputs():
+    lay = dpx.DpLayout(4, 2)
+    plan = dpx.plan_step([3, 1], lay)
+    mesh = mesh_for(lay)
+    x = shard(mesh, [np.zeros((2, 3))] * 4, jnp.float32)
+
+    def run(fn):
+        return jax.shard_map(fn, mesh=mesh, in_specs=SPEC, out_specs=SPEC)(x)
+
+    with pytest.raises(dpx.DpxValueError, match="local has 2 rows per device; the plan needs at least 3"):
+        run(lambda l: dpx_jax.gather(l, plan, partial=True))
+    with pytest.raises(dpx.DpxValueError, match="global_ has 2 rows"):
+        run(lambda l: dpx_jax.reduce_scatter(l, plan))
+    with pytest.raises(dpx.DpxValueError, match="capacity plan"):
+        run(lambda l: dpx_jax.scatter(l, plan, counts=jnp.zeros(2, jnp.int32)))
+    with pytest.raises(dpx.DpxTypeError, match="partial"):
+        run(lambda l: dpx_jax.gather(l, plan, partial=1))
+
+
+# ---------------------------------------------------------------- gradients
+def _ref_global(X, plan, partial):
+    """Plain jnp reference of gather on stacked inputs X [world, L, H] -> [G, H]."""
+    lay = plan.layout
+    out = jnp.zeros((plan.global_rows, X.shape[-1]), X.dtype)
+    for d in range(lay.dp_size):
+        n, ranks = plan.num_tokens[d], lay.replica_ranks(d)
+        val = sum(X[r, :n] for r in ranks) if partial else X[ranks[0], :n]
+        out = out.at[plan.offsets[d]:plan.offsets[d] + n].set(val)
+    return out
+
+
+def _ref_rs(Y, plan):
+    """Plain jnp reference of reduce_scatter on stacked [world, G, H] -> [world, L, H]."""
+    lay = plan.layout
+    total = Y.sum(0)
+    rows = []
+    for r in range(lay.world_size):
+        d = lay.coords(r).attn_dp_rank
+        n, o = plan.num_tokens[d], plan.offsets[d]
+        rows.append(jnp.zeros((plan.max_slot_rows, Y.shape[-1]), Y.dtype).at[:n].set(total[o:o + n]))
+    return jnp.stack(rows)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_match_reference(mode):
+    lay = dpx.DpLayout(8, 4)
+    plan = dpx.plan_step([3, 0, 6, 2], lay, mode=mode)
+    mesh = mesh_for(lay)
+    W, L, G = lay.world_size, plan.max_slot_rows, plan.global_rows
+    rng = np.random.default_rng(0)
+    X = jnp.asarray(rng.integers(-4, 5, (W, L, 3)), jnp.float32)
+    Wg = jnp.asarray(rng.integers(-4, 5, (W, G, 3)), jnp.float32)
+    Ws = jnp.asarray(rng.integers(-4, 5, (W, L, 3)), jnp.float32)
+    for partial in (True, False):
+        def loss(x):
+            f = jax.shard_map(lambda l: dpx_jax.gather(l, plan, partial=partial), mesh=mesh,
+                              in_specs=SPEC, out_specs=SPEC)
+            return jnp.sum(f(x.reshape(W * L, 3)).reshape(W, G, 3) * Wg)
+
+        if partial:
+            np.testing.assert_array_equal(jax.grad(loss)(X), jax.grad(
+                lambda x: jnp.sum(_ref_global(x, plan, True)[None] * Wg))(X))
+            continue
+        # replicated: the attn-tp copies are one value; each copy gets its whole gradient
+        dp_of = [lay.coords(r).attn_dp_rank for r in range(W)]
+        shared = X[jnp.asarray([lay.replica_ranks(d)[0] for d in range(lay.dp_size)])]
+
+        def ref_shared(xs):
+            return jnp.sum(_ref_global(xs[jnp.asarray(dp_of)], plan, False)[None] * Wg)
+
+        want = jax.grad(ref_shared)(shared)[jnp.asarray(dp_of)]
+        np.testing.assert_array_equal(jax.grad(loss)(shared[jnp.asarray(dp_of)]), want)
+
+    def loss_rs(y):
+        f = jax.shard_map(lambda g: dpx_jax.reduce_scatter(g, plan), mesh=mesh,
+                          in_specs=SPEC, out_specs=SPEC)
+        return jnp.sum(f(y.reshape(W * G, 3)).reshape(W, L, 3) * Ws)
+
+    np.testing.assert_array_equal(jax.grad(loss_rs)(Wg), jax.grad(
+        lambda y: jnp.sum(_ref_rs(y, plan) * Ws))(Wg))
+
+    def loss_sc(y):
+        f = jax.shard_map(lambda g: dpx_jax.scatter(g, plan), mesh=mesh, in_specs=SPEC,
+                          out_specs=SPEC)
+        return jnp.sum(f(y.reshape(W * G, 3)).reshape(W, L, 3) * Ws)
+
+    def ref_sc(y):
+        outs = []
+        for r in range(W):
+            d = lay.coords(r).attn_dp_rank
+            n, o = plan.num_tokens[d], plan.offsets[d]
+            outs.append(jnp.zeros((L, 3)).at[:n].set(y[r, o:o + n]))
+        return jnp.sum(jnp.stack(outs) * Ws)
+
+    np.testing.assert_array_equal(jax.grad(loss_sc)(Wg), jax.grad(ref_sc)(Wg))
+
+
+# ---------------------------------------------------------------- GPU (jax-triton)
+@pytest.mark.gpu
+@pytest.mark.skipif(not jax_gpu_available(), reason="needs a JAX GPU backend")
+def test_triton_matches_xla_bitwise_on_gpu():
+    rng = np.random.default_rng(1)
+    for dtype in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32):
+        for m, rest, start, count, rows in [(5, (7,), 2, 4, 9), (40, (130,), 17, 33, 50),
+                                            (0, (11,), 0, 0, 4), (6, (1029,), 3, 6, 9)]:
+            x = jnp.asarray(rng.integers(-100, 100, (m, *rest)), dtype)
+            for fn in (dpx_jax.place_rows, dpx_jax.take_rows):
+                s, c = (start, count) if fn is dpx_jax.place_rows else (0, min(count, m))
+                a = fn(x, jnp.int32(s), jnp.int32(c), rows, impl="triton")
+                b = fn(x, jnp.int32(s), jnp.int32(c), rows, impl="xla")
+                assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    lay = dpx.DpLayout(1, 1)
+    for mode in MODES:
+        for partial in (True, False):
+            run_case(dpx.plan_step([5], lay, mode=mode), partial, impl="triton")
