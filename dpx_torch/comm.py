@@ -23,7 +23,12 @@ from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups, build_groups
-from dpx_torch.rows import place_rows, take_rows, zero_rows_
+from dpx_torch.pool import BufferPool
+from dpx_torch.rows import _overlaps, place_rows, take_rows, zero_rows_
+
+# torch >= 2.12 renamed the single-tensor collectives; older releases have only the old names
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 
@@ -83,6 +88,11 @@ class DpComm:
         self.dp_rank = coords.attn_dp_rank
         self.tp_rank = coords.attn_tp_rank
         self.tp_size = layout.attn_tp_size
+        self.pool = BufferPool()
+
+    def _scratch(self, purpose: str, rows: int, like: torch.Tensor) -> torch.Tensor:
+        """A pooled ``[rows, *like.shape[1:]]`` buffer (valid until the next call)."""
+        return self.pool.get(purpose, (rows, *like.shape[1:]), like.dtype, like.device)
 
     # ------------------------------------------------------------------ checks
     def _check_plan(self, plan: DpPlan) -> None:
@@ -121,9 +131,8 @@ class DpComm:
         if tuple(out.shape) != want or out.dtype != ref.dtype or out.device != ref.device:
             raise DpxValueError(f"out has shape {tuple(out.shape)} {out.dtype} on "
                                 f"{out.device}; it must be {want} {ref.dtype} on {ref.device}")
-        if out.numel() and ref.numel() and out.untyped_storage().data_ptr() == \
-                ref.untyped_storage().data_ptr():
-            raise DpxValueError("out shares storage with the input; they must not alias")
+        if out.numel() and ref.numel() and _overlaps(out, ref):
+            raise DpxValueError("out overlaps the input in memory; they must not alias")
 
     def _counts(self, plan: DpPlan, counts: torch.Tensor | None, ref: torch.Tensor) -> _Counts:
         if counts is not None:
@@ -159,6 +168,13 @@ class DpComm:
                                 f"needs the plan's static {plan.slot_rows[self.dp_rank]}")
         self._check_out(out, local, plan.global_rows)
         c = self._counts(plan, counts, local)
+        if torch.is_grad_enabled() and local.requires_grad:
+            if out is not None:
+                raise DpxValueError("out= cannot be used when local requires grad")
+            return _Gather.apply(local, self, plan, partial, c)
+        return self._gather(local, plan, partial, c, out)
+
+    def _gather(self, local, plan, partial, c, out=None) -> torch.Tensor:
         if out is None:
             out = local.new_empty((plan.global_rows, *local.shape[1:]))
         if plan.mode is PaddingMode.MAX_LEN:
@@ -174,13 +190,14 @@ class DpComm:
         """This rank's ``slot/tp``-row chunk of its replica's zero-padded slot: reduced over
         the attn-tp group (partial) or sliced from the local copy (replicated)."""
         chunk = slot // self.tp_size
+        if out is None:
+            out = self._scratch("chunk", chunk, local)
         if self.tp_size == 1:
             return place_rows(local, 0, c.count(), slot, out=out)
         if partial:
-            padded = place_rows(local, 0, c.count(), slot)
-            if out is None:
-                out = local.new_empty((chunk, *local.shape[1:]))
-            dist.reduce_scatter_tensor(out, padded, group=self.groups.attn_tp)
+            padded = place_rows(local, 0, c.count(), slot,
+                                out=self._scratch("padded", slot, local))
+            _reduce_scatter_single(out, padded, group=self.groups.attn_tp)
             return out
         start = self.tp_rank * chunk
         real = c.clipped(start, chunk)
@@ -190,7 +207,7 @@ class DpComm:
     def _gather_max_len(self, local, plan, partial, c, out) -> None:
         slot = plan.slot_rows[0]
         chunk = self._slot_chunk(local, slot, partial, c)
-        dist.all_gather_into_tensor(out, chunk, group=self.groups.world)
+        _all_gather_single(out, chunk, group=self.groups.world)
 
     def _gather_sum_len(self, local, plan, partial, c, out) -> None:
         writer = partial or self.tp_rank == 0
@@ -210,8 +227,9 @@ class DpComm:
         self._slot_chunk(local, plan.slot_rows[self.dp_rank], partial, c,
                          out=out[first:first + rows])
         if len({r for _, r in chunks}) == 1:
-            dist.all_gather_into_tensor(out, out[first:first + rows].clone(),
-                                        group=self.groups.world)
+            mine = self._scratch("chunk", rows, out)
+            mine.copy_(out[first:first + rows])
+            _all_gather_single(out, mine, group=self.groups.world)
             return
         with self._grouped(out.device):
             for root, (f, r) in enumerate(chunks):
@@ -245,12 +263,21 @@ class DpComm:
         rows = plan.slot_rows[self.dp_rank]
         self._check_out(out, global_, rows)
         c = self._counts(plan, counts, global_)
+        if torch.is_grad_enabled() and global_.requires_grad:
+            if out is not None:
+                raise DpxValueError("out= cannot be used when global_ requires grad")
+            return _ReduceScatter.apply(global_, self, plan, c)
+        return self._reduce_scatter(global_, plan, c, out)
+
+    def _reduce_scatter(self, global_, plan, c, out=None) -> torch.Tensor:
+        rows = plan.slot_rows[self.dp_rank]
         if out is None:
             out = global_.new_empty((rows, *global_.shape[1:]))
         if plan.mode is PaddingMode.MAX_LEN:
             self._reduce_scatter_max_len(global_, plan, c, out)
         elif plan.mode is PaddingMode.SUM_LEN:
-            reduced = global_.clone()
+            reduced = self._scratch("staged", global_.shape[0], global_)
+            reduced.copy_(global_)
             dist.all_reduce(reduced, group=self.groups.world)
             take_rows(reduced, c.offset(), c.count(), rows, out=out)
         else:
@@ -260,16 +287,17 @@ class DpComm:
     def _reduce_scatter_max_len(self, global_, plan, c, out) -> None:
         chunk = plan.slot_rows[0] // self.tp_size
         if self.tp_size == 1:
-            dist.reduce_scatter_tensor(out, global_, group=self.groups.world)
+            _reduce_scatter_single(out, global_, group=self.groups.world)
         else:
-            part = global_.new_empty((chunk, *global_.shape[1:]))
-            dist.reduce_scatter_tensor(part, global_, group=self.groups.world)
-            dist.all_gather_into_tensor(out, part, group=self.groups.attn_tp)
+            part = self._scratch("chunk", chunk, global_)
+            _reduce_scatter_single(part, global_, group=self.groups.world)
+            _all_gather_single(out, part, group=self.groups.attn_tp)
         zero_rows_(out, 0, c.count())
 
     def _reduce_scatter_v(self, global_, plan, c, out) -> None:
         chunks = self._chunks(plan)
-        staged = global_.clone()  # reduce works in place; the input stays untouched
+        staged = self._scratch("staged", global_.shape[0], global_)
+        staged.copy_(global_)  # reduce works in place; the input stays untouched
         with self._grouped(global_.device):
             for root, (f, r) in enumerate(chunks):
                 if r:
@@ -279,7 +307,7 @@ class DpComm:
         if self.tp_size == 1:
             take_rows(staged, first, c.count(), out.shape[0], out=out)
             return
-        dist.all_gather_into_tensor(out, staged[first:first + rows], group=self.groups.attn_tp)
+        _all_gather_single(out, staged[first:first + rows], group=self.groups.attn_tp)
         zero_rows_(out, 0, c.count())
 
     # ------------------------------------------------------------------ helpers
@@ -302,6 +330,36 @@ class DpComm:
                   id(self.groups.cpu): self.groups.cpu}.values():
             if g is not self.groups.world:
                 dist.destroy_process_group(g)
+
+
+class _Gather(torch.autograd.Function):
+    """gather with its adjoint: every attn-tp rank gets its replica's slot gradient
+    (``reduce_scatter`` of the output gradient) -- the adjoint of the partial sum, and the
+    gradient of the one replicated value for ``partial=False``."""
+
+    @staticmethod
+    def forward(ctx, local, comm, plan, partial, c):
+        ctx.comm, ctx.plan, ctx.c, ctx.rows = comm, plan, c, local.shape[0]
+        return comm._gather(local, plan, partial, c)
+
+    @staticmethod
+    def backward(ctx, grad):
+        comm, c = ctx.comm, ctx.c
+        slot = comm._reduce_scatter(grad.contiguous(), ctx.plan, c)
+        return take_rows(slot, 0, c.count(), ctx.rows), None, None, None, None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    """reduce_scatter with its adjoint, ``gather(partial=True)`` of the output gradient."""
+
+    @staticmethod
+    def forward(ctx, global_, comm, plan, c):
+        ctx.comm, ctx.plan, ctx.c = comm, plan, c
+        return comm._reduce_scatter(global_, plan, c)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.comm._gather(grad.contiguous(), ctx.plan, True, ctx.c), None, None, None
 
 
 def counts_tensor(num_tokens: Sequence[int], device: torch.device | str) -> torch.Tensor:

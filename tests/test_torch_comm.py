@@ -58,3 +58,10 @@ def test_capacity_plans_with_device_counts(gloo_worlds, mode):
              for i, rc in enumerate(([3, 0], [8, 5], [0, 0], [7, 1]))
              for p in (True, False)]
     gloo_worlds(4).run("torch_jobs:check_cases", (4, 2), cases)
+
+
+@pytest.mark.parametrize("layout", [(4, 2), (4, 4), (3, 3)], ids=lambda l: f"w{l[0]}dp{l[1]}")
+def test_gradients_are_the_adjoints(gloo_worlds, layout):
+    cases = [dict(counts=c, mode=m, seed=i) for i, (c, m) in enumerate(itertools.product(
+        _count_sets(layout[1], 7)[1:4], MODES))]
+    gloo_worlds(layout[0]).run("torch_jobs:check_grads", layout, cases)

@@ -61,3 +61,33 @@ def check_cases(ctx, layout_args, cases, *, rest=(5,)) -> int:
         assert torch.equal(g_in, g_copy), "reduce_scatter modified its input"
         done += 4
     return done
+
+
+def check_grads(ctx, layout_args, cases, *, rest=(4,)) -> int:
+    """Gradients of gather (partial and replicated) and reduce_scatter against the adjoint
+    computed from the reference: every attn-tp rank receives its replica's slot gradient."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    W = layout.world_size
+    d = layout.coords(ctx.rank).attn_dp_rank
+    for case in cases:
+        plan = dpx.plan_step(case["counts"], layout, mode=case["mode"])
+        n, off = plan.num_tokens[d], plan.offsets[d]
+        rng = np.random.default_rng(case.get("seed", 0))
+        wg = [rng.integers(-4, 5, (plan.global_rows, *rest)).astype(np.float64) for _ in range(W)]
+        ws = [rng.integers(-4, 5, (plan.slot_rows[layout.coords(r).attn_dp_rank], *rest))
+              .astype(np.float64) for r in range(W)]
+        for partial in (True, False):
+            local = torch.ones((n + 2, *rest), dtype=torch.float32, requires_grad=True)
+            (comm.gather(local, plan, partial=partial) * _t(wg[ctx.rank], torch.float32)).sum().backward()
+            want = np.zeros((n + 2, *rest))
+            want[:n] = sum(wg)[off:off + n]
+            _eq("gather grad", local.grad, want, torch.float32, (case, partial))
+        glob = torch.ones((plan.global_rows, *rest), dtype=torch.float32, requires_grad=True)
+        (comm.reduce_scatter(glob, plan) * _t(ws[ctx.rank], torch.float32)).sum().backward()
+        want = np.zeros((plan.global_rows, *rest))
+        for e in range(layout.dp_size):
+            ne, oe = plan.num_tokens[e], plan.offsets[e]
+            want[oe:oe + ne] = sum(ws[r][:ne] for r in layout.replica_ranks(e))
+        _eq("reduce_scatter grad", glob.grad, want, torch.float32, case)
+    return len(cases)

@@ -1,0 +1,47 @@
+"""A grow-only scratch-buffer pool keyed by purpose.
+
+``BufferPool.get(key, shape, dtype, device)`` returns a ``shape`` view of a flat buffer kept
+for ``(key, dtype, device)``; the buffer is reallocated only to grow. Steady-state steps of
+varying size therefore allocate nothing (no allocator churn, graph-capturable after one
+warm-up call), and the number of buffers stays equal to the number of keys.
+
+A buffer handed out while a CUDA graph is being captured is never freed when it is later
+outgrown (the graph keeps pointing at it): it moves to ``retired`` and stays alive.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class BufferPool:
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._captured: set[tuple] = set()
+        self.retired: list[torch.Tensor] = []
+        self.allocations = 0
+
+    def get(self, key: object, shape: tuple[int, ...], dtype: torch.dtype,
+            device: torch.device) -> torch.Tensor:
+        full = (key, dtype, torch.device(device))
+        numel = math.prod(shape)
+        buf = self._buffers.get(full)
+        if buf is None or buf.numel() < numel:
+            if buf is not None and full in self._captured:
+                self.retired.append(buf)
+                self._captured.discard(full)
+            grow = numel if buf is None else max(numel, buf.numel() + buf.numel() // 2)
+            buf = torch.empty(grow, dtype=dtype, device=device)
+            self._buffers[full] = buf
+            self.allocations += 1
+        if buf.is_cuda and torch.cuda.is_current_stream_capturing():
+            self._captured.add(full)
+        return buf[:numel].view(shape)
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
