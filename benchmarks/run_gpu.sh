@@ -16,3 +16,4 @@ python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 25
 cd benchmarks
 python3 kernels.py 2>&1 | tee "$OUT/kernels.log"
 python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"
+python3 torch_step.py 2>&1 | tee "$OUT/torch_step.log"

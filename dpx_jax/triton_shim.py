@@ -13,10 +13,22 @@ from typing import Any
 @functools.cache
 def jax_triton():
     """The ``jax_triton`` module, or ``None`` when it is missing or cannot load here."""
+    import os
+
+    before = os.environ.get("TRITON_CACHE_DIR")
     try:
         import jax_triton as jt  # noqa: PLC0415 - deliberately lazy
     except Exception:  # noqa: BLE001 - ImportError, or a jaxlib without GPU support
         return None
+    finally:
+        # jax-triton blanks TRITON_CACHE_DIR at import, which makes every later
+        # torch-launched Triton compile in this process fail ("Could not create or locate
+        # cache dir"); put back what the process had.
+        if os.environ.get("TRITON_CACHE_DIR") != before:
+            if before is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = before
     return jt
 
 

@@ -36,7 +36,8 @@ class BufferPool:
             buf = torch.empty(grow, dtype=dtype, device=device)
             self._buffers[full] = buf
             self.allocations += 1
-        if buf.is_cuda and torch.cuda.is_current_stream_capturing():
+        if buf.is_cuda and not torch.compiler.is_compiling() and \
+                torch.cuda.is_current_stream_capturing():
             self._captured.add(full)
         return buf[:numel].view(shape)
 

@@ -171,6 +171,9 @@ torch.library.register_autograd("dpx::take_rows", _take_backward, setup_context=
 
 # ---------------------------------------------------------------- public launchers
 
+_KERNEL_OF = {_place_rows_out: "place_rows_kernel", _take_rows_out: "take_rows_kernel"}
+
+
 def _check_src_out(name: str, src: torch.Tensor, rows: int, out: torch.Tensor | None) -> None:
     if not isinstance(src, torch.Tensor):
         raise DpxTypeError(f"{name}: src must be a torch.Tensor, got {type(src).__name__}")
@@ -212,6 +215,12 @@ def _both_ints(start: Index, count: Index) -> bool:
 def _call(functional, out_op, src, start, count, rows, out):
     s_t, s_v = _split_index("start", start, src.device)
     c_t, c_v = _split_index("count", count, src.device)
+    if not torch.compiler.is_compiling() and not (src.requires_grad and torch.is_grad_enabled()):
+        # eager fast path: launch directly (the torch.library dispatch costs ~20 us a call)
+        if out is None:
+            out = src.new_empty((rows, *src.shape[1:]))
+        _launch_rows(_KERNEL_OF[out_op], src, s_t, c_t, s_v, c_v, out)
+        return out
     if out is None:
         return functional(src, s_t, c_t, s_v, c_v, rows)
     out_op(src, s_t, c_t, s_v, c_v, out)
@@ -250,5 +259,8 @@ def zero_rows_(out: torch.Tensor, start: Index, count: Index) -> torch.Tensor:
     """In place: zero rows ``j >= start + count`` of ``out`` (the pad tail of a slot)."""
     s_t, s_v = _split_index("start", start, out.device)
     c_t, c_v = _split_index("count", count, out.device)
-    _zero_rows_(out, s_t, c_t, s_v, c_v)
+    if torch.compiler.is_compiling():
+        _zero_rows_(out, s_t, c_t, s_v, c_v)
+    else:
+        _launch_rows("zero_rows_kernel", None, s_t, c_t, s_v, c_v, out)
     return out

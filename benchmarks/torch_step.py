@@ -1,0 +1,93 @@
+"""Host overhead of a dpx_torch gather against a bare NCCL all_gather_into_tensor, at
+world size 1 on one GPU, eager and under CUDA-graph replay (same run, same sizes).
+
+    python benchmarks/torch_step.py
+
+``host_us``: wall time per call of N back-to-back calls measured before the final sync
+(what the CPU spends enqueueing). ``total_us``: wall time per call including the sync.
+Ratios are dpx / bare all-gather.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+import dpx
+from common import out_dir, print_table, write_csv
+from dpx_torch import DpComm
+
+N = 200
+
+
+def _timed(fn) -> tuple[float, float]:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(N):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e6 / N, (t2 - t0) * 1e6 / N
+
+
+def _graph(fn) -> torch.cuda.CUDAGraph:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def main() -> None:
+    torch.cuda.set_device(0)
+    init = os.path.join(tempfile.mkdtemp(), "rdv")
+    dist.init_process_group("nccl", init_method=f"file://{init}", rank=0, world_size=1)
+    lay = dpx.DpLayout(1, 1)
+    comm = DpComm(lay)
+    H = 7168
+    rows = []
+    for name, n in (("decode", 32), ("mid", 512), ("prefill", 4096)):
+        local = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(n, H, device="cuda", dtype=torch.bfloat16)
+        plan = dpx.plan_step([n], lay, mode="max_len")
+        cplan = dpx.plan_step([n], lay, mode="max_len", capacity=n)
+        counts = torch.tensor([n], dtype=torch.int32, device="cuda")
+
+        def bare():
+            dist.all_gather_into_tensor(out, local)
+
+        def ours():
+            comm.gather(local, plan, partial=True, out=out)
+
+        def ours_dev():
+            comm.gather(local, cplan, partial=True, counts=counts, out=out)
+
+        hb, tb = _timed(bare)
+        ho, to = _timed(ours)
+        gb, go = _graph(bare), _graph(ours_dev)
+        hgb, tgb = _timed(gb.replay)
+        hgo, tgo = _timed(go.replay)
+        rows.append(dict(name=name, rows=n, MiB=round(n * H * 2 / 2**20, 1),
+                         bare_host_us=hb, dpx_host_us=ho, host_ratio=ho / hb,
+                         bare_total_us=tb, dpx_total_us=to, total_ratio=to / tb,
+                         graph_bare_us=tgb, graph_dpx_us=tgo, graph_ratio=tgo / tgb))
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  NCCL world 1, "
+          f"hidden {H} bf16, {N} back-to-back calls")
+    print_table(rows, list(rows[0]))
+    write_csv(out_dir() / "torch_step.csv", rows)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
