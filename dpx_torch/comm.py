@@ -24,7 +24,7 @@ from dpx.modes import PaddingMode
 from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups, build_groups
 from dpx_torch.pool import BufferPool
-from dpx_torch.rows import _overlaps, place_rows, take_rows, zero_rows_
+from dpx_torch.rows import _overlaps, place_into, take_into, zero_rows_
 
 # torch >= 2.12 renamed the single-tensor collectives; older releases have only the old names
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -193,16 +193,15 @@ class DpComm:
         if out is None:
             out = self._scratch("chunk", chunk, local)
         if self.tp_size == 1:
-            return place_rows(local, 0, c.count(), slot, out=out)
+            return place_into(local, 0, c.count(), out)
         if partial:
-            padded = place_rows(local, 0, c.count(), slot,
-                                out=self._scratch("padded", slot, local))
+            padded = place_into(local, 0, c.count(), self._scratch("padded", slot, local))
             _reduce_scatter_single(out, padded, group=self.groups.attn_tp)
             return out
         start = self.tp_rank * chunk
         real = c.clipped(start, chunk)
         # with host counts an empty chunk may start past local's rows: read from row 0
-        return take_rows(local, start if c.dynamic or real else 0, real, chunk, out=out)
+        return take_into(local, start if c.dynamic or real else 0, real, out)
 
     def _gather_max_len(self, local, plan, partial, c, out) -> None:
         slot = plan.slot_rows[0]
@@ -212,7 +211,7 @@ class DpComm:
     def _gather_sum_len(self, local, plan, partial, c, out) -> None:
         writer = partial or self.tp_rank == 0
         count = c.count() if writer else (0 if not c.dynamic else torch.zeros_like(c.count()))
-        place_rows(local, c.offset(), count, plan.global_rows, out=out)
+        place_into(local, c.offset(), count, out)
         dist.all_reduce(out, group=self.groups.world)
 
     def _chunks(self, plan: DpPlan) -> list[tuple[int, int]]:
@@ -248,7 +247,9 @@ class DpComm:
         rows = plan.slot_rows[self.dp_rank]
         self._check_out(out, global_, rows)
         c = self._counts(plan, counts, global_)
-        return take_rows(global_, c.offset(), c.count(), rows, out=out)
+        if out is None:
+            out = global_.new_empty((rows, *global_.shape[1:]))
+        return take_into(global_, c.offset(), c.count(), out)
 
     # ------------------------------------------------------------------ reduce_scatter
     def reduce_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
@@ -279,7 +280,7 @@ class DpComm:
             reduced = self._scratch("staged", global_.shape[0], global_)
             reduced.copy_(global_)
             dist.all_reduce(reduced, group=self.groups.world)
-            take_rows(reduced, c.offset(), c.count(), rows, out=out)
+            take_into(reduced, c.offset(), c.count(), out)
         else:
             self._reduce_scatter_v(global_, plan, c, out)
         return out
@@ -305,7 +306,7 @@ class DpComm:
                                 group=self.groups.world)
         first, rows = chunks[self.rank]
         if self.tp_size == 1:
-            take_rows(staged, first, c.count(), out.shape[0], out=out)
+            take_into(staged, first, c.count(), out)
             return
         _all_gather_single(out, staged[first:first + rows], group=self.groups.attn_tp)
         zero_rows_(out, 0, c.count())
@@ -346,7 +347,8 @@ class _Gather(torch.autograd.Function):
     def backward(ctx, grad):
         comm, c = ctx.comm, ctx.c
         slot = comm._reduce_scatter(grad.contiguous(), ctx.plan, c)
-        return take_rows(slot, 0, c.count(), ctx.rows), None, None, None, None
+        g = slot.new_empty((ctx.rows, *slot.shape[1:]))
+        return take_into(slot, 0, c.count(), g), None, None, None, None
 
 
 class _ReduceScatter(torch.autograd.Function):

@@ -25,7 +25,7 @@ class BufferPool:
 
     def get(self, key: object, shape: tuple[int, ...], dtype: torch.dtype,
             device: torch.device) -> torch.Tensor:
-        full = (key, dtype, torch.device(device))
+        full = (key, dtype, device)
         numel = math.prod(shape)
         buf = self._buffers.get(full)
         if buf is None or buf.numel() < numel:

@@ -255,6 +255,28 @@ def take_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
     return _call(_take_rows, _take_rows_out, src, start, count, rows, out)
 
 
+def _into(kernel: str, op, src: torch.Tensor, start: Index, count: Index,
+          out: torch.Tensor) -> torch.Tensor:
+    s_t, s_v = (start, 0) if isinstance(start, torch.Tensor) else (None, start)
+    c_t, c_v = (count, 0) if isinstance(count, torch.Tensor) else (None, count)
+    if torch.compiler.is_compiling():
+        op(src, s_t, c_t, s_v, c_v, out)
+    else:
+        _launch_rows(kernel, src, s_t, c_t, s_v, c_v, out)
+    return out
+
+
+def place_into(src: torch.Tensor, start: Index, count: Index, out: torch.Tensor) -> torch.Tensor:
+    """:func:`place_rows` into ``out`` without argument checks, for callers that validated
+    already (``DpComm``); not differentiable."""
+    return _into("place_rows_kernel", _place_rows_out, src, start, count, out)
+
+
+def take_into(src: torch.Tensor, start: Index, count: Index, out: torch.Tensor) -> torch.Tensor:
+    """:func:`take_rows` into ``out`` without argument checks (see :func:`place_into`)."""
+    return _into("take_rows_kernel", _take_rows_out, src, start, count, out)
+
+
 def zero_rows_(out: torch.Tensor, start: Index, count: Index) -> torch.Tensor:
     """In place: zero rows ``j >= start + count`` of ``out`` (the pad tail of a slot)."""
     s_t, s_v = _split_index("start", start, out.device)

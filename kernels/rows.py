@@ -7,7 +7,8 @@ fill-then-copy), reads ``start`` and ``count`` each either from device memory (`
 launch) or from plain integer arguments, does index math in int64, and masks every access
 against the buffer bounds: a wrong count can never read or write out of bounds.
 Kernels call no other ``@triton.jit`` function, so each runs unchanged in Triton's
-interpreter (CPU tensors) without the process-wide interpret switch.
+interpreter (CPU tensors) without the process-wide interpret switch. ``start_val`` and
+``count_val`` are never specialised (a value of 1 would otherwise become a constant).
 
 Grid for all three: ``(cdiv(out_rows, BLOCK_R), cdiv(WIDTH, BLOCK_C))``.
 """
@@ -16,7 +17,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["start_val", "count_val"])
 def place_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_rows, out_rows,
                       out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
                       BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -44,7 +45,7 @@ def place_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_r
              mask=(rows < out_rows)[:, None] & col_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["start_val", "count_val"])
 def take_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_rows, out_rows,
                      out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -72,7 +73,7 @@ def take_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_ro
              mask=(rows < out_rows)[:, None] & col_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["start_val", "count_val"])
 def zero_rows_kernel(start_ptr, count_ptr, start_val, count_val, out_rows,
                      out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
