@@ -14,6 +14,6 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton, jax; print('torch', torch.__version__, 'triton', triton.__version__, 'jax', jax.__version__, jax.default_backend())"
 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 25
 cd benchmarks
-python3 kernels.py 2>&1 | tee "$OUT/kernels.log"
+python3 kernels.py "$@" 2>&1 | tee "$OUT/kernels.log"
 python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"
 python3 torch_step.py 2>&1 | tee "$OUT/torch_step.log"
