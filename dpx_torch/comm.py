@@ -90,9 +90,52 @@ class DpComm:
         self.tp_size = layout.attn_tp_size
         self.pool = BufferPool()
 
+        self._comm_stream: torch.cuda.Stream | None = None
+        self._events: dict[tuple[str, object], torch.cuda.Event] = {}
+
     def _scratch(self, purpose: str, rows: int, like: torch.Tensor) -> torch.Tensor:
-        """A pooled ``[rows, *like.shape[1:]]`` buffer (valid until the next call)."""
-        return self.pool.get(purpose, (rows, *like.shape[1:]), like.dtype, like.device)
+        """A pooled ``[rows, *like.shape[1:]]`` buffer for the current stream (valid until
+        the next call on that stream: stream order makes the reuse safe)."""
+        stream = torch.cuda.current_stream(like.device).stream_id if like.is_cuda else 0
+        return self.pool.get((purpose, stream), (rows, *like.shape[1:]), like.dtype, like.device)
+
+    # ------------------------------------------------------------------ overlap
+    @property
+    def comm_stream(self) -> torch.cuda.Stream:
+        """The one communication stream every async call of this communicator runs on
+        (one stream: the collectives of all micro-batches stay in one order on every rank)."""
+        if self._comm_stream is None:
+            self._comm_stream = torch.cuda.Stream()
+        return self._comm_stream
+
+    def _event(self, kind: str, key: object) -> torch.cuda.Event:
+        ev = self._events.get((kind, key))
+        if ev is None:
+            ev = self._events[(kind, key)] = torch.cuda.Event()
+        return ev
+
+    def _launch_async(self, kind: str, key: object, inp: torch.Tensor, rows: int,
+                      run) -> tuple[torch.Tensor, "DpWork"]:
+        """Run ``run(out)`` on the comm stream into a pooled output keyed by
+        ``(kind, key)``; return the output and a handle whose ``wait()`` orders the current
+        stream after it."""
+        if not inp.is_cuda:  # gloo on CPU: nothing to overlap; same results, same API
+            out = self.pool.get((f"{kind}-out", key), (rows, *inp.shape[1:]), inp.dtype,
+                                inp.device)
+            run(out)
+            return out, DpWork(None)
+        compute = torch.cuda.current_stream(inp.device)
+        comm = self.comm_stream
+        comm.wait_stream(compute)  # the input was produced on the compute stream
+        with torch.cuda.stream(comm):
+            out = self.pool.get((f"{kind}-out", key), (rows, *inp.shape[1:]), inp.dtype,
+                                inp.device)
+            run(out)
+            ev = self._event(kind, key)
+            ev.record(comm)
+        inp.record_stream(comm)      # freed only after the comm stream is done with it
+        out.record_stream(compute)   # read on the compute stream after wait()
+        return out, DpWork(ev)
 
     # ------------------------------------------------------------------ checks
     def _check_plan(self, plan: DpPlan) -> None:
@@ -151,12 +194,17 @@ class DpComm:
 
     # ------------------------------------------------------------------ gather
     def gather(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
-               counts: torch.Tensor | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
+               async_op: bool = False, key: object = 0):
         """``local [>= n_d, H...] -> [plan.global_rows, H...]`` on every rank.
 
         Slot ``d`` row ``j < n_d`` holds the sum over replica d's attn-tp ranks of their
         ``local[j]`` when ``partial``, else attn-tp rank 0's ``local[j]``. Other rows are 0.
+
+        ``async_op=True`` (two-batch overlap) runs on :attr:`comm_stream` and returns
+        ``(out, work)``: ``out`` is a pooled buffer keyed by ``("gather", key)`` (use one
+        ``key`` per micro-batch; it is valid until the next call with that key) and
+        ``work.wait()`` makes the current stream wait for it.
         """
         self._check_plan(plan)
         if not isinstance(partial, bool):
@@ -168,6 +216,11 @@ class DpComm:
                                 f"needs the plan's static {plan.slot_rows[self.dp_rank]}")
         self._check_out(out, local, plan.global_rows)
         c = self._counts(plan, counts, local)
+        if async_op:
+            if out is not None:
+                raise DpxValueError("async_op=True returns a pooled output; do not pass out=")
+            return self._launch_async("gather", key, local, plan.global_rows,
+                                      lambda o: self._gather(local, plan, partial, c, o))
         if torch.is_grad_enabled() and local.requires_grad:
             if out is not None:
                 raise DpxValueError("out= cannot be used when local requires grad")
@@ -253,17 +306,23 @@ class DpComm:
 
     # ------------------------------------------------------------------ reduce_scatter
     def reduce_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
-                       counts: torch.Tensor | None = None,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+                       counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                       async_op: bool = False, key: object = 0):
         """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]`` on every rank of
         replica d: row ``j < n_d`` is the sum over all ranks of ``global_[offsets[d] + j]``;
         other rows are 0. The adjoint of ``gather(partial=True)``. ``global_`` is not
-        modified."""
+        modified. ``async_op``/``key`` as in :meth:`gather` (pool key ``("reduce_scatter",
+        key)``)."""
         self._check_plan(plan)
         self._check_tensor("global_", global_, rows=plan.global_rows)
         rows = plan.slot_rows[self.dp_rank]
         self._check_out(out, global_, rows)
         c = self._counts(plan, counts, global_)
+        if async_op:
+            if out is not None:
+                raise DpxValueError("async_op=True returns a pooled output; do not pass out=")
+            return self._launch_async("reduce_scatter", key, global_, rows,
+                                      lambda o: self._reduce_scatter(global_, plan, c, o))
         if torch.is_grad_enabled() and global_.requires_grad:
             if out is not None:
                 raise DpxValueError("out= cannot be used when global_ requires grad")
@@ -331,6 +390,18 @@ class DpComm:
                   id(self.groups.cpu): self.groups.cpu}.values():
             if g is not self.groups.world:
                 dist.destroy_process_group(g)
+
+
+class DpWork:
+    """Handle of an async gather/reduce_scatter: ``wait()`` makes the current stream wait
+    for the communication (a persistent event, re-recorded each step; no host sync)."""
+
+    def __init__(self, event: torch.cuda.Event | None) -> None:
+        self.event = event
+
+    def wait(self) -> None:
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
 
 
 class _Gather(torch.autograd.Function):

@@ -65,3 +65,11 @@ def test_gradients_are_the_adjoints(gloo_worlds, layout):
     cases = [dict(counts=c, mode=m, seed=i) for i, (c, m) in enumerate(itertools.product(
         _count_sets(layout[1], 7)[1:4], MODES))]
     gloo_worlds(layout[0]).run("torch_jobs:check_grads", layout, cases)
+
+
+def test_async_equals_sync_and_pool_stays_flat(gloo_worlds):
+    rng = random.Random(11)
+    steps = [[40, 40]] + [[rng.randint(0, 40), rng.randint(0, 40)] for _ in range(30)]
+    res = gloo_worlds(4).run("torch_jobs:check_async_matches_sync", (4, 2), steps)
+    for r in res:
+        assert len(set(r["buffers"][3:])) == 1, f"pool keys grew: {r['buffers']}"

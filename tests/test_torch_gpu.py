@@ -96,3 +96,35 @@ def test_compile_fullgraph_on_gpu(nccl1):
 
     x = torch.randn(12, 64, device="cuda")
     torch.testing.assert_close(torch.compile(step, fullgraph=True)(x), step(x))
+
+
+def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
+    import random
+
+    rng = random.Random(0)
+    H = 256
+    lay = nccl1.layout
+    compute_done = torch.cuda.Event()
+    plans = [dpx.plan_step([rng.randint(0, 512)], lay, mode=m)
+             for m in ("max_len", "sum_len", "gatherv") for _ in range(100)]
+    rng.shuffle(plans)
+    plans.insert(0, dpx.plan_step([512], lay, mode="max_len"))
+    reserved, buffers = [], []
+    for i, plan in enumerate(plans):
+        n = plan.num_tokens[0]
+        x = torch.randn(n + 1, H, device="cuda")
+        g, work = nccl1.gather(x, plan, partial=True, async_op=True, key=i % 2)
+        y = torch.randn(64, 64, device="cuda") @ torch.randn(64, 64, device="cuda")  # overlap
+        work.wait()
+        assert torch.equal(g[:n], x[:n]) and not g[n:].any(), f"async gather step {i}"
+        rs, work = nccl1.reduce_scatter(g * 2, plan, async_op=True, key=i % 2)
+        work.wait()
+        assert torch.equal(rs[:n], 2 * x[:n]) and not rs[n:].any(), f"async rs step {i}"
+        compute_done.record()
+        del y
+        if i >= 2:
+            reserved.append(torch.cuda.memory_reserved())
+            buffers.append(len(nccl1.pool))
+    assert len(nccl1._events) == 4, nccl1._events.keys()
+    assert len(set(buffers)) == 1, "pool gained buffers after warm-up"
+    assert max(reserved) == min(reserved), f"reserved memory moved: {min(reserved)}..{max(reserved)}"

@@ -91,3 +91,25 @@ def check_grads(ctx, layout_args, cases, *, rest=(4,)) -> int:
             want[oe:oe + ne] = sum(ws[r][:ne] for r in layout.replica_ranks(e))
         _eq("reduce_scatter grad", glob.grad, want, torch.float32, case)
     return len(cases)
+
+
+def check_async_matches_sync(ctx, layout_args, steps) -> dict:
+    """Many async gather/reduce_scatter steps (two micro-batch keys, varying sizes) equal the
+    synchronous path; the pool holds a fixed number of buffers once the largest size ran."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    d = layout.coords(ctx.rank).attn_dp_rank
+    sizes = []
+    for i, counts in enumerate(steps):
+        plan = dpx.plan_step(counts, layout, mode=("max_len", "sum_len", "gatherv")[i % 3])
+        locs = local_inputs(i, plan, (6,), partial=True)
+        x = _t(locs[ctx.rank], torch.float32)
+        g, work = comm.gather(x, plan, partial=True, async_op=True, key=i % 2)
+        work.wait()
+        assert torch.equal(g, comm.gather(x, plan, partial=True)), f"gather step {i}"
+        rs, work = comm.reduce_scatter(g, plan, async_op=True, key=i % 2)
+        work.wait()
+        assert torch.equal(rs, comm.reduce_scatter(g, plan)), f"reduce_scatter step {i}"
+        assert rs.shape[0] == plan.slot_rows[d]
+        sizes.append(len(comm.pool))
+    return dict(buffers=sizes, allocations=comm.pool.allocations)
