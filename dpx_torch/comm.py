@@ -92,12 +92,15 @@ class DpComm:
 
         self._comm_stream: torch.cuda.Stream | None = None
         self._events: dict[tuple[str, object], torch.cuda.Event] = {}
+        self._on_comm_stream = False
 
     def _scratch(self, purpose: str, rows: int, like: torch.Tensor) -> torch.Tensor:
-        """A pooled ``[rows, *like.shape[1:]]`` buffer for the current stream (valid until
-        the next call on that stream: stream order makes the reuse safe)."""
-        stream = torch.cuda.current_stream(like.device).stream_id if like.is_cuda else 0
-        return self.pool.get((purpose, stream), (rows, *like.shape[1:]), like.dtype, like.device)
+        """A pooled ``[rows, *like.shape[1:]]`` buffer, valid until the next call. Async
+        calls (comm stream) and synchronous ones (the caller's stream) use separate
+        buffers, so the two streams never share scratch; within one stream, stream order
+        makes the reuse safe."""
+        key = (purpose, "comm" if self._on_comm_stream else "caller")
+        return self.pool.get(key, (rows, *like.shape[1:]), like.dtype, like.device)
 
     # ------------------------------------------------------------------ overlap
     @property
@@ -130,7 +133,11 @@ class DpComm:
         with torch.cuda.stream(comm):
             out = self.pool.get((f"{kind}-out", key), (rows, *inp.shape[1:]), inp.dtype,
                                 inp.device)
-            run(out)
+            self._on_comm_stream = True
+            try:
+                run(out)
+            finally:
+                self._on_comm_stream = False
             ev = self._event(kind, key)
             ev.record(comm)
         inp.record_stream(comm)      # freed only after the comm stream is done with it

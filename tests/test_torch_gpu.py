@@ -102,7 +102,7 @@ def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
     import random
 
     rng = random.Random(0)
-    H = 256
+    H = 4096  # one step's buffers are >= 8 MiB: any regrowth would show
     lay = nccl1.layout
     compute_done = torch.cuda.Event()
     plans = [dpx.plan_step([rng.randint(0, 512)], lay, mode=m)
@@ -129,4 +129,7 @@ def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
             buffers.append(len(nccl1.pool))
     assert len(nccl1._events) == 4, nccl1._events.keys()
     assert len(set(buffers)) == 1, "pool gained buffers after warm-up"
-    assert max(reserved) == min(reserved), f"reserved memory moved: {min(reserved)}..{max(reserved)}"
+    # the caching allocator may add one 2 MiB small-allocation segment (for the tiny result
+    # tensors of the checks); the pool's own buffers (8+ MiB each) must never regrow
+    assert max(reserved) - min(reserved) <= 2 * 2**20, \
+        f"reserved memory moved: {min(reserved)}..{max(reserved)}"
