@@ -108,8 +108,11 @@ def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
     plans = [dpx.plan_step([rng.randint(0, 512)], lay, mode=m)
              for m in ("max_len", "sum_len", "gatherv") for _ in range(100)]
     rng.shuffle(plans)
-    plans.insert(0, dpx.plan_step([512], lay, mode="max_len"))
-    reserved, buffers = [], []
+    # warm-up: the largest step of every mode under both micro-batch keys sizes the pool
+    warm = [dpx.plan_step([512], lay, mode=m) for m in ("max_len", "sum_len", "gatherv")
+            for _ in range(2)]
+    plans = warm + plans
+    reserved, buffers, allocations = [], [], []
     xbuf = torch.randn(513, H, device="cuda")
     a, b = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda")
     for i, plan in enumerate(plans):
@@ -124,11 +127,13 @@ def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
         assert torch.equal(rs[:n], x[:n]) and not rs[n:].any(), f"async rs step {i}"
         compute_done.record()
         del y
-        if i >= 2:
+        if i >= len(warm):
             reserved.append(torch.cuda.memory_reserved())
             buffers.append(len(nccl1.pool))
+            allocations.append(nccl1.pool.allocations)
     assert len(nccl1._events) == 4, nccl1._events.keys()
     assert len(set(buffers)) == 1, "pool gained buffers after warm-up"
+    assert len(set(allocations)) == 1, "pool reallocated after warm-up"
     # the caching allocator may add one 2 MiB small-allocation segment (for the tiny result
     # tensors of the checks); the pool's own buffers (8+ MiB each) must never regrow
     assert max(reserved) - min(reserved) <= 2 * 2**20, \
