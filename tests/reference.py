@@ -18,10 +18,18 @@ def _rng(*key: int) -> np.random.Generator:
     return np.random.default_rng([abs(k) for k in key])
 
 
+def _values(rng: np.random.Generator, shape, floats: bool) -> np.ndarray:
+    if floats:  # random float32 values (sums then depend on the reduction order)
+        return rng.standard_normal(shape).astype(np.float32).astype(np.float64)
+    return rng.integers(-8, 9, size=shape).astype(np.float64)
+
+
 def local_inputs(seed: int, plan: DpPlan, rest: tuple[int, ...], *, partial: bool,
-                 extra_rows: int = 2, rows: int | None = None) -> list[np.ndarray]:
-    """``local`` of every rank, float64 holding small ints. Replica d's ranks get ``n_d`` real
-    rows (identical across attn-tp ranks unless ``partial``) then garbage rows."""
+                 extra_rows: int = 2, rows: int | None = None,
+                 floats: bool = False) -> list[np.ndarray]:
+    """``local`` of every rank, float64 holding small ints (or float32 values with
+    ``floats``). Replica d's ranks get ``n_d`` real rows (identical across attn-tp ranks
+    unless ``partial``) then garbage rows."""
     lay = plan.layout
     out = []
     for r in range(lay.world_size):
@@ -30,14 +38,15 @@ def local_inputs(seed: int, plan: DpPlan, rest: tuple[int, ...], *, partial: boo
         total = rows if rows is not None else n + extra_rows
         key = (seed, c.attn_dp_rank, c.attn_tp_rank if partial else 0)
         x = np.full((total, *rest), GARBAGE, dtype=np.float64)
-        x[:n] = _rng(*key).integers(-8, 9, size=(n, *rest))
+        x[:n] = _values(_rng(*key), (n, *rest), floats)
         out.append(x)
     return out
 
 
-def global_inputs(seed: int, plan: DpPlan, rest: tuple[int, ...]) -> list[np.ndarray]:
+def global_inputs(seed: int, plan: DpPlan, rest: tuple[int, ...], *,
+                  floats: bool = False) -> list[np.ndarray]:
     """A different ``[global_rows, *rest]`` buffer per rank (for reduce_scatter)."""
-    return [_rng(seed, 7777, r).integers(-8, 9, size=(plan.global_rows, *rest)).astype(np.float64)
+    return [_values(_rng(seed, 7777, r), (plan.global_rows, *rest), floats)
             for r in range(plan.layout.world_size)]
 
 

@@ -113,3 +113,40 @@ def check_async_matches_sync(ctx, layout_args, steps) -> dict:
         assert rs.shape[0] == plan.slot_rows[d]
         sizes.append(len(comm.pool))
     return dict(buffers=sizes, allocations=comm.pool.allocations)
+
+
+def outputs(ctx, layout_args, cases, *, rest=(5,)) -> list[dict]:
+    """Per case, this rank's gather / scatter / reduce_scatter outputs (float64 NumPy) and
+    the gradients of gather and reduce_scatter for small-integer cotangents."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    res = []
+    for case in cases:
+        dtype = DTYPES[case.get("dtype", "float32")]
+        plan = dpx.plan_step(case["counts"], layout, mode=case.get("mode"),
+                             capacity=case.get("capacity"))
+        run = case.get("run_counts")
+        ct = None if run is None else torch.tensor(run, dtype=torch.int32)
+        eff = plan.num_tokens if run is None else tuple(run)
+        floats = case.get("floats", False)
+        locs = local_inputs(case["seed"], plan.with_counts(eff) if plan.is_static else plan,
+                            rest, partial=case["partial"], rows=plan.max_slot_rows,
+                            floats=floats)
+        globs = global_inputs(case["seed"], plan, rest, floats=floats)
+        x = _t(locs[ctx.rank], dtype)
+        g = comm.gather(x, plan, partial=case["partial"], counts=ct)
+        out = dict(gather=g.double().numpy(), scatter=comm.scatter(g, plan, counts=ct).double().numpy(),
+                   reduce_scatter=comm.reduce_scatter(_t(globs[ctx.rank], dtype), plan,
+                                                      counts=ct).double().numpy())
+        if case.get("grads") and dtype.is_floating_point and ct is None:
+            rng = np.random.default_rng(case["seed"] + 1)
+            wg = [rng.integers(-4, 5, (plan.global_rows, *rest)) for _ in range(layout.world_size)]
+            ws = [rng.integers(-4, 5, (plan.max_slot_rows, *rest)) for _ in range(layout.world_size)]
+            xg = x.clone().requires_grad_()
+            (comm.gather(xg, plan, partial=case["partial"]) * _t(wg[ctx.rank], dtype)).sum().backward()
+            gg = _t(globs[ctx.rank], dtype).requires_grad_()
+            rs = comm.reduce_scatter(gg, plan)
+            (rs * _t(ws[ctx.rank][:rs.shape[0]], dtype)).sum().backward()
+            out.update(grad_gather=xg.grad.double().numpy(), grad_rs=gg.grad.double().numpy())
+        res.append(out)
+    return res
