@@ -13,12 +13,14 @@ kernels and collectives on the current CUDA stream (NCCL) and returns without a 
 
 from __future__ import annotations
 
+import hashlib
+import math
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-from dpx.errors import DpxTypeError, DpxValueError
+from dpx.errors import DpxError, DpxMismatchError, DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 from dpx.plan import DpPlan
@@ -72,9 +74,16 @@ class DpComm:
     Build it on every rank of ``group`` (default: the default process group, whose size
     must equal ``layout.world_size``). It owns the attn-tp subgroup and a CPU group; it holds
     all state, so several communicators (other layouts, other groups) can coexist.
+
+    ``validate=True`` adds one small host exchange before every collective: all ranks
+    compare plan fingerprint, op, dtype, width and ``partial`` (and, for a replicated
+    gather, a checksum of each replica's rows across its attn-tp ranks), and every rank
+    raises the same :class:`dpx.DpxMismatchError` when they disagree or when any rank's
+    input was rejected, instead of entering a collective that would hang or corrupt.
     """
 
-    def __init__(self, layout: DpLayout, *, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, layout: DpLayout, *, group: dist.ProcessGroup | None = None,
+                 validate: bool = False) -> None:
         if not isinstance(layout, DpLayout):
             raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
         if layout.cp_size != 1:
@@ -88,6 +97,7 @@ class DpComm:
         self.dp_rank = coords.attn_dp_rank
         self.tp_rank = coords.attn_tp_rank
         self.tp_size = layout.attn_tp_size
+        self.validate = bool(validate)
         self.pool = BufferPool()
 
         self._comm_stream: torch.cuda.Stream | None = None
@@ -199,6 +209,82 @@ class DpComm:
                 raise DpxValueError(f"counts is on {counts.device}, the data on {ref.device}")
         return _Counts(plan, counts, self.dp_rank)
 
+    # ------------------------------------------------------------------ agreement
+    def _checked(self, op: str, plan, tensor, partial, checks):
+        """Run this rank's input checks. Without ``validate`` a rejected input raises here,
+        before any collective. With ``validate``, every rank first exchanges what it is
+        about to do (and whether its input was rejected), and all raise the same error."""
+        if not self.validate:
+            return checks()
+        try:
+            result, err = checks(), None
+        except DpxError as exc:
+            result, err = None, exc
+        self._agree(op, plan, tensor, partial, err)
+        return result
+
+    def _agree(self, op: str, plan, tensor, partial, err: Exception | None) -> None:
+        fp = plan.fingerprint() if isinstance(plan, DpPlan) else f"not a plan: {plan!r}"
+        ok_tensor = isinstance(tensor, torch.Tensor)
+        width = math.prod(tensor.shape[1:]) if ok_tensor and tensor.dim() else None
+        digest = None
+        if err is None and op == "gather" and partial is False and self.tp_size > 1:
+            n = plan.num_tokens[self.dp_rank]
+            rows = tensor[:n].detach().contiguous().cpu()
+            digest = hashlib.sha1(rows.view(torch.uint8).numpy().tobytes()).hexdigest() \
+                if rows.numel() else "empty"
+        mine = dict(plan=fp, op=op, dtype=str(tensor.dtype) if ok_tensor else None,
+                    width=width, partial=partial,
+                    error=None if err is None else f"{type(err).__name__}: {err}",
+                    digest=digest)
+        everyone: list = [None] * self.layout.world_size
+        dist.all_gather_object(everyone, mine, group=self.groups.cpu)
+        problems = [f"rank {r} rejected its input ({info['error']})"
+                    for r, info in enumerate(everyone) if info["error"]]
+        for field in ("plan", "op", "dtype", "width", "partial"):
+            groups: dict = {}
+            for r, info in enumerate(everyone):
+                groups.setdefault(info[field], []).append(r)
+            if len(groups) > 1:
+                problems.append(f"ranks disagree on {field}: " + "; ".join(
+                    f"{v!r} on ranks {rs}" for v, rs in groups.items()))
+        if op == "gather" and partial is False and not problems:
+            for d in range(self.layout.dp_size):
+                ranks = self.layout.replica_ranks(d)
+                if len({everyone[r]["digest"] for r in ranks}) > 1:
+                    problems.append(f"replicated gather: replica {d}'s attn-tp ranks "
+                                    f"{list(ranks)} hold different rows (use partial=True "
+                                    f"for partial sums)")
+        if problems:
+            raise DpxMismatchError("validate: " + " | ".join(problems)) from err
+
+    def sync_counts(self, num_tokens: int, *, is_extend: bool = False) -> tuple[tuple[int, ...], bool]:
+        """Exchange this rank's real token count (one small host all-gather over the CPU
+        group) so every rank plans from the same data. Returns ``(counts per replica,
+        any rank is_extend)``. Attn-tp ranks of one replica that report different counts
+        make every rank raise :class:`dpx.DpxMismatchError` naming the replica."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            bad = DpxValueError(f"num_tokens={num_tokens!r} must be an int >= 0")
+            num_tokens = -1
+        else:
+            bad = None
+        mine = torch.tensor([num_tokens, int(bool(is_extend))], dtype=torch.int64)
+        allv = torch.empty((self.layout.world_size, 2), dtype=torch.int64)
+        _all_gather_single(allv, mine, group=self.groups.cpu)
+        rows = allv.tolist()
+        problems = [f"rank {r} passed an invalid count" for r, (n, _) in enumerate(rows) if n < 0]
+        counts = []
+        for d in range(self.layout.dp_size):
+            ranks = self.layout.replica_ranks(d)
+            seen = {rows[r][0] for r in ranks}
+            if len(seen) > 1:
+                problems.append(f"replica {d}'s attn-tp ranks report different counts: " +
+                                ", ".join(f"rank {r}={rows[r][0]}" for r in ranks))
+            counts.append(rows[ranks[0]][0])
+        if problems:
+            raise DpxMismatchError("sync_counts: " + "; ".join(problems)) from bad
+        return tuple(counts), any(e for _, e in rows)
+
     # ------------------------------------------------------------------ gather
     def gather(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
                counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -213,19 +299,22 @@ class DpComm:
         ``key`` per micro-batch; it is valid until the next call with that key) and
         ``work.wait()`` makes the current stream wait for it.
         """
-        self._check_plan(plan)
-        if not isinstance(partial, bool):
-            raise DpxTypeError(f"partial={partial!r} must be a bool")
-        n_d = plan.num_tokens[self.dp_rank]
-        self._check_tensor("local", local, min_rows=0 if counts is not None else n_d)
-        if counts is not None and local.shape[0] < plan.slot_rows[self.dp_rank]:
-            raise DpxValueError(f"local has {local.shape[0]} rows; with device counts it "
-                                f"needs the plan's static {plan.slot_rows[self.dp_rank]}")
-        self._check_out(out, local, plan.global_rows)
-        c = self._counts(plan, counts, local)
-        if async_op:
-            if out is not None:
+        def checks() -> _Counts:
+            self._check_plan(plan)
+            if not isinstance(partial, bool):
+                raise DpxTypeError(f"partial={partial!r} must be a bool")
+            n_d = plan.num_tokens[self.dp_rank]
+            self._check_tensor("local", local, min_rows=0 if counts is not None else n_d)
+            if counts is not None and local.shape[0] < plan.slot_rows[self.dp_rank]:
+                raise DpxValueError(f"local has {local.shape[0]} rows; with device counts "
+                                    f"it needs the plan's static {plan.slot_rows[self.dp_rank]}")
+            self._check_out(out, local, plan.global_rows)
+            if async_op and out is not None:
                 raise DpxValueError("async_op=True returns a pooled output; do not pass out=")
+            return self._counts(plan, counts, local)
+
+        c = self._checked("gather", plan, local, partial, checks)
+        if async_op:
             return self._launch_async("gather", key, local, plan.global_rows,
                                       lambda o: self._gather(local, plan, partial, c, o))
         if torch.is_grad_enabled() and local.requires_grad:
@@ -320,14 +409,17 @@ class DpComm:
         other rows are 0. The adjoint of ``gather(partial=True)``. ``global_`` is not
         modified. ``async_op``/``key`` as in :meth:`gather` (pool key ``("reduce_scatter",
         key)``)."""
-        self._check_plan(plan)
-        self._check_tensor("global_", global_, rows=plan.global_rows)
-        rows = plan.slot_rows[self.dp_rank]
-        self._check_out(out, global_, rows)
-        c = self._counts(plan, counts, global_)
-        if async_op:
-            if out is not None:
+        def checks() -> _Counts:
+            self._check_plan(plan)
+            self._check_tensor("global_", global_, rows=plan.global_rows)
+            self._check_out(out, global_, plan.slot_rows[self.dp_rank])
+            if async_op and out is not None:
                 raise DpxValueError("async_op=True returns a pooled output; do not pass out=")
+            return self._counts(plan, counts, global_)
+
+        c = self._checked("reduce_scatter", plan, global_, True, checks)
+        rows = plan.slot_rows[self.dp_rank]
+        if async_op:
             return self._launch_async("reduce_scatter", key, global_, rows,
                                       lambda o: self._reduce_scatter(global_, plan, c, o))
         if torch.is_grad_enabled() and global_.requires_grad:

@@ -73,3 +73,26 @@ def test_async_equals_sync_and_pool_stays_flat(gloo_worlds):
     res = gloo_worlds(4).run("torch_jobs:check_async_matches_sync", (4, 2), steps)
     for r in res:
         assert len(set(r["buffers"][3:])) == 1, f"pool keys grew: {r['buffers']}"
+
+
+def test_validate_makes_every_rank_raise_the_same_error(gloo_worlds):
+    res = gloo_worlds(4).run("torch_jobs:check_validate")
+    expect = {"plan": "ranks disagree on plan", "dtype": "ranks disagree on dtype",
+              "rows": "rank 2 rejected its input (DpxValueError: local has 1 rows",
+              "width": "ranks disagree on width: 7 on ranks [0]; 6 on ranks [1, 2, 3]",
+              "partial": "ranks disagree on partial",
+              "op": "ranks disagree on op: 'reduce_scatter' on ranks [0]; 'gather' on ranks [1, 2, 3]",
+              "replicated": "replica 0's attn-tp ranks [0, 1] hold different rows"}
+    for key, text in expect.items():
+        msgs = {r[key] for r in res}
+        assert len(msgs) == 1, f"{key}: ranks raised different errors: {msgs}"
+        assert text in msgs.pop(), f"{key}: {res[0][key]}"
+    assert all(r["ok"] for r in res)
+
+
+def test_sync_counts(gloo_worlds):
+    res = gloo_worlds(4).run("torch_jobs:check_sync_counts")
+    for r in res:
+        assert r["counts"] == (7, 0) and r["is_extend"] is True
+        assert "replica 0's attn-tp ranks report different counts: rank 0=5, rank 1=6" in r["mismatch"]
+    assert len({r["mismatch"] for r in res}) == 1

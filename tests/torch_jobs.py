@@ -150,3 +150,47 @@ def outputs(ctx, layout_args, cases, *, rest=(5,)) -> list[dict]:
             out.update(grad_gather=xg.grad.double().numpy(), grad_rs=gg.grad.double().numpy())
         res.append(out)
     return res
+
+
+def _raises(fn) -> str:
+    try:
+        fn()
+    except dpx.DpxMismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def check_validate(ctx) -> dict:
+    """Mismatched calls under validate=True: every rank raises the same DpxMismatchError.
+    Returns this rank's message per scenario."""
+    layout = dpx.DpLayout(4, 2)
+    comm = ctx.comm(layout, validate=True)
+    r = ctx.rank
+    plan = dpx.plan_step([3, 2], layout)
+    other = dpx.plan_step([3, 3], layout)
+    x = torch.arange(4 * 6, dtype=torch.float32).reshape(4, 6)
+    g = torch.zeros(plan.global_rows, 6)
+    out = {}
+    out["plan"] = _raises(lambda: comm.gather(x, other if r == 3 else plan, partial=True))
+    out["dtype"] = _raises(lambda: comm.gather(x.to(torch.bfloat16) if r == 1 else x, plan,
+                                               partial=True))
+    out["rows"] = _raises(lambda: comm.gather(x[:1] if r == 2 else x, plan, partial=True))
+    out["width"] = _raises(lambda: comm.gather(torch.zeros(4, 7) if r == 0 else x, plan,
+                                               partial=True))
+    out["partial"] = _raises(lambda: comm.gather(x, plan, partial=(r != 2)))
+    out["op"] = _raises(lambda: comm.reduce_scatter(g, plan) if r == 0 else
+                        comm.gather(x, plan, partial=True))
+    out["replicated"] = _raises(lambda: comm.gather(x + 1 if r == 1 else x, plan, partial=False))
+    # the world is still usable, and a consistent call passes validation
+    got = comm.gather(x, plan, partial=False)
+    out["ok"] = bool(torch.equal(got[:3], x[:3]) and torch.equal(got[4:6], x[:2]))
+    return out
+
+
+def check_sync_counts(ctx) -> dict:
+    layout = dpx.DpLayout(4, 2)
+    comm = ctx.comm(layout)
+    d = layout.coords(ctx.rank).attn_dp_rank
+    counts, ext = comm.sync_counts([7, 0][d], is_extend=ctx.rank == 3)
+    msg = _raises(lambda: comm.sync_counts(5 + (ctx.rank == 1)))
+    return dict(counts=counts, is_extend=ext, mismatch=msg)
