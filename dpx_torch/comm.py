@@ -269,9 +269,9 @@ class DpComm:
         else:
             bad = None
         mine = torch.tensor([num_tokens, int(bool(is_extend))], dtype=torch.int64)
-        allv = torch.empty((self.layout.world_size, 2), dtype=torch.int64)
+        allv = torch.empty(self.layout.world_size * 2, dtype=torch.int64)
         _all_gather_single(allv, mine, group=self.groups.cpu)
-        rows = allv.tolist()
+        rows = allv.view(-1, 2).tolist()
         problems = [f"rank {r} passed an invalid count" for r, (n, _) in enumerate(rows) if n < 0]
         counts = []
         for d in range(self.layout.dp_size):
