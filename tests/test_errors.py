@@ -1,0 +1,173 @@
+"""The bad-input catalogue (docs/errors.md): one check per entry, each raising a dpx error
+subclass whose message names the value and the rule, before any collective starts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import dpx
+from dpx import (DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError,  # noqa: F401
+                 DpxValueError)
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
+
+
+@pytest.fixture(scope="module")
+def comm(tmp_path_factory):
+    from dpx_torch import DpComm
+
+    init = tmp_path_factory.mktemp("gloo-errors") / "rendezvous"
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
+    yield DpComm(dpx.DpLayout(1, 1))
+    dist.destroy_process_group()
+
+
+L1 = dpx.DpLayout(1, 1)
+P5 = dpx.plan_step([5], L1)
+
+
+def _x(rows=6, width=4, dtype=torch.float32):
+    return torch.zeros(rows, width, dtype=dtype)
+
+
+def _jax():
+    return pytest.importorskip("dpx_jax")
+
+
+def _jax_in_shard_map(fn):
+    import jax
+    import jax.numpy as jnp
+
+    from jax_harness import SPEC, mesh_for, shard
+
+    lay = dpx.DpLayout(2, 2)
+    mesh = mesh_for(lay)
+    x = shard(mesh, [jnp.zeros((2, 3))] * 2, jnp.float32)
+    return jax.shard_map(lambda l: fn(l, lay), mesh=mesh, in_specs=SPEC, out_specs=SPEC)(x)
+
+
+def _torch_rows():
+    import dpx_torch
+
+    return dpx_torch
+
+
+# id -> (callable(comm), error type, message regex)
+CASES = {
+    "layout-divisible": (lambda c: dpx.DpLayout(6, 4), DpxValueError,
+                         r"world_size=6 must be divisible by dp_size\*cp_size=4\*1=4"),
+    "layout-positive": (lambda c: dpx.DpLayout(0, 1), DpxValueError, r"world_size=0 must be >= 1"),
+    "layout-int": (lambda c: dpx.DpLayout(4, 2.0), DpxTypeError, r"dp_size=2.0 must be an int"),
+    "layout-rank": (lambda c: dpx.DpLayout(8, 4).coords(8), DpxValueError,
+                    r"rank=8 must be < world_size=8"),
+    "counts-length": (lambda c: dpx.plan_step([1, 2, 3], dpx.DpLayout(4, 2)), DpxValueError,
+                      r"num_tokens has 3 entries.*dp_size=2"),
+    "counts-negative": (lambda c: dpx.plan_step([1, -1], dpx.DpLayout(2, 2)), DpxValueError,
+                        r"num_tokens\[1\]=-1 must be >= 0"),
+    "counts-int": (lambda c: dpx.plan_step([1, 2.5], dpx.DpLayout(2, 2)), DpxTypeError,
+                   r"num_tokens\[1\]=2.5 must be an int"),
+    "counts-bool": (lambda c: dpx.plan_step([True, 1], dpx.DpLayout(2, 2)), DpxTypeError,
+                    r"num_tokens\[0\]=True must be an int"),
+    "mode-string": (lambda c: dpx.plan_step([1], L1, mode="maxlen"), DpxValueError,
+                    r"unknown PaddingMode 'maxlen': expected one of 'max_len', 'sum_len', 'gatherv'"),
+    "policy-string": (lambda c: dpx.plan_step([1], L1, policy="fast"), DpxValueError,
+                      r"unknown Policy 'fast'"),
+    "capacity-max-len": (lambda c: dpx.plan_step([9, 1], dpx.DpLayout(2, 2), capacity=8),
+                         DpxCapacityError, r"num_tokens\[0\]=9 exceeds capacity=8"),
+    "capacity-sum-len": (lambda c: dpx.plan_step([5, 5], dpx.DpLayout(2, 2), capacity=9,
+                                                 mode="sum_len"),
+                         DpxCapacityError, r"= 10 exceeds capacity=9"),
+    "capacity-negative": (lambda c: dpx.plan_step([1], L1, capacity=-1), DpxValueError,
+                          r"capacity=-1 must be >= 0"),
+    "with-counts": (lambda c: P5.with_counts([1]), DpxValueError, r"needs a capacity plan"),
+    "cost-model": (lambda c: dpx.CostModel(bus_bandwidth=0), DpxValueError,
+                   r"CostModel.bus_bandwidth=0 must be > 0"),
+    "rows-place-range": (lambda c: _torch_rows().place_rows(_x(4), 2, 3, 4), DpxValueError,
+                         r"start=2, count=3 must satisfy .* start \+ count <= rows \(4\)"),
+    "rows-take-range": (lambda c: _torch_rows().take_rows(_x(4), 3, 2, 8), DpxValueError,
+                        r"start \+ count <= src rows \(4\)"),
+    "rows-contiguous": (lambda c: _torch_rows().take_rows(_x(3, 4).t(), 0, 1, 2), DpxValueError,
+                        r"src of shape \(4, 3\) must be contiguous"),
+    "rows-out-shape": (lambda c: _torch_rows().take_rows(_x(4, 3), 0, 1, 2, out=_x(3, 3)),
+                       DpxValueError, r"out has shape \(3, 3\).*must be \(2, 3\)"),
+    "rows-alias": (lambda c: (lambda x: _torch_rows().take_rows(x, 0, 1, 2, out=x[2:]))(_x(4, 3)),
+                   DpxValueError, r"out and src share memory"),
+    "rows-index-dtype": (lambda c: _torch_rows().take_rows(_x(4), 0, torch.tensor([1]), 2),
+                         DpxTypeError, r"count must be a one-element int32 tensor, got dtype=torch.int64"),
+    "rows-device": (lambda c: _torch_rows().take_rows(torch.zeros(4, 3, device="meta"), 0, 1, 2),
+                    DpxValueError, r"device meta is not supported"),
+    "comm-group-size": (lambda c: __import__("dpx_torch").DpComm(dpx.DpLayout(2, 2)),
+                        DpxValueError, r"process group has 1 ranks but layout.world_size=2"),
+    "comm-cp": (lambda c: __import__("dpx_torch").DpComm(dpx.DpLayout(2, 1, 2)), DpxValueError,
+                r"DpComm supports cp_size=1; layout has cp_size=2"),
+    "comm-plan-layout": (lambda c: c.gather(_x(), dpx.plan_step([5, 1], dpx.DpLayout(2, 2)),
+                                            partial=True),
+                         DpxValueError, r"plan was made for layout world=2 dp=2"),
+    "comm-local-rows": (lambda c: c.gather(_x(2), P5, partial=True), DpxValueError,
+                        r"local has 2 rows; replica 0 needs at least 5"),
+    "comm-dtype": (lambda c: c.gather(_x(dtype=torch.float64), P5, partial=True), DpxTypeError,
+                   r"local has dtype torch.float64; supported"),
+    "comm-contiguous": (lambda c: c.gather(torch.zeros(4, 6).t(), P5, partial=True),
+                        DpxValueError, r"local of shape \(6, 4\) must be contiguous"),
+    "comm-device": (lambda c: c.gather(torch.zeros(6, 4, device="meta"), P5, partial=True),
+                    DpxValueError, r"local is on meta; backend gloo needs cpu tensors"),
+    "comm-out-size": (lambda c: c.gather(_x(), P5, partial=True, out=_x(4)), DpxValueError,
+                      r"out has shape \(4, 4\) torch.float32 on cpu; it must be \(5, 4\)"),
+    "comm-out-alias": (lambda c: (lambda x: c.gather(x, P5, partial=True, out=x[1:]))(_x(6)),
+                       DpxValueError, r"out overlaps the input in memory"),
+    "comm-global-rows": (lambda c: c.reduce_scatter(_x(7), P5), DpxValueError,
+                         r"global_ has 7 rows; the plan needs exactly 5"),
+    "comm-partial": (lambda c: c.gather(_x(), P5, partial=1), DpxTypeError,
+                     r"partial=1 must be a bool"),
+    "comm-counts-plan": (lambda c: c.gather(_x(), P5, partial=True,
+                                            counts=torch.tensor([1], dtype=torch.int32)),
+                         DpxValueError, r"counts= needs a capacity plan"),
+    "comm-counts-gatherv": (lambda c: c.gather(_x(8), dpx.plan_step([1], L1, capacity=8,
+                                                                   mode="gatherv"),
+                                               partial=True,
+                                               counts=torch.tensor([1], dtype=torch.int32)),
+                            DpxValueError, r"GATHERV needs host-side counts"),
+    "comm-counts-dtype": (lambda c: c.gather(_x(8), dpx.plan_step([1], L1, capacity=8),
+                                             partial=True, counts=torch.tensor([1])),
+                          DpxTypeError, r"counts must be an int32 tensor of shape \(1,\)"),
+    "comm-async-out": (lambda c: c.gather(_x(), P5, partial=True, out=_x(5), async_op=True),
+                       DpxValueError, r"async_op=True returns a pooled output; do not pass out="),
+    "comm-grad-out": (lambda c: c.gather(_x().requires_grad_(), P5, partial=True, out=_x(5)),
+                      DpxValueError, r"out= cannot be used when local requires grad"),
+    "comm-sync-counts": (lambda c: c.sync_counts(-3), DpxMismatchError,
+                         r"sync_counts: rank 0 passed an invalid count"),
+    "jax-impl": (lambda c: _jax().place_rows(__import__("jax.numpy").numpy.zeros((4, 3)), 0, 1,
+                                            4, impl="cuda"),
+                 DpxValueError, r"impl='cuda' must be one of 'auto', 'triton', 'xla'"),
+    "jax-local-rows": (lambda c: _jax_in_shard_map(
+        lambda l, lay: _jax().gather(l, dpx.plan_step([3, 1], lay), partial=True)),
+        DpxValueError, r"local has 2 rows per device; the plan needs at least 3"),
+    "jax-counts-plan": (lambda c: _jax_in_shard_map(
+        lambda l, lay: _jax().scatter(l, dpx.plan_step([1, 1], lay),
+                                      counts=__import__("jax.numpy").numpy.zeros(2, "int32"))),
+        DpxValueError, r"counts= needs a capacity plan"),
+    "jax-mesh-devices": (lambda c: _jax().make_mesh(dpx.DpLayout(64, 8)), DpxValueError,
+                         r"layout.world_size=64 needs that many devices; 8 given"),
+    "jax-cp": (lambda c: _jax_in_shard_map(
+        lambda l, lay: _jax().scatter(l, dpx.plan_step([1], dpx.DpLayout(2, 1, 2)))),
+        DpxValueError, r"dpx_jax supports cp_size=1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_error(comm, name):
+    fn, kind, pattern = CASES[name]
+    with pytest.raises(kind, match=pattern) as info:
+        fn(comm)
+    assert isinstance(info.value, DpxError)
+
+
+def test_catalogue_and_tests_match():
+    documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", DOC.read_text(), re.M))
+    assert documented == set(CASES), (f"documented only: {sorted(documented - set(CASES))}; "
+                                      f"tested only: {sorted(set(CASES) - documented)}")
