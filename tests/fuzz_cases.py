@@ -1,0 +1,49 @@
+"""Random cases for the round-trip fuzzers (tests/test_fuzz.py and tests/fuzz_long.py)."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+MODES = ["max_len", "sum_len", "gatherv", None]
+DTYPES = ["float32", "bfloat16", "int32", "int64", "float16"]
+
+
+@st.composite
+def counts_for(draw, dp: int, cap: int = 12):
+    kind = draw(st.sampled_from(["random", "idle", "one", "edge", "zeros"]))
+    if kind == "random":
+        return draw(st.lists(st.integers(0, cap), min_size=dp, max_size=dp))
+    if kind == "idle":
+        c = draw(st.lists(st.integers(1, cap), min_size=dp, max_size=dp))
+        for i in draw(st.sets(st.integers(0, dp - 1), min_size=1, max_size=max(dp - 1, 1))):
+            c[i] = 0
+        return c
+    if kind == "one":
+        c = [0] * dp
+        c[draw(st.integers(0, dp - 1))] = draw(st.integers(1, 3 * cap))
+        return c
+    if kind == "edge":
+        return [draw(st.sampled_from([0, 1, cap - 1, cap])) for _ in range(dp)]
+    return [0] * dp
+
+
+@st.composite
+def case_for(draw, dp: int):
+    """A check_cases() case: counts, mode (None: a policy picks), partial, dtype, or a
+    capacity plan with run-time counts at and below its edges."""
+    seed = draw(st.integers(0, 2**16))
+    dtype = draw(st.sampled_from(DTYPES))
+    partial = draw(st.booleans())
+    if draw(st.integers(0, 4)) == 0:
+        mode = draw(st.sampled_from(["max_len", "sum_len"]))
+        cap = draw(st.integers(1, 10))
+        if mode == "max_len":
+            run = draw(st.lists(st.integers(0, cap), min_size=dp, max_size=dp))
+        else:
+            run = draw(counts_for(dp, cap=max(cap // dp, 1)))
+            cap = max(cap, sum(run) + dp * 4)
+        return dict(counts=[0] * dp, mode=mode, capacity=cap, run_counts=run, partial=partial,
+                    dtype=dtype, seed=seed)
+    return dict(counts=draw(counts_for(dp)), mode=draw(st.sampled_from(MODES)),
+                policy=draw(st.sampled_from(["sglang", "cost"])),
+                is_extend=draw(st.booleans()), partial=partial, dtype=dtype, seed=seed)
