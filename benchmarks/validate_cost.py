@@ -12,7 +12,7 @@ import statistics
 import tempfile
 import time
 
-WORLD, STEPS = 4, 40
+WORLD, STEPS = 4, 20
 
 
 def _rank(rank: int, init: str, q) -> None:

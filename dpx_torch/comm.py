@@ -487,7 +487,7 @@ class DpComm:
         """Destroy the subgroups this communicator created."""
         for g in {id(self.groups.attn_tp): self.groups.attn_tp,
                   id(self.groups.cpu): self.groups.cpu}.values():
-            if g is not self.groups.world:
+            if g is not None and g is not self.groups.world:
                 dist.destroy_process_group(g)
 
 

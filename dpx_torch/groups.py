@@ -18,7 +18,7 @@ class DpGroups:
     """
 
     world: dist.ProcessGroup
-    attn_tp: dist.ProcessGroup
+    attn_tp: dist.ProcessGroup | None  # None when attn_tp_size == 1 (no attn-tp collective)
     cpu: dist.ProcessGroup
     rank: int
     backend: str
@@ -26,11 +26,14 @@ class DpGroups:
 
 
 def build_groups(layout: DpLayout, group: dist.ProcessGroup | None) -> DpGroups:
-    """Create the subgroups on every rank of ``group`` (collective over that group).
+    """Create the subgroups. Collective over the *default* process group: every one of its
+    ranks must build its ``DpComm``s in the same order (torch.distributed's rule for
+    ``new_group``).
 
     ``group`` defaults to the default process group; its size must equal
-    ``layout.world_size``. Subgroups are created for every attn-tp group in the same order
-    on every rank (``use_local_synchronization`` keeps ranks outside ``group`` out of it).
+    ``layout.world_size``. Every attn-tp group is created on every rank, in layout order,
+    so group names and store keys agree everywhere (communicators can be destroyed and
+    built again).
     """
     if not dist.is_initialized():
         raise DpxValueError("torch.distributed is not initialised: call "
@@ -44,14 +47,14 @@ def build_groups(layout: DpLayout, group: dist.ProcessGroup | None) -> DpGroups:
     backend = str(dist.get_backend(world)).lower()
     glob = [dist.get_global_rank(world, r) for r in range(size)]
 
-    def sub(ranks: tuple[int, ...], backend_name: str | None) -> dist.ProcessGroup:
-        return dist.new_group([glob[r] for r in ranks], backend=backend_name,
-                              use_local_synchronization=True)
-
-    attn_tp = world
-    if layout.attn_tp_size < layout.world_size:
-        mine = layout.attn_tp_groups()[rank // layout.attn_tp_size]
-        attn_tp = sub(mine, None)
-    cpu = world if backend == "gloo" else sub(tuple(range(size)), "gloo")
+    attn_tp = None
+    if layout.attn_tp_size == layout.world_size:
+        attn_tp = world
+    elif layout.attn_tp_size > 1:
+        for ranks in layout.attn_tp_groups():
+            g = dist.new_group([glob[r] for r in ranks])
+            if rank in ranks:
+                attn_tp = g
+    cpu = world if backend == "gloo" else dist.new_group(glob, backend="gloo")
     return DpGroups(world=world, attn_tp=attn_tp, cpu=cpu, rank=rank, backend=backend,
                     global_ranks=tuple(glob))
