@@ -71,9 +71,11 @@ class _Counts:
 class DpComm:
     """The communicator of one DP-attention layout over one process group.
 
-    Build it on every rank of ``group`` (default: the default process group, whose size
-    must equal ``layout.world_size``). It owns the attn-tp subgroup and a CPU group; it holds
-    all state, so several communicators (other layouts, other groups) can coexist.
+    ``group`` (default: the default process group) must have ``layout.world_size`` ranks.
+    Construction creates the attn-tp subgroups (and, on NCCL, a gloo group for host
+    exchanges) with ``new_group``, so like ``new_group`` it is collective over the default
+    process group: every rank builds its communicators in the same order. It holds all
+    state (groups, pool, comm stream, events), so several communicators coexist.
 
     ``validate=True`` adds one small host exchange before every collective: all ranks
     compare plan fingerprint, op, dtype, width and ``partial`` (and, for a replicated
