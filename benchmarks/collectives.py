@@ -80,7 +80,6 @@ def main() -> None:
     dev = "cuda" if cuda else "cpu"
     scales = {"decode": 4, "prefill": 16} if args.quick else {"decode": 32, "prefill": 4096}
     reps = 3 if args.quick else 20
-    d = lay.coords(rank).attn_dp_rank
     rows = []
     for scale, n in scales.items():
         for pattern, make in PATTERNS.items():

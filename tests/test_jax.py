@@ -10,7 +10,6 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import dpx  # noqa: E402
 import dpx_jax  # noqa: E402
