@@ -10,6 +10,7 @@ bf16), device time per call of:
   jax_xla      : dpx_jax.place_rows(impl="xla") (gather + mask), same loop
   jax_dus      : jnp.zeros + lax.dynamic_update_slice, same loop
   jax_triton_dispatch : one jitted call per dispatch, back-to-back, one sync at the end
+  *_unrolled : 20 calls unrolled in one jitted program (no loop overhead)
 Ratios are against torch_triton measured in the same run. Writes jax_kernels.csv.
 """
 
@@ -45,6 +46,19 @@ def _loop_us(make_one, src, shape) -> float:
         t0 = time.perf_counter()
         jax.block_until_ready(f(src))
         times.append((time.perf_counter() - t0) * 1e6 / K)
+    return float(np.median(times))
+
+
+def _unrolled_us(make_one, src, k: int = 20) -> float:
+    """Device time per call of ``k`` calls unrolled in one jitted program (every output
+    returned, so none is dropped; no loop overhead), wall time per call after a warm-up."""
+    f = jax.jit(lambda s: tuple(make_one(s, i) for i in range(k)))
+    jax.block_until_ready(f(src))
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(src))
+        times.append((time.perf_counter() - t0) * 1e6 / k)
     return float(np.median(times))
 
 
@@ -85,6 +99,8 @@ def main() -> None:
             return lax.dynamic_update_slice(jnp.zeros((G, H), s.dtype), s, ((i % dp) * n, 0))
 
         t_tri = _loop_us(tri, src, (G, H))
+        t_tri_unrolled = _unrolled_us(tri, src)
+        t_dus_unrolled = _unrolled_us(dus, src)
         t_xla = _loop_us(xla, src, (G, H))
         t_dus = _loop_us(dus, src, (G, H))
         one = jax.jit(lambda s, i: dpx_jax.place_rows(s, i * 0 + 3 * n, jnp.int32(n), G,
@@ -94,7 +110,11 @@ def main() -> None:
         b = out_t.float().cpu().numpy()
         assert np.array_equal(a, b), "jax-triton and torch-launched kernels disagree"
         rows.append(dict(name=name, global_rows=G, MiB=round(G * H * 2 / 2**20, 1),
-                         torch_triton_us=t_torch, jax_triton_us=t_tri, jax_xla_us=t_xla,
+                         torch_triton_us=t_torch, jax_triton_us=t_tri,
+                         jax_triton_unrolled_us=t_tri_unrolled,
+                         jax_dus_unrolled_us=t_dus_unrolled,
+                         jax_triton_unrolled_vs_torch=t_tri_unrolled / t_torch,
+                         jax_xla_us=t_xla,
                          jax_dus_us=t_dus, jax_triton_dispatch_us=t_disp,
                          jax_triton_vs_torch=t_tri / t_torch, jax_xla_vs_torch=t_xla / t_torch,
                          jax_dus_vs_torch=t_dus / t_torch))
