@@ -32,6 +32,18 @@ from dpx_torch import place_rows
 K = 50
 
 
+def _per_call_us(f, src, calls: int) -> float:
+    """Wall time per call of one jitted program holding ``calls`` calls (median of 5, after
+    a warm-up run that compiles it)."""
+    jax.block_until_ready(f(src))
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(src))
+        times.append((time.perf_counter() - t0) * 1e6 / calls)
+    return float(np.median(times))
+
+
 def _loop_us(make_one, src, shape) -> float:
     """Device time per call of ``make_one(src, i)`` run K times in one jitted loop; each
     iteration's whole output is the loop carry, so no part of it can be optimised away."""
@@ -39,27 +51,14 @@ def _loop_us(make_one, src, shape) -> float:
         del buf
         return make_one(src, i)
 
-    f = jax.jit(lambda s: lax.fori_loop(0, K, body, jnp.zeros(shape, s.dtype)))
-    jax.block_until_ready(f(src))
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(src))
-        times.append((time.perf_counter() - t0) * 1e6 / K)
-    return float(np.median(times))
+    return _per_call_us(jax.jit(lambda s: lax.fori_loop(0, K, body, jnp.zeros(shape, s.dtype))),
+                        src, K)
 
 
 def _unrolled_us(make_one, src, k: int = 20) -> float:
     """Device time per call of ``k`` calls unrolled in one jitted program (every output
-    returned, so none is dropped; no loop overhead), wall time per call after a warm-up."""
-    f = jax.jit(lambda s: tuple(make_one(s, i) for i in range(k)))
-    jax.block_until_ready(f(src))
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(src))
-        times.append((time.perf_counter() - t0) * 1e6 / k)
-    return float(np.median(times))
+    returned, so none is dropped; no loop overhead)."""
+    return _per_call_us(jax.jit(lambda s: tuple(make_one(s, i) for i in range(k))), src, k)
 
 
 def _dispatch_us(fn, src) -> float:

@@ -47,12 +47,14 @@ class _Counts:
     def dynamic(self) -> bool:
         return self.tensor is not None
 
-    def count(self, d: int | None = None):
-        d = self.d if d is None else d
+    def count(self):
+        """This replica's count: an int, or a one-element view of the device counts."""
+        d = self.d
         return self.plan.num_tokens[d] if self.tensor is None else self.tensor[d:d + 1]
 
-    def offset(self, d: int | None = None):
-        d = self.d if d is None else d
+    def offset(self):
+        """This replica's first global row: static, or derived on the device from counts."""
+        d = self.d
         if self.tensor is None or not self.plan.dynamic_offsets:
             return self.plan.offsets[d]
         if self._offsets is None:
@@ -361,8 +363,8 @@ class DpComm:
 
     def _gather_sum_len(self, local, plan, partial, c, out) -> None:
         writer = partial or self.tp_rank == 0
-        count = c.count() if writer else (0 if not c.dynamic else torch.zeros_like(c.count()))
-        place_into(local, c.offset(), count, out)
+        # non-writers place nothing: the kernel then only zero-fills their buffer
+        place_into(local, c.offset(), c.count() if writer else 0, out)
         dist.all_reduce(out, group=self.groups.world)
 
     def _chunks(self, plan: DpPlan) -> list[tuple[int, int]]:
