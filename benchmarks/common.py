@@ -71,3 +71,26 @@ def print_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
     text = "\n".join(lines)
     print(text)
     return text
+
+
+def profiled_us(fn: Callable[[], object], *, reps: int = 5) -> tuple[float, dict[str, float]]:
+    """Device time of ``fn`` from CUPTI (``torch.profiler``): ``(total µs per call, {kernel
+    name: median µs})``. CUPTI sees every kernel and copy of the process on the device,
+    whoever launched it (torch, Triton, XLA), so launches from different frameworks are
+    timed by one clock. ``fn`` must synchronize (``torch.cuda.synchronize`` or
+    ``jax.block_until_ready``) before returning; one warm-up call runs first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            per_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    total = sum(sum(v) for v in per_name.values()) / reps
+    return total, {k: statistics.median(v) for k, v in per_name.items()}

@@ -1,23 +1,50 @@
 """The same place kernel launched from JAX (jax-triton) and from torch, against XLA's own
-versions, on a GPU; all in one process and one run.
+versions, on one GPU, in one process and one run.
 
     XLA_PYTHON_CLIENT_PREALLOCATE=false python benchmarks/jax_kernels.py
 
-Per size (``G`` global rows, one ``n = G/8``-row slot placed at offset ``3n``, hidden 7168
-bf16), device time per call of:
-  torch_triton : dpx_torch.place_rows (CUDA events, back-to-back calls)
-  jax_triton   : dpx_jax.place_rows(impl="triton"), K calls inside one jitted fori_loop
-  jax_xla      : dpx_jax.place_rows(impl="xla") (gather + mask), same loop
-  jax_dus      : jnp.zeros + lax.dynamic_update_slice, same loop
-  jax_triton_dispatch : one jitted call per dispatch, back-to-back, one sync at the end
-  *_unrolled : 20 calls unrolled in one jitted program (no loop overhead)
-Ratios are against torch_triton measured in the same run. Writes jax_kernels.csv.
+Device times come from CUPTI (``common.profiled_us``): it records every kernel and copy on
+the device whoever launched it, so the torch launch, the jax-triton launch and XLA's own
+kernels are timed by the same clock. Per size (``G`` global rows, ``dp`` slots of
+``n = G / dp`` rows, hidden 7168 bf16), device µs per placed slot:
+
+  torch_int         dpx_torch.place_rows, start/count as ints
+  torch_dev         the same with start/count in device memory (the JAX launch always
+                    reads them from device memory: they are traced values)
+  jax_triton        dpx_jax.place_rows(impl="triton"): all device work of one call of a
+                    jitted place (start passed in as a device int32 scalar), whatever XLA
+                    adds around the kernel included
+  jax_triton_kernel the place kernel alone in that call
+  jax_xla           impl="xla" (clipped gather + mask), the same jitted call
+  jax_dus           jnp.zeros + lax.dynamic_update_slice, the same jitted call
+
+Host side, per call (start passed as a device int32, as a jitted step does):
+  jax_dispatch_us   wall time per jitted place call, 50 back to back, one sync
+  jax_dispatch_pyint_us  the same with start passed as a Python int (shipped to the
+                    device on every call)
+  jax_host_us       time for the jitted call to return (host cost only)
+  jit_floor_host_us the same for a jitted program that only slices its input
+                    (what any jitted call costs on this host)
+  torch_eager_us    wall time per eager torch place_rows call, back to back
+  torch_host_us     time for the eager torch call to return
+  loop_wall_us      wall time per iteration of K calls in a jitted fori_loop, against
+  loop_device_us    the device time per iteration of that loop (the difference is XLA's
+                    per-iteration loop cost, not the kernel's)
+
+It also compares the PTX jax-triton generated for the prefill kernel with the PTX Triton
+compiled for the torch launch with device start/count. Writes jax_kernels.csv and
+jax_kernels.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import os
+import statistics
+import tempfile
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -26,52 +53,46 @@ import torch
 from jax import lax
 
 import dpx_jax
-from common import cuda_time_us, out_dir, print_table, write_csv
+from common import out_dir, print_table, profiled_us, write_csv
+from dpx.kernels import launch
+from dpx.kernels import rows as kernels
 from dpx_torch import place_rows
 
 K = 50
 
 
-def _per_call_us(f, src, calls: int) -> float:
-    """Wall time per call of one jitted program holding ``calls`` calls (median of 5, after
-    a warm-up run that compiles it)."""
-    jax.block_until_ready(f(src))
+def _wall_us(call: Callable[[], object], calls: int = K, rounds: int = 5) -> float:
+    """Wall µs per call of ``calls`` back-to-back calls and one sync (median of rounds)."""
+    jax.block_until_ready(call())
     times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(src))
-        times.append((time.perf_counter() - t0) * 1e6 / calls)
-    return float(np.median(times))
-
-
-def _loop_us(make_one, src, shape) -> float:
-    """Device time per call of ``make_one(src, i)`` run K times in one jitted loop; each
-    iteration's whole output is the loop carry, so no part of it can be optimised away."""
-    def body(i, buf):
-        del buf
-        return make_one(src, i)
-
-    return _per_call_us(jax.jit(lambda s: lax.fori_loop(0, K, body, jnp.zeros(shape, s.dtype))),
-                        src, K)
-
-
-def _unrolled_us(make_one, src, k: int = 20) -> float:
-    """Device time per call of ``k`` calls unrolled in one jitted program (every output
-    returned, so none is dropped; no loop overhead)."""
-    return _per_call_us(jax.jit(lambda s: tuple(make_one(s, i) for i in range(k))), src, k)
-
-
-def _dispatch_us(fn, src) -> float:
-    jax.block_until_ready(fn(src, 0))
-    times = []
-    for _ in range(5):
+    for _ in range(rounds):
         t0 = time.perf_counter()
         out = None
-        for i in range(K):
-            out = fn(src, i)
+        for _ in range(calls):
+            out = call()
         jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) * 1e6 / K)
-    return float(np.median(times))
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(times)
+
+
+def _host_us(call: Callable[[], object], calls: int = K) -> float:
+    """Median µs for ``call()`` to return, each call awaited before the next."""
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        out = call()
+        times.append((time.perf_counter() - t0) * 1e6)
+        jax.block_until_ready(out)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _synced(call: Callable[[], object]) -> Callable[[], None]:
+    def run() -> None:
+        jax.block_until_ready(call())
+        torch.cuda.synchronize()
+    return run
 
 
 def main() -> None:
@@ -80,47 +101,123 @@ def main() -> None:
     ap.add_argument("--dp", type=int, default=8)
     args = ap.parse_args()
     H, dp = args.hidden, args.dp
+    # read by jax-triton when it is first imported (dpx_jax imports it lazily, below)
+    dump = tempfile.mkdtemp(prefix="jax_triton_dump_")
+    os.environ["JAX_TRITON_DUMP_DIR"] = dump
     rows = []
     for name, per in (("decode", 32), ("mid", 512), ("prefill", 4096)):
         G, n = dp * per, per
         slot_t = torch.randn(n, H, device="cuda").to(torch.bfloat16)
         out_t = torch.empty(G, H, device="cuda", dtype=torch.bfloat16)
-        t_torch = cuda_time_us(lambda: place_rows(slot_t, 3 * n, n, G, out=out_t))
+        s_dev = torch.tensor([3 * n], dtype=torch.int32, device="cuda")
+        n_dev = torch.tensor([n], dtype=torch.int32, device="cuda")
+        torch_int, _ = profiled_us(
+            _synced(lambda: place_rows(slot_t, 3 * n, n, G, out=out_t)), reps=20)
+        torch_dev, _ = profiled_us(
+            _synced(lambda: place_rows(slot_t, s_dev, n_dev, G, out=out_t)), reps=20)
+        torch_eager = _wall_us(lambda: place_rows(slot_t, 3 * n, n, G, out=out_t))
+        torch_host = _host_us(lambda: place_rows(slot_t, 3 * n, n, G, out=out_t))
+
         src = jnp.asarray(slot_t.float().cpu().numpy(), jnp.bfloat16)
+        st3 = jnp.int32(3 * n)
+        makers = {
+            "triton": lambda s, st: dpx_jax.place_rows(s, st, jnp.int32(n), G, impl="triton"),
+            "xla": lambda s, st: dpx_jax.place_rows(s, st, jnp.int32(n), G, impl="xla"),
+            "dus": lambda s, st: lax.dynamic_update_slice(jnp.zeros((G, H), s.dtype), s, (st, 0)),
+        }
+        dev: dict[str, float] = {}
+        kernel_only = 0.0
+        for label, maker in makers.items():
+            prog = jax.jit(maker)
+            dev[label], per_name = profiled_us(_synced(lambda prog=prog: prog(src, st3)), reps=20)
+            if label == "triton":
+                kernel_only = per_name["place_rows_kernel"]
+                # bitwise: the jax-triton launch gives the torch launch's result
+                a = np.asarray(prog(src, st3).astype(jnp.float32))
+                assert np.array_equal(a, out_t.float().cpu().numpy()), "launches disagree"
 
-        def tri(s, i):
-            return dpx_jax.place_rows(s, (i % dp) * n, jnp.int32(n), G, impl="triton")
+        one = jax.jit(makers["triton"])
+        jax_dispatch = _wall_us(lambda: one(src, st3))
+        jax_host = _host_us(lambda: one(src, st3))
+        jax_dispatch_pyint = _wall_us(lambda: one(src, 3 * n))
+        floor = jax.jit(lambda s, st: s[:1])
+        floor_host = _host_us(lambda: floor(src, st3))
 
-        def xla(s, i):
-            return dpx_jax.place_rows(s, (i % dp) * n, jnp.int32(n), G, impl="xla")
+        starts = jnp.arange(dp, dtype=jnp.int32) * n
+        loop = jax.jit(lambda s, sts: lax.fori_loop(
+            0, K, lambda i, buf: makers["triton"](s, sts[i % dp]), jnp.zeros((G, H), s.dtype)))
+        loop_wall = _wall_us(lambda: loop(src, starts), calls=1) / K
+        loop_dev, _ = profiled_us(_synced(lambda: loop(src, starts)), reps=2)
 
-        def dus(s, i):
-            return lax.dynamic_update_slice(jnp.zeros((G, H), s.dtype), s, ((i % dp) * n, 0))
-
-        t_tri = _loop_us(tri, src, (G, H))
-        t_tri_unrolled = _unrolled_us(tri, src)
-        t_dus_unrolled = _unrolled_us(dus, src)
-        t_xla = _loop_us(xla, src, (G, H))
-        t_dus = _loop_us(dus, src, (G, H))
-        one = jax.jit(lambda s, i: dpx_jax.place_rows(s, i * 0 + 3 * n, jnp.int32(n), G,
-                                                       impl="triton"))
-        t_disp = _dispatch_us(one, src)
-        a = np.asarray(one(src, 0).astype(jnp.float32))
-        b = out_t.float().cpu().numpy()
-        assert np.array_equal(a, b), "jax-triton and torch-launched kernels disagree"
-        rows.append(dict(name=name, global_rows=G, MiB=round(G * H * 2 / 2**20, 1),
-                         torch_triton_us=t_torch, jax_triton_us=t_tri,
-                         jax_triton_unrolled_us=t_tri_unrolled,
-                         jax_dus_unrolled_us=t_dus_unrolled,
-                         jax_triton_unrolled_vs_torch=t_tri_unrolled / t_torch,
-                         jax_xla_us=t_xla,
-                         jax_dus_us=t_dus, jax_triton_dispatch_us=t_disp,
-                         jax_triton_vs_torch=t_tri / t_torch, jax_xla_vs_torch=t_xla / t_torch,
-                         jax_dus_vs_torch=t_dus / t_torch))
+        rows.append(dict(
+            name=name, global_rows=G, MiB=round(G * H * 2 / 2**20, 1),
+            torch_int_us=torch_int, torch_dev_us=torch_dev,
+            jax_triton_us=dev["triton"], jax_triton_kernel_us=kernel_only,
+            jax_xla_us=dev["xla"], jax_dus_us=dev["dus"],
+            jax_triton_vs_torch_int=dev["triton"] / torch_int,
+            jax_triton_vs_torch_dev=dev["triton"] / torch_dev,
+            kernel_vs_torch_dev=kernel_only / torch_dev,
+            dus_vs_jax_triton=dev["dus"] / dev["triton"],
+            xla_vs_jax_triton=dev["xla"] / dev["triton"],
+            jax_dispatch_us=jax_dispatch, jax_dispatch_pyint_us=jax_dispatch_pyint,
+            jax_host_us=jax_host, jit_floor_host_us=floor_host,
+            torch_eager_us=torch_eager, torch_host_us=torch_host,
+            loop_wall_us=loop_wall, loop_device_us=loop_dev / K))
+        jax.clear_caches()
     print(f"device: {torch.cuda.get_device_name()}  jax {jax.__version__}  torch "
-          f"{torch.__version__}  hidden={H} bfloat16  K={K} calls per loop")
-    print_table(rows, list(rows[0]))
-    write_csv(out_dir() / "jax_kernels.csv", rows)
+          f"{torch.__version__}  hidden={H} bfloat16  dp={dp}")
+    print("device time per placed slot (CUPTI):")
+    print_table(rows, ["name", "MiB", "torch_int_us", "torch_dev_us", "jax_triton_us",
+                       "jax_triton_kernel_us", "jax_xla_us", "jax_dus_us",
+                       "jax_triton_vs_torch_int", "jax_triton_vs_torch_dev",
+                       "kernel_vs_torch_dev", "dus_vs_jax_triton", "xla_vs_jax_triton"])
+    print("host side per call (wall clock):")
+    print_table(rows, ["name", "jax_dispatch_us", "jax_dispatch_pyint_us", "jax_host_us",
+                       "jit_floor_host_us", "torch_eager_us", "torch_host_us", "loop_wall_us",
+                       "loop_device_us"])
+    od = out_dir()
+    write_csv(od / "jax_kernels.csv", rows)
+    _plot(rows, od / "jax_kernels.png")
+    _compare_ptx(dump, slot_t, s_dev, n_dev, out_t)
+
+
+def _compare_ptx(dump: str, src: torch.Tensor, start: torch.Tensor, count: torch.Tensor,
+                 out: torch.Tensor) -> None:
+    """Print whether jax-triton's PTX of the place kernel equals the torch launch's."""
+    block_r, block_c, warps = launch.row_blocks(out.shape[1])
+    compiled = kernels.place_rows_kernel[launch.grid(*out.shape)](
+        src, start, count, 0, 0, src.shape[0], out.shape[0], out, WIDTH=out.shape[1],
+        START_PTR=True, COUNT_PTR=True, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+    torch_ptx = compiled.asm["ptx"]
+    jax_ptx = [open(f).read() for f in glob.glob(f"{dump}/*/place_rows_kernel.ptx")]
+    same = [p == torch_ptx for p in jax_ptx]
+    print(f"place_rows_kernel PTX: torch launch {len(torch_ptx.splitlines())} lines; "
+          f"jax-triton compiled {len(jax_ptx)} variant(s), identical to the torch launch's: "
+          f"{same}")
+
+
+def _plot(rows: list[dict], path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    keys = ["torch_int_us", "torch_dev_us", "jax_triton_us", "jax_xla_us", "jax_dus_us"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.16
+    for k_i, key in enumerate(keys):
+        xs = [r_i + (k_i - 2) * width for r_i in range(len(rows))]
+        ax.bar(xs, [r[key] / r["torch_int_us"] for r in rows], width, label=key[:-3])
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks(range(len(rows)), [f"{r['name']}\n{r['MiB']} MiB" for r in rows])
+    ax.set_ylabel("device time / torch-launched kernel")
+    ax.set_title(f"place one slot: launches and XLA versions, {torch.cuda.get_device_name()}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

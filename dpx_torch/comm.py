@@ -358,7 +358,10 @@ class DpComm:
 
     def _gather_max_len(self, local, plan, partial, c, out) -> None:
         slot = plan.slot_rows[0]
-        chunk = self._slot_chunk(local, slot, partial, c)
+        if self.tp_size == 1 and not c.dynamic and c.count() == slot == local.shape[0]:
+            chunk = local  # already its own zero-padded slot: no place pass, no launch
+        else:
+            chunk = self._slot_chunk(local, slot, partial, c)
         _all_gather_single(out, chunk, group=self.groups.world)
 
     def _gather_sum_len(self, local, plan, partial, c, out) -> None:
@@ -455,7 +458,7 @@ class DpComm:
             part = self._scratch("chunk", chunk, global_)
             _reduce_scatter_single(part, global_, group=self.groups.world)
             _all_gather_single(out, part, group=self.groups.attn_tp)
-        zero_rows_(out, 0, c.count())
+        _zero_pad(out, c)
 
     def _reduce_scatter_v(self, global_, plan, c, out) -> None:
         chunks = self._chunks(plan)
@@ -471,7 +474,7 @@ class DpComm:
             take_into(staged, first, c.count(), out)
             return
         _all_gather_single(out, staged[first:first + rows], group=self.groups.attn_tp)
-        zero_rows_(out, 0, c.count())
+        _zero_pad(out, c)
 
     # ------------------------------------------------------------------ helpers
     def _global(self, rank: int) -> int:
@@ -493,6 +496,13 @@ class DpComm:
                   id(self.groups.cpu): self.groups.cpu}.values():
             if g is not None and g is not self.groups.world:
                 dist.destroy_process_group(g)
+
+
+def _zero_pad(out: torch.Tensor, c: _Counts) -> None:
+    """Zero the rows of this replica's slot ``out`` past its count (skipped, with no
+    launch, when a host count fills the slot)."""
+    if c.dynamic or c.count() < out.shape[0]:
+        zero_rows_(out, 0, c.count())
 
 
 class DpWork:

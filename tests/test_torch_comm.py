@@ -96,3 +96,11 @@ def test_sync_counts(gloo_worlds):
         assert r["counts"] == (7, 0) and r["is_extend"] is True
         assert "replica 0's attn-tp ranks report different counts: rank 0=5, rank 1=6" in r["mismatch"]
     assert len({r["mismatch"] for r in res}) == 1
+
+
+def test_full_slots_skip_the_place_and_pad_launches(gloo_worlds):
+    """MAX_LEN, attn_tp 1: the replica whose count fills the slot launches no row kernel;
+    the other places its rows and zeroes its pad (results checked against the reference)."""
+    res = gloo_worlds(2).run("torch_jobs:count_row_launches", [5, 3])
+    assert [r["ok"] for r in res] == [True, True]
+    assert [(r["place"], r["zero"]) for r in res] == [(0, 0), (1, 1)]

@@ -194,3 +194,37 @@ def check_sync_counts(ctx) -> dict:
     counts, ext = comm.sync_counts([7, 0][d], is_extend=ctx.rank == 3)
     msg = _raises(lambda: comm.sync_counts(5 + (ctx.rank == 1)))
     return dict(counts=counts, is_extend=ext, mismatch=msg)
+
+
+def count_row_launches(ctx, counts) -> dict:
+    """MAX_LEN, attn_tp 1: row-kernel launches of one gather and one reduce_scatter on this
+    rank (a replica whose host count fills its slot sends its input as is), plus whether
+    both results match the reference."""
+    import dpx_torch.comm as comm_mod
+
+    layout = dpx.DpLayout(len(counts), len(counts))
+    comm = ctx.comm(layout)
+    d = layout.coords(ctx.rank).attn_dp_rank
+    plan = dpx.plan_step(counts, layout, mode="max_len")
+    locs = local_inputs(9, plan, (3,), partial=True, rows=plan.slot_rows[d])
+    globs = global_inputs(9, plan, (3,))
+    launches = {"place": 0, "zero": 0}
+    real = comm_mod.place_into, comm_mod.zero_rows_
+
+    def place(*a, **k):
+        launches["place"] += 1
+        return real[0](*a, **k)
+
+    def zero(*a, **k):
+        launches["zero"] += 1
+        return real[1](*a, **k)
+
+    comm_mod.place_into, comm_mod.zero_rows_ = place, zero
+    try:
+        got = comm.gather(_t(locs[ctx.rank], torch.float32), plan, partial=True)
+        rs = comm.reduce_scatter(_t(globs[ctx.rank], torch.float32), plan)
+    finally:
+        comm_mod.place_into, comm_mod.zero_rows_ = real
+    ok = torch.equal(got, _t(ref_gather(locs, plan, partial=True), torch.float32)) and \
+        torch.equal(rs, _t(ref_reduce_scatter(globs, plan, d, plan.num_tokens), torch.float32))
+    return dict(launches, ok=ok)
