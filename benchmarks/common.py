@@ -46,8 +46,10 @@ def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, rounds: int = 7,
     return statistics.median(times)
 
 
-def out_dir(default: str = "benchmarks/out") -> Path:
-    path = Path(os.environ.get("OUT", default))
+def out_dir() -> Path:
+    """Where a benchmark writes its CSVs and plots: ``$OUT`` if set, else ``out/`` beside
+    the benchmark scripts (wherever they are run from)."""
+    path = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "out")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

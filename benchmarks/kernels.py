@@ -45,10 +45,9 @@ def _kernel_launches(fn) -> int:
 
 
 def _sweep(H: int, dtype, dp: int, copy_cache: dict) -> None:
-    from dpx.kernels import launch
+    from dpx.kernels import Tile
 
     rb = H * torch.empty(0, dtype=dtype).element_size()
-    saved = (launch.TILE_ELEMS, launch.WARPS)
     rows = []
     for G in (dp * 4096, dp * 16384):
         big = torch.randn(G, H, device="cuda").to(dtype)
@@ -57,15 +56,15 @@ def _sweep(H: int, dtype, dp: int, copy_cache: dict) -> None:
         copy = _copy_us(G * rb, copy_cache)
         for tile in (4096, 8192, 16384, 32768):
             for warps in (4, 8, 16):
-                launch.TILE_ELEMS, launch.WARPS = tile, warps
-                t_full = cuda_time_us(lambda: place_rows(big, 0, G, G, out=out))
-                t_slot = cuda_time_us(lambda: place_rows(slot, 3 * (G // dp), G // dp, G, out=out))
+                t = Tile(elems=tile, warps=warps)
+                t_full = cuda_time_us(lambda: place_rows(big, 0, G, G, out=out, tile=t))
+                t_slot = cuda_time_us(lambda: place_rows(slot, 3 * (G // dp), G // dp, G,
+                                                         out=out, tile=t))
                 rows.append(dict(global_rows=G, tile=tile, warps=warps,
                                  place_full_copy_ratio=copy / t_full,
                                  place_slot_copy_ratio=_copy_us((G + G // dp) * rb // 2,
                                                                 copy_cache) / t_slot))
         del big, out, slot
-    launch.TILE_ELEMS, launch.WARPS = saved
     print("tile sweep (place kernels, CUDA-graph timed):")
     print_table(rows, list(rows[0]))
 

@@ -41,30 +41,30 @@ def main() -> None:
     for m in modes:  # warm-up: the largest step of every mode under both keys
         for key in (0, 1):
             p = dpx.plan_step([1024], lay, mode=m)
-            g, w = comm.gather(src, p, partial=True, async_op=True, key=key)
-            comm.reduce_scatter(g, p, async_op=True, key=key)[1].wait()
+            g, w = comm.gather_async(src, p, partial=True, key=key)
+            comm.reduce_scatter_async(g, p, key=key)[1].wait()
     def reserved() -> int:
         return torch.cuda.memory_reserved() if cuda else comm.pool.nbytes()
 
     if cuda:
         torch.cuda.synchronize()
-    start = dict(events=len(comm._events), buffers=len(comm.pool),
+    start = dict(events=len(comm.overlap.events), buffers=len(comm.pool),
                  allocations=comm.pool.allocations, reserved=reserved())
     t0 = time.perf_counter()
     bad = 0
     for i in range(args.steps):
         plan = plans[rng.randrange(len(plans))]
         n = plan.num_tokens[0]
-        g, work = comm.gather(src[:max(n, 1)], plan, partial=True, async_op=True, key=i % 2)
+        g, work = comm.gather_async(src[:max(n, 1)], plan, partial=True, key=i % 2)
         work.wait()
-        rs, work = comm.reduce_scatter(g, plan, async_op=True, key=i % 2)
+        rs, work = comm.reduce_scatter_async(g, plan, key=i % 2)
         work.wait()
         if i % 500 == 0:
             bad += not torch.equal(rs[:n], src[:n])
     if cuda:
         torch.cuda.synchronize()
     secs = time.perf_counter() - t0
-    end = dict(events=len(comm._events), buffers=len(comm.pool),
+    end = dict(events=len(comm.overlap.events), buffers=len(comm.pool),
                allocations=comm.pool.allocations, reserved=reserved())
     print(f"{args.steps} async gather+reduce_scatter steps on {args.device} (sizes 0..1024 "
           f"rows x {args.hidden} fp32, 3 modes, 2 micro-batch keys) in {secs:.1f} s "

@@ -1,20 +1,25 @@
 """dpx: DP-attention gather/scatter planning shared by the PyTorch and JAX frontends.
 
 This package is pure Python: it imports neither torch, jax nor triton. The Triton kernels
-live in ``dpx.kernels``; the frontends are ``dpx_torch`` and ``dpx_jax``.
+live in ``dpx.kernels``; the frontends are ``dpx_torch`` and ``dpx_jax``. A plan
+(:func:`plan_step`) says how the global buffer is laid out; a schedule
+(:func:`build_schedule`) says what every rank does with it, step by step.
 """
 
-from dpx.cost import CollectiveCost, CostModel
+from dpx.cost import CostModel, ModeEstimate, OpEstimate, StepCost, estimate
 from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError,
                         DpxValueError)
+from dpx.expr import ceil_align
 from dpx.layout import DpLayout, RankCoords
-from dpx.modes import PaddingMode, Policy
-from dpx.plan import DpPlan, ModeEstimate, ceil_align, estimate_mode, plan_step, sglang_mode
+from dpx.modes import Group, Op, PaddingMode, Policy, Transport
+from dpx.plan import DpPlan, compare_modes, plan_step, sglang_mode
+from dpx.schedule import Schedule, build_schedule
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "CollectiveCost", "CostModel", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError",
-    "DpxMismatchError", "DpxTypeError", "DpxValueError", "ModeEstimate", "PaddingMode",
-    "Policy", "RankCoords", "ceil_align", "estimate_mode", "plan_step", "sglang_mode",
+    "CostModel", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError", "DpxMismatchError",
+    "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op", "OpEstimate",
+    "PaddingMode", "Policy", "RankCoords", "Schedule", "StepCost", "Transport",
+    "build_schedule", "ceil_align", "compare_modes", "estimate", "plan_step", "sglang_mode",
 ]

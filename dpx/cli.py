@@ -18,12 +18,26 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--tokens {text!r}: {exc}") from None
 
 
+def _ranks(text: str) -> str | int:
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rank {text!r}: an int or 'all'") from None
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     layout = DpLayout(args.world, args.dp, args.cp)
     plan = plan_step(args.tokens, layout, is_extend=args.extend, mode=args.mode,
-                     policy=args.policy, capacity=args.capacity,
-                     row_bytes=args.hidden * _ITEMSIZE[args.dtype])
-    print(plan.explain(hidden=args.hidden, itemsize=_ITEMSIZE[args.dtype]))
+                     policy=args.policy, max_len_with_idle=args.max_len_with_idle,
+                     capacity=args.capacity, row_bytes=args.hidden * _ITEMSIZE[args.dtype],
+                     transport=args.transport)
+    if args.rank != "all":
+        layout.coords(args.rank)  # a rank outside the world is a clear error
+    print(plan.explain(hidden=args.hidden, itemsize=_ITEMSIZE[args.dtype],
+                       ranks=None if args.rank == "all" else (args.rank,),
+                       transport=args.transport, device_counts=args.device_counts))
     print(f"fingerprint: {plan.fingerprint()}")
     return 0
 
@@ -41,35 +55,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extend", action="store_true", help="the batch is an extend (prefill)")
     p.add_argument("--mode", default=None, help="force max_len | sum_len | gatherv")
     p.add_argument("--policy", default="sglang", help="sglang | cost")
+    p.add_argument("--max-len-with-idle", action="store_true",
+                   help="sglang policy: an extend batch with an idle replica takes MAX_LEN")
     p.add_argument("--capacity", type=int, default=None)
+    p.add_argument("--rank", type=_ranks, default=0,
+                   help="whose schedules to print: a rank or 'all' (default 0)")
+    p.add_argument("--transport", default="per_root",
+                   help="per_root (torch.distributed) | ragged (JAX GPU) | equal (JAX CPU)")
+    p.add_argument("--device-counts", action="store_true",
+                   help="capacity plans: the schedules for counts passed as device data")
     p.add_argument("--hidden", type=int, default=7168)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(_ITEMSIZE))
     p.set_defaults(func=_cmd_plan)
 
-    d = sub.add_parser("demo", help="a DP-attention MoE layer step on simulated ranks")
-    d.add_argument("--world", type=int, default=4)
-    d.add_argument("--dp", type=int, default=None, help="default: world // 2")
-    d.add_argument("--hidden", type=int, default=64)
-    d.add_argument("--steps", type=int, default=4)
-    d.add_argument("--frontend", choices=("torch", "jax", "both"), default="both")
-    d.add_argument("--seed", type=int, default=0)
-    d.set_defaults(func=_cmd_demo)
+    # `demo ARGS...` is handed to examples/dp_moe_demo.py as is (see main)
+    sub.add_parser("demo", help="a DP-attention MoE layer step on simulated ranks "
+                                "(examples/dp_moe_demo.py; `demo --help` lists its options)")
     return parser
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from dpx.demo import run_demo
+def _run_demo(demo_args: list[str]) -> int:
+    """Runs ``examples/dp_moe_demo.py`` of the source checkout dpx is imported from (the
+    demo drives both frontends, so it lives outside the dpx package)."""
+    import importlib
+    import sys
+    from pathlib import Path
 
-    return run_demo(world=args.world, dp=args.dp if args.dp else max(args.world // 2, 1),
-                    hidden=args.hidden, steps=args.steps, frontend=args.frontend,
-                    seed=args.seed)
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    if not (examples / "dp_moe_demo.py").is_file():
+        print("dpx: the demo ships with the source tree (examples/dp_moe_demo.py); this dpx "
+              "is installed without it", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(examples))  # spawned ranks import the demo module by name
+    demo = importlib.import_module("dp_moe_demo")
+    return demo.main(demo_args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
     from dpx.errors import DpxError
 
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["demo"]:
+        return _run_demo(args_list[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     try:
         return args.func(args)
     except DpxError as exc:

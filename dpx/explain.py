@@ -1,18 +1,21 @@
-"""Human-readable rendering of a plan: layout, slots, buffer picture, mode costs."""
+"""Human-readable rendering of a plan: layout, slots, mode estimates, per-rank schedules.
+
+Everything printed here comes from the schedules (:mod:`dpx.schedule`) and their prices
+(:mod:`dpx.cost`): the steps listed for a rank are the steps the frontends run.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Iterable, Sequence
 
-from dpx.cost import CostModel
-
-if TYPE_CHECKING:
-    from dpx.plan import DpPlan
+from dpx.cost import CostModel, ModeEstimate, price
+from dpx.modes import Op, Transport
+from dpx.schedule import build_schedule
 
 _BAR = 48
 
 
-def _fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
@@ -20,44 +23,73 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.2f} GiB"
 
 
-def buffer_picture(plan: "DpPlan") -> list[str]:
+def buffer_picture(plan: Any) -> list[str]:
     """One line per slot: ``#`` real rows, ``.`` pad rows, scaled to a fixed width."""
     scale = max(plan.global_rows, 1)
     lines = []
     for d, (n, rows, off) in enumerate(zip(plan.num_tokens, plan.slot_rows, plan.offsets)):
         real = round(_BAR * n / scale)
         pad = round(_BAR * rows / scale) - real
-        if plan.dynamic_offsets:
-            where = "offset on device"
-        else:
-            where = f"rows [{off}, {off + rows})"
+        where = "offset on device" if plan.dynamic_offsets else f"rows [{off}, {off + rows})"
         lines.append(f"  slot {d:>2} {where:<22} |{'#' * real}{'.' * max(pad, 0)}| "
                      f"{n} real, {rows - n} pad")
     return lines
 
 
-def explain_plan(plan: "DpPlan", *, hidden: int, itemsize: int, cost_model: CostModel) -> str:
-    from dpx.plan import ALL_MODES, estimate_mode
+def schedule_lines(plan: Any, rank: int, *, row_bytes: int, cost_model: CostModel,
+                   transport: Transport, device_counts: bool) -> list[str]:
+    """Rank ``rank``'s priced steps for a partial gather, a replicated gather and a
+    reduce_scatter (inputs as large as the plan needs)."""
+    d = plan.layout.coords(rank).attn_dp_rank
+    out = []
+    cases = ((Op.GATHER, True, "gather(partial=True)"), (Op.GATHER, False,
+             "gather(partial=False)"), (Op.REDUCE_SCATTER, True, "reduce_scatter"))
+    for op, partial, title in cases:
+        if op is Op.GATHER:
+            in_rows = plan.slot_rows[d] if plan.is_static else plan.num_tokens[d]
+        else:
+            in_rows = plan.global_rows
+        sched = build_schedule(plan, op, rank=rank, partial=partial, transport=transport,
+                               device_counts=device_counts, in_rows=in_rows)
+        costs = price(sched, row_bytes=row_bytes, cost_model=cost_model)
+        total = sum(c.seconds for c in costs)
+        out.append(f"  rank {rank} {title}: {len(sched.steps)} steps, est "
+                   f"{total * 1e6:.1f} us")
+        for step, cost in zip(sched.steps, costs):
+            moved = f"sends {fmt_bytes(cost.moved)}" if cost.moved else (
+                "local" if cost.is_local else "no peers")
+            out.append(f"    {str(step):<78} {moved:>18} {cost.seconds * 1e6:8.1f} us")
+        for note in sched.notes:
+            out.append(f"    note: {note}")
+    return out
 
+
+def explain_plan(plan: Any, modes: Sequence[ModeEstimate], *, row_bytes: int, hidden: int,
+                 itemsize: int, cost_model: CostModel, transport: Transport,
+                 ranks: Iterable[int], device_counts: bool) -> str:
     lay = plan.layout
-    row_bytes = hidden * itemsize
     out = [
         f"layout : {lay.describe()}",
         f"counts : {list(plan.num_tokens)} (aligned to attn_tp={lay.attn_tp_size}: "
         f"{list(plan.aligned_tokens)})" + ("  [extend]" if plan.is_extend else ""),
         f"mode   : {plan.mode.name}  ({plan.reason})",
         f"global : {plan.global_rows} rows x {hidden} x {itemsize} B = "
-        f"{_fmt_bytes(plan.global_rows * row_bytes)}"
+        f"{fmt_bytes(plan.global_rows * row_bytes)}"
         + (f"  [static capacity {plan.capacity}]" if plan.is_static else ""),
         "buffer :",
         *buffer_picture(plan),
-        f"modes  (gather + reduce_scatter of one step, hidden={hidden}, {itemsize} B/elem):",
+        f"modes  (gather(partial) + reduce_scatter, slowest rank each, hidden={hidden}, "
+        f"{itemsize} B/elem, transport {transport.value}):",
     ]
-    for m in ALL_MODES:
-        est = estimate_mode(m, plan.aligned_tokens, lay, row_bytes=row_bytes,
-                            cost_model=cost_model)
-        mark = "*" if m is plan.mode else " "
-        out.append(f"  {mark} {m.name:<8} global {est.global_rows:>7} rows  sends "
-                   f"{_fmt_bytes(est.moved):>12}  est {est.seconds * 1e6:9.1f} us")
-    out.append("  (* = chosen)")
+    for est in modes:
+        mark = "*" if est.mode is plan.mode else " "
+        out.append(f"  {mark} {est.mode.name:<8} global {est.global_rows:>7} rows  sends "
+                   f"{fmt_bytes(est.moved):>12}  est {est.seconds * 1e6:9.1f} us")
+    out.append("  (* = chosen: this plan's mode; estimates price the schedules below, "
+               "for non-capacity plans of the same counts)")
+    counts = "device counts (priced at the plan's counts)" if device_counts else "host counts"
+    out.append(f"schedules ({counts}):")
+    for r in ranks:
+        out.extend(schedule_lines(plan, r, row_bytes=row_bytes, cost_model=cost_model,
+                                  transport=transport, device_counts=device_counts))
     return "\n".join(out)

@@ -45,3 +45,49 @@ class Policy(_ParsableEnum):
 
     SGLANG = "sglang"
     COST = "cost"
+
+
+class Op(_ParsableEnum):
+    """The operations a schedule describes (see :mod:`dpx.schedule`).
+
+    ``SCATTER_ADJOINT`` (``[slot rows] -> [global_rows]``: replica d's rows placed back at
+    its offset, zeros elsewhere) is scatter's adjoint, the backward of ``scatter``.
+    """
+
+    GATHER = "gather"
+    SCATTER = "scatter"
+    REDUCE_SCATTER = "reduce_scatter"
+    SCATTER_ADJOINT = "scatter_adjoint"
+
+    @property
+    def adjoint(self) -> "Op":
+        """The op whose schedule computes this op's backward: gather (partial or
+        replicated) <-> reduce_scatter, scatter <-> scatter_adjoint."""
+        return _ADJOINT[self]
+
+
+_ADJOINT = {Op.GATHER: Op.REDUCE_SCATTER, Op.REDUCE_SCATTER: Op.GATHER,
+            Op.SCATTER: Op.SCATTER_ADJOINT, Op.SCATTER_ADJOINT: Op.SCATTER}
+
+
+class Group(_ParsableEnum):
+    """The process group a collective step runs on: every rank, or this rank's attn-tp
+    group (the ``attn_tp_size`` consecutive ranks of its replica)."""
+
+    WORLD = "world"
+    ATTN_TP = "attn_tp"
+
+
+class Transport(_ParsableEnum):
+    """What a frontend's collectives can do, which decides how a GATHERV plan moves rows.
+
+    ``PER_ROOT``: grouped per-root broadcasts / reduces whose sizes must be host ints
+    (``torch.distributed``: NCCL, gloo). ``RAGGED``: a ragged all-to-all whose sizes may be
+    device data (``lax.ragged_all_to_all``: JAX on GPU). ``EQUAL``: equal-size collectives
+    only (JAX on CPU). Where a GATHERV plan cannot move variable sizes, its schedule runs
+    SUM_LEN's place + all-reduce, which gives the same result.
+    """
+
+    PER_ROOT = "per_root"
+    RAGGED = "ragged"
+    EQUAL = "equal"

@@ -3,7 +3,8 @@
 A :class:`DpPlan` is a frozen, hashable dataclass of ints and enums. Every rank that plans
 the same counts with the same arguments gets an equal plan (and an equal
 :meth:`DpPlan.fingerprint`), so it can key caches, be compared across ranks, and be a
-static argument of ``jax.jit``.
+static argument of ``jax.jit``. What each rank then does with it is its schedule
+(:mod:`dpx.schedule`).
 
 Shape algebra for replica ``d`` (``n_d`` real tokens, ``a_d = ceil_align(n_d, attn_tp)``)::
 
@@ -26,18 +27,14 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from dpx.cost import CollectiveCost, CostModel
+from dpx.cost import CostModel, ModeEstimate, estimate
 from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError
+from dpx.expr import ceil_align
 from dpx.layout import DpLayout
-from dpx.modes import PaddingMode, Policy
+from dpx.modes import PaddingMode, Policy, Transport
 
 ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
                                       PaddingMode.GATHERV)
-
-
-def ceil_align(value: int, multiple: int) -> int:
-    """Smallest multiple of ``multiple`` that is >= ``value``."""
-    return -(-value // multiple) * multiple
 
 
 def check_counts(num_tokens: Iterable[object], layout: DpLayout) -> tuple[int, ...]:
@@ -64,10 +61,16 @@ def check_counts(num_tokens: Iterable[object], layout: DpLayout) -> tuple[int, .
     return tuple(out)
 
 
-def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool) -> tuple[PaddingMode, str]:
-    """sglang's rule on the aligned counts: extend with dp>1 -> SUM_LEN; else MAX_LEN when
-    ``2*sum >= dp*max`` (ties prefer MAX_LEN), else SUM_LEN."""
+def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool, *,
+                max_len_with_idle: bool = False) -> tuple[PaddingMode, str]:
+    """sglang's rule on the aligned counts: an extend batch with dp > 1 takes SUM_LEN, or
+    MAX_LEN when ``max_len_with_idle`` and some replica is idle (sglang's branch for hybrid
+    SSM models, which materialise idle replicas as padded rows); any other batch takes
+    MAX_LEN when ``2*sum >= dp*max`` (ties prefer MAX_LEN), else SUM_LEN."""
     if is_extend and dp_size > 1:
+        if max_len_with_idle and min(aligned) == 0:
+            return PaddingMode.MAX_LEN, ("sglang rule: extend batch with dp_size > 1 and an "
+                                         "idle replica, max_len_with_idle -> MAX_LEN")
         return PaddingMode.SUM_LEN, "sglang rule: extend batch with dp_size > 1 -> SUM_LEN"
     total, largest = sum(aligned), max(aligned)
     if 2 * total >= dp_size * largest:
@@ -75,24 +78,6 @@ def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool) -> tuple[
             f"sglang rule: 2*sum={2 * total} >= dp*max={dp_size * largest} -> MAX_LEN")
     return PaddingMode.SUM_LEN, (
         f"sglang rule: 2*sum={2 * total} < dp*max={dp_size * largest} -> SUM_LEN")
-
-
-@dataclass(frozen=True)
-class ModeEstimate:
-    """The estimated cost of one mode for a (gather, reduce_scatter) pair."""
-
-    mode: PaddingMode
-    global_rows: int
-    steps: tuple[CollectiveCost, ...]
-
-    @property
-    def seconds(self) -> float:
-        return sum(s.seconds for s in self.steps)
-
-    @property
-    def moved(self) -> int:
-        """Bytes each rank sends over the step's collectives."""
-        return sum(s.moved for s in self.steps)
 
 
 def _layout_rows(mode: PaddingMode, aligned: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -106,38 +91,6 @@ def _layout_rows(mode: PaddingMode, aligned: Sequence[int]) -> tuple[tuple[int, 
         offsets.append(acc)
         acc += s
     return slots, tuple(offsets)
-
-
-def estimate_mode(mode: PaddingMode, aligned: Sequence[int], layout: DpLayout, *,
-                  row_bytes: int, cost_model: CostModel) -> ModeEstimate:
-    """Estimate gather + reduce_scatter of one step in ``mode`` (partial gather)."""
-    n, tp = layout.world_size, layout.attn_tp_size
-    slots, _ = _layout_rows(mode, aligned)
-    total = sum(slots) * row_bytes
-    largest = max(slots) * row_bytes if slots else 0
-    steps: list[CollectiveCost] = []
-    if mode is PaddingMode.MAX_LEN:
-        steps.append(cost_model.local_pass("place into padded slot", largest))
-        if tp > 1:
-            steps.append(cost_model.reduce_scatter("gather: attn-tp reduce_scatter", largest, tp))
-        steps.append(cost_model.all_gather("gather: world all_gather", total, n))
-        steps.append(cost_model.reduce_scatter("reduce_scatter: world reduce_scatter", total, n))
-        if tp > 1:
-            steps.append(cost_model.all_gather("reduce_scatter: attn-tp all_gather", largest, tp))
-    elif mode is PaddingMode.SUM_LEN:
-        steps.append(cost_model.local_pass("place into zero buffer", total))
-        steps.append(cost_model.all_reduce("gather: world all_reduce", total, n))
-        steps.append(cost_model.all_reduce("reduce_scatter: world all_reduce", total, n))
-        steps.append(cost_model.local_pass("take slot", largest))
-    else:
-        steps.append(cost_model.local_pass("place own chunk", largest))
-        if tp > 1:
-            steps.append(cost_model.reduce_scatter("gather: attn-tp reduce_scatter", largest, tp))
-        steps.append(cost_model.variable("gather: variable all_gather", total, n, n))
-        steps.append(cost_model.variable("reduce_scatter: variable reduce_scatter", total, n, n))
-        if tp > 1:
-            steps.append(cost_model.all_gather("reduce_scatter: attn-tp all_gather", largest, tp))
-    return ModeEstimate(mode, sum(slots), tuple(steps))
 
 
 @dataclass(frozen=True)
@@ -208,36 +161,67 @@ class DpPlan:
                          capacity=self.capacity)
 
     def explain(self, *, hidden: int = 7168, itemsize: int = 2,
-                cost_model: CostModel | None = None) -> str:
-        """A human-readable account: layout, slots, a picture, and every mode's cost."""
+                cost_model: CostModel | None = None, ranks: Sequence[int] | None = (0,),
+                transport: Transport | str = Transport.PER_ROOT,
+                device_counts: bool = False) -> str:
+        """A human-readable account: layout, slots, a picture, every mode's estimate, and
+        the priced schedules (partial gather, reduce_scatter) of ``ranks`` (``None``: all)."""
         from dpx.explain import explain_plan
 
-        return explain_plan(self, hidden=hidden, itemsize=itemsize,
-                            cost_model=cost_model or CostModel())
+        model = cost_model or CostModel()
+        transport = Transport.parse(transport)
+        rb = hidden * itemsize
+        modes = compare_modes(self.num_tokens, self.layout, row_bytes=rb, cost_model=model,
+                              transport=transport, is_extend=self.is_extend)
+        return explain_plan(self, modes, row_bytes=rb, hidden=hidden, itemsize=itemsize,
+                            cost_model=model, transport=transport,
+                            ranks=range(self.layout.world_size) if ranks is None else ranks,
+                            device_counts=device_counts)
+
+
+def compare_modes(num_tokens: Sequence[int], layout: DpLayout, *, row_bytes: int,
+                  cost_model: CostModel, transport: Transport | str = Transport.PER_ROOT,
+                  candidates: Sequence[PaddingMode | str] = ALL_MODES,
+                  is_extend: bool = False) -> tuple[ModeEstimate, ...]:
+    """Every candidate mode's estimate for these counts: the priced schedules of a partial
+    gather and a reduce_scatter (slowest rank each), as :mod:`dpx.cost` defines them."""
+    transport = Transport.parse(transport)
+    return tuple(estimate(plan_step(num_tokens, layout, mode=m, is_extend=is_extend),
+                          row_bytes=row_bytes, cost_model=cost_model, transport=transport)
+                 for m in (PaddingMode.parse(c) for c in candidates))
 
 
 def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = False,
               mode: PaddingMode | str | None = None, policy: Policy | str = Policy.SGLANG,
-              capacity: int | None = None, cost_model: CostModel | None = None,
-              row_bytes: int = 7168 * 2,
-              candidates: Sequence[PaddingMode | str] = ALL_MODES) -> DpPlan:
+              max_len_with_idle: bool = False, capacity: int | None = None,
+              cost_model: CostModel | None = None, row_bytes: int = 7168 * 2,
+              candidates: Sequence[PaddingMode | str] = ALL_MODES,
+              transport: Transport | str = Transport.PER_ROOT) -> DpPlan:
     """Plan one step for per-replica real counts ``num_tokens`` (length ``dp_size``).
 
-    ``mode`` forces a mode; otherwise ``policy`` picks one (``"sglang"``: sglang's rule;
-    ``"cost"``: the cheapest of ``candidates`` under ``cost_model`` for rows of
-    ``row_bytes`` bytes). ``capacity`` makes the shapes static (see the module docstring);
-    a capacity plan with no forced mode uses MAX_LEN, the mode whose slots are static.
+    ``mode`` forces a mode; otherwise ``policy`` picks one: ``"sglang"`` applies sglang's
+    rule (``max_len_with_idle=True`` turns on its hybrid-model branch: an extend batch with
+    an idle replica takes MAX_LEN); ``"cost"`` takes the cheapest of ``candidates``, each
+    priced from the schedules it would run (:func:`compare_modes`) under ``cost_model``
+    for rows of ``row_bytes`` bytes on ``transport``. ``capacity`` makes the shapes static
+    (see the module docstring); a capacity plan with no forced mode uses MAX_LEN, the mode
+    whose slots are static.
     """
     if not isinstance(layout, DpLayout):
         raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
     counts = check_counts(num_tokens, layout)
     if not isinstance(is_extend, bool):
         raise DpxTypeError(f"is_extend={is_extend!r} must be a bool")
+    if not isinstance(max_len_with_idle, bool):
+        raise DpxTypeError(f"max_len_with_idle={max_len_with_idle!r} must be a bool")
     policy = Policy.parse(policy)
     forced = None if mode is None else PaddingMode.parse(mode)
     cands = tuple(PaddingMode.parse(c) for c in candidates)
     if not cands:
         raise DpxValueError("candidates must name at least one PaddingMode")
+    if max_len_with_idle and policy is not Policy.SGLANG:
+        raise DpxValueError(f"max_len_with_idle=True is an option of policy='sglang'; "
+                            f"policy={policy.value!r} was given")
     tp = layout.attn_tp_size
     aligned = tuple(ceil_align(n, tp) for n in counts)
 
@@ -274,16 +258,17 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
     if forced is not None:
         chosen, reason = forced, f"forced mode={forced.value}"
     elif policy is Policy.SGLANG:
-        chosen, reason = sglang_mode(aligned, layout.dp_size, is_extend)
+        chosen, reason = sglang_mode(aligned, layout.dp_size, is_extend,
+                                     max_len_with_idle=max_len_with_idle)
     else:
         model = cost_model or CostModel()
         if isinstance(row_bytes, bool) or not isinstance(row_bytes, int) or row_bytes <= 0:
             raise DpxValueError(f"row_bytes={row_bytes!r} must be a positive int")
-        estimates = [estimate_mode(m, aligned, layout, row_bytes=row_bytes, cost_model=model)
-                     for m in cands]
+        estimates = compare_modes(counts, layout, row_bytes=row_bytes, cost_model=model,
+                                  transport=transport, candidates=cands, is_extend=is_extend)
         best = min(estimates, key=lambda e: (e.seconds, ALL_MODES.index(e.mode)))
         chosen = best.mode
         others = ", ".join(f"{e.mode.value}={e.seconds * 1e6:.1f}us" for e in estimates)
-        reason = f"cost policy: cheapest estimate ({others})"
+        reason = f"cost policy: cheapest schedule estimate ({others})"
     slots, offsets = _layout_rows(chosen, aligned)
     return DpPlan(layout, chosen, counts, slots, offsets, sum(slots), None, is_extend, reason)

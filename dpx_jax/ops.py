@@ -12,6 +12,13 @@ The first ``plan.slot_rows[d]`` rows of a scatter/reduce_scatter output equal wh
 ``dpx_torch`` returns for replica d; every row past ``n_d`` is zero. ``plan`` is static;
 ``counts`` (int32 ``[dp_size]``, capacity plans only) carries the real counts of this step
 as data, so new counts never recompile.
+
+Each op runs the planner's schedule (``dpx.build_schedule`` with a symbolic rank: one
+program for every device) through :mod:`dpx_jax.interpreter`. The transport follows the
+mesh's devices: on GPUs a GATHERV plan moves its chunks with ``lax.ragged_all_to_all``; on
+CPUs, which have no ragged collective, its schedule runs SUM_LEN's place + all-reduce
+(same result). Gradients: every op is a ``jax.custom_vjp`` whose backward runs the
+schedule of the adjoint op (``dpx.Op.adjoint``), exactly as ``dpx_torch`` does.
 """
 
 from __future__ import annotations
@@ -22,95 +29,80 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from dpx.errors import DpxTypeError, DpxValueError
-from dpx.modes import PaddingMode
+from dpx.modes import Op, Transport
 from dpx.plan import DpPlan
+from dpx.schedule import build_schedule
+from dpx_jax.interpreter import run_schedule
 from dpx_jax.mesh import AXES
-from dpx_jax.rows import Impl, place_rows, resolve_impl, take_rows
-
-TP = "tp"
+from dpx_jax.rows import Impl, match_vma, on_gpu, resolve_impl, vary_over
 
 
 @dataclass(frozen=True)
-class _Step:
-    """This device's view of one call: indices, counts and offsets as traced int32."""
+class _Spec:
+    """Everything static about one call (hashable: a ``nondiff_argnum``)."""
 
     plan: DpPlan
+    op: Op
+    partial: bool
+    device_counts: bool
+    transport: Transport
     impl: Impl
-    d: jax.Array
-    t: jax.Array
-    r: jax.Array
-    counts: jax.Array      # [dp]
-    offsets: jax.Array     # [dp]
+    in_rows: int
+    out_rows: int
 
-    @property
-    def n_d(self) -> jax.Array:
-        return self.counts[self.d]
+    def schedule(self):
+        return build_schedule(self.plan, self.op, rank=None, partial=self.partial,
+                              device_counts=self.device_counts, transport=self.transport,
+                              in_rows=self.in_rows, out_rows=self.out_rows)
 
-    @property
-    def off_d(self) -> jax.Array:
-        return self.offsets[self.d]
-
-    @property
-    def tp(self) -> int:
-        return self.plan.layout.attn_tp_size
-
-    def place(self, x, start, count, rows):
-        return place_rows(x, start, count, rows, impl=self.impl)
-
-    def take(self, x, start, count, rows):
-        return take_rows(x, start, count, rows, impl=self.impl)
-
-    def chunks(self) -> tuple[int, jax.Array, jax.Array]:
-        """GATHERV chunking: replica d's slot is split in ``C = max_slot_rows / tp`` rows per
-        attn-tp rank; rank (d, t) owns ``len`` rows from ``off_d + min(t*C, S_d)``. Returns ``C`` and
-        every rank's first row and length (arrays of ``world_size``)."""
-        C = self.plan.max_slot_rows // self.tp
-        tp = self.tp
-        aligned = (self.counts + (tp - 1)) // tp * tp
-        slots = jnp.full_like(aligned, self.plan.slot_rows[0]) \
-            if self.plan.mode is PaddingMode.MAX_LEN else aligned
-        t = jnp.tile(jnp.arange(tp, dtype=jnp.int32), self.plan.layout.dp_size)
-        d = jnp.repeat(jnp.arange(self.plan.layout.dp_size, dtype=jnp.int32), tp)
-        # a chunk past the slot's end is empty and starts at that end, so chunk ends rise
-        # monotonically in rank order (the chunks tile the buffer)
-        firsts = self.offsets[d] + jnp.minimum(t * C, slots[d])
-        lens = jnp.clip(slots[d] - t * C, 0, C)
-        return C, firsts.astype(jnp.int32), lens.astype(jnp.int32)
+    def adjoint(self) -> "_Spec":
+        return _Spec(self.plan, self.op.adjoint, True, self.device_counts, self.transport,
+                     self.impl, self.out_rows, self.in_rows)
 
 
-def _step(plan: DpPlan, counts, impl) -> _Step:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _run(x: jax.Array, counts: jax.Array | None, spec: _Spec) -> jax.Array:
+    # Typed as varying over the whole world: each device's output has its own cotangent,
+    # which is what the adjoint schedule expects (an invariant output's cotangent would
+    # arrive already summed over the devices).
+    return vary_over(run_schedule(spec.schedule(), x, counts, spec.impl), AXES)
+
+
+def _run_fwd(x, counts, spec):
+    return _run(x, counts, spec), (counts, x[:0])
+
+
+def _run_bwd(spec, res, g):
+    counts, like = res
+    adj = spec.adjoint()
+    grad = match_vma(run_schedule(adj.schedule(), vary_over(g, AXES), counts, adj.impl), like)
+    return grad, None if counts is None else np.zeros(counts.shape, jax.dtypes.float0)
+
+
+_run.defvjp(_run_fwd, _run_bwd)
+
+
+def _counts(plan: DpPlan, counts) -> jax.Array | None:
+    if counts is None:
+        return None
+    if not plan.is_static:
+        raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
+    lay = plan.layout
+    if getattr(counts, "shape", None) != (lay.dp_size,) or not jnp.issubdtype(
+            counts.dtype, jnp.integer):
+        raise DpxTypeError(f"counts must be an integer array of shape ({lay.dp_size},), "
+                           f"got {getattr(counts, 'shape', counts)!r}")
+    return counts.astype(jnp.int32)
+
+
+def _check_plan(plan: object) -> None:
     if not isinstance(plan, DpPlan):
         raise DpxTypeError(f"plan must be a dpx.DpPlan, got {type(plan).__name__}")
     if plan.layout.cp_size != 1:
         raise DpxValueError(f"dpx_jax supports cp_size=1; plan.layout has cp_size="
                             f"{plan.layout.cp_size}")
-    lay = plan.layout
-    if counts is None:
-        c = jnp.asarray(plan.num_tokens, jnp.int32)
-        o = jnp.asarray(plan.offsets, jnp.int32)
-    else:
-        if not plan.is_static:
-            raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
-        if getattr(counts, "shape", None) != (lay.dp_size,) or not jnp.issubdtype(
-                counts.dtype, jnp.integer):
-            raise DpxTypeError(f"counts must be an integer array of shape ({lay.dp_size},), "
-                               f"got {getattr(counts, 'shape', counts)!r}")
-        c = counts.astype(jnp.int32)
-        if plan.dynamic_offsets:
-            tp = lay.attn_tp_size
-            aligned = (c + (tp - 1)) // tp * tp
-            o = jnp.cumsum(aligned) - aligned
-        else:
-            o = jnp.asarray(plan.offsets, jnp.int32)
-    return _step_from(plan, c, o, impl)
-
-
-def _step_from(plan: DpPlan, counts, offsets, impl) -> _Step:
-    return _Step(plan, resolve_impl(impl), lax.axis_index("dp"), lax.axis_index(TP),
-                 lax.axis_index(AXES), counts, offsets)
 
 
 def _check_rows(name: str, x, rows: int, *, exact: bool) -> None:
@@ -122,156 +114,49 @@ def _check_rows(name: str, x, rows: int, *, exact: bool) -> None:
                             f"{rule} {rows}")
 
 
-def _on_cpu() -> bool:
-    return jax.default_backend() == "cpu"
+def _call(x, plan: DpPlan, op: Op, partial: bool, c: jax.Array | None, impl,
+          out_rows: int) -> jax.Array:
+    impl = resolve_impl(impl)
+    transport = Transport.RAGGED if on_gpu() else Transport.EQUAL
+    spec = _Spec(plan, op, partial, c is not None, transport, impl, x.shape[0], out_rows)
+    return _run(x, c, spec)
 
 
-# ---------------------------------------------------------------- gather
 def gather(local: jax.Array, plan: DpPlan, *, partial: bool, counts: jax.Array | None = None,
            impl: Impl | str = Impl.AUTO) -> jax.Array:
     """Per device ``local [>= rows, H...] -> [plan.global_rows, H...]`` (see module doc).
 
     Slot d row ``j < n_d`` holds the sum over replica d's attn-tp ranks of ``local[j]``
-    (``partial``) or attn-tp rank 0's ``local[j]``; every other row is zero. Gradients: both
-    give every attn-tp rank the whole slot's gradient (``reduce_scatter`` of the cotangent):
-    the adjoint of the partial sum, and the gradient of the one replicated value.
+    (``partial``) or the one value they all hold (each contributes its own block of it);
+    every other row is zero. Gradients: both give every attn-tp rank the whole slot's
+    gradient (``reduce_scatter`` of the cotangent): the adjoint of the partial sum, and
+    the gradient of the one replicated value.
     """
     if not isinstance(partial, bool):
         raise DpxTypeError(f"partial={partial!r} must be a bool")
-    s = _step(plan, counts, impl)
+    _check_plan(plan)
+    c = _counts(plan, counts)
     need = plan.max_slot_rows if plan.is_static else max(plan.num_tokens)
     _check_rows("local", local, need, exact=False)
-    if partial:
-        return _gather(local, plan, True, s)
-    return _gather_replicated(local, plan, s.counts, s.offsets, impl, local.shape[0])
+    return _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 4, 5))
-def _gather_replicated(local, plan, counts, offsets, impl, rows):
-    """Replicated gather. Its gradient treats the attn-tp copies as one replicated value:
-    every attn-tp rank receives the whole slot gradient (``reduce_scatter`` of the
-    cotangent), as a replicated activation's backward expects."""
-    return _gather(local, plan, False, _step_from(plan, counts, offsets, impl))
-
-
-def _gather_replicated_fwd(local, plan, counts, offsets, impl, rows):
-    return _gather_replicated(local, plan, counts, offsets, impl, rows), (local, counts, offsets)
-
-
-def _gather_replicated_bwd(plan, impl, rows, res, ct):
-    # the partial gather's pullback: every attn-tp rank gets its replica's slot gradient
-    local, counts, offsets = res
-    s = _step_from(plan, counts, offsets, impl)
-    _, pullback = jax.vjp(lambda x: _gather(x, plan, True, s), local)
-    (g,) = pullback(ct)
-    return (g, np.zeros(counts.shape, dtype=jax.dtypes.float0),
-            np.zeros(offsets.shape, dtype=jax.dtypes.float0))
-
-
-_gather_replicated.defvjp(_gather_replicated_fwd, _gather_replicated_bwd)
-
-
-def _gather(local, plan: DpPlan, partial: bool, s: _Step) -> jax.Array:
-    rest = local.shape[1:]
-    if plan.global_rows == 0:
-        return jnp.zeros((0, *rest), local.dtype)
-    if plan.mode is PaddingMode.SUM_LEN:
-        count = s.n_d if partial else jnp.where(s.t == 0, s.n_d, 0)
-        return lax.psum(s.place(local, s.off_d, count, plan.global_rows), AXES)
-    C = plan.max_slot_rows // s.tp
-    chunk = _my_chunk(s, local, partial, C)
-    if plan.mode is PaddingMode.MAX_LEN:
-        return lax.all_gather(chunk, AXES, axis=0, tiled=True)
-    return _all_gather_v(s, chunk, rest, local.dtype)
-
-
-def _my_chunk(s: _Step, local, partial: bool, C: int):
-    """Rows ``[t*C, (t+1)*C)`` of replica d's zero-padded slot, summed over the attn-tp
-    group when ``partial``."""
-    if s.tp == 1:
-        return s.place(local, 0, s.n_d, C)
-    if partial:
-        padded = s.place(local, 0, s.n_d, C * s.tp)
-        return lax.psum_scatter(padded, TP, scatter_dimension=0, tiled=True)
-    start = s.t * C
-    return s.take(local, start, jnp.clip(s.n_d - start, 0, C), C)
-
-
-def _all_gather_v(s: _Step, chunk, rest, dtype):
-    G = s.plan.global_rows
-    C, firsts, lens = s.chunks()
-    world = s.plan.layout.world_size
-    if not _on_cpu():
-        out = jnp.zeros((G, *rest), dtype)
-        return lax.ragged_all_to_all(
-            chunk, out, jnp.zeros((world,), jnp.int32), jnp.full((world,), lens[s.r]),
-            jnp.full((world,), firsts[s.r]), lens, axis_name=AXES)
-    # CPU route (ragged_all_to_all is unimplemented on XLA:CPU): gather padded chunks, then
-    # pick every global row from its owner's chunk. Same result, bit for bit.
-    gathered = lax.all_gather(chunk, AXES, axis=0, tiled=True)  # [world*C, H...]
-    i = jnp.arange(G, dtype=jnp.int32)
-    ends = firsts + lens
-    owner = jnp.clip(jnp.searchsorted(ends, i, side="right"), 0, world - 1).astype(jnp.int32)
-    src = owner * C + (i - firsts[owner])
-    ok = (i < ends[-1]) & (i >= firsts[owner])
-    vals = jnp.take(gathered, jnp.clip(src, 0, world * C - 1), axis=0)
-    return jnp.where(ok.reshape((G,) + (1,) * len(rest)), vals, jnp.zeros((), dtype))
-
-
-# ---------------------------------------------------------------- scatter
 def scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None,
             impl: Impl | str = Impl.AUTO) -> jax.Array:
     """Per device ``global_ [global_rows, H...] -> [plan.max_slot_rows, H...]``: replica d's
     real rows of an already reduced buffer, then zeros. No collective."""
-    s = _step(plan, counts, impl)
+    _check_plan(plan)
+    c = _counts(plan, counts)
     _check_rows("global_", global_, plan.global_rows, exact=True)
-    return s.take(global_, s.off_d, s.n_d, plan.max_slot_rows)
+    return _call(global_, plan, Op.SCATTER, True, c, impl, plan.max_slot_rows)
 
 
-# ---------------------------------------------------------------- reduce_scatter
 def reduce_scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None,
                    impl: Impl | str = Impl.AUTO) -> jax.Array:
     """Per device ``global_ [global_rows, H...] -> [plan.max_slot_rows, H...]``: row
     ``j < n_d`` is the sum over every device of ``global_[off_d + j]``; other rows are 0.
     The adjoint of ``gather(partial=True)``."""
-    s = _step(plan, counts, impl)
+    _check_plan(plan)
+    c = _counts(plan, counts)
     _check_rows("global_", global_, plan.global_rows, exact=True)
-    return _reduce_scatter(global_, plan, s)
-
-
-def _reduce_scatter(global_, plan: DpPlan, s: _Step) -> jax.Array:
-    rest = global_.shape[1:]
-    rows = plan.max_slot_rows
-    if plan.global_rows == 0:
-        return jnp.zeros((rows, *rest), global_.dtype)
-    if plan.mode is PaddingMode.SUM_LEN:
-        return s.take(lax.psum(global_, AXES), s.off_d, s.n_d, rows)
-    if plan.mode is PaddingMode.MAX_LEN:
-        mine = lax.psum_scatter(global_, AXES, scatter_dimension=0, tiled=True)
-    else:
-        mine = _reduce_scatter_v(s, global_, rest)
-    slot = lax.all_gather(mine, TP, axis=0, tiled=True) if s.tp > 1 else mine
-    return s.take(slot, 0, s.n_d, rows)
-
-
-def _reduce_scatter_v(s: _Step, global_, rest):
-    """This rank's GATHERV chunk summed over every device: ``[C, H...]``."""
-    C, firsts, lens = s.chunks()
-    world = s.plan.layout.world_size
-    if not _on_cpu():
-        staged = jnp.zeros((world * C, *rest), global_.dtype)
-        staged = lax.ragged_all_to_all(
-            global_, staged, firsts, lens, jnp.full((world,), s.r * C, jnp.int32),
-            jnp.full((world,), lens[s.r]), axis_name=AXES)
-        return staged.reshape(world, C, *rest).sum(axis=0).astype(global_.dtype)
-    # CPU route: block j holds receiver j's chunk of my buffer (zero past its length);
-    # an all_to_all hands every receiver its blocks, which it sums in rank order.
-    k = jnp.arange(C, dtype=jnp.int32)
-    idx = firsts[:, None] + k[None, :]
-    ok = k[None, :] < lens[:, None]
-    G = global_.shape[0]
-    blocks = jnp.take(global_, jnp.clip(idx, 0, G - 1).reshape(-1), axis=0)
-    blocks = jnp.where(ok.reshape((world * C,) + (1,) * len(rest)), blocks,
-                       jnp.zeros((), global_.dtype)).reshape(world, C, *rest)
-    recv = lax.all_to_all(blocks, AXES, 0, 0, tiled=False)
-    return recv.sum(axis=0).astype(global_.dtype)
+    return _call(global_, plan, Op.REDUCE_SCATTER, True, c, impl, plan.max_slot_rows)

@@ -43,16 +43,35 @@ class Impl(enum.Enum):
         raise DpxValueError(f"impl={value!r} must be one of 'auto', 'triton', 'xla'")
 
 
+_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
+
+
+def platform() -> str:
+    """The platform the current program runs on: the devices of the mesh being traced
+    (inside ``shard_map``, or under ``jax.sharding.use_mesh``), else JAX's default
+    backend. A CPU mesh on a GPU host is ``"cpu"``."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    if device is not None:
+        return device.platform
+    return jax.default_backend()
+
+
+def on_gpu() -> bool:
+    return platform() in _GPU_PLATFORMS
+
+
 def resolve_impl(impl: Impl | str) -> Impl:
-    """``AUTO`` -> ``TRITON`` on a GPU backend with jax-triton available, else ``XLA``."""
+    """``AUTO`` -> ``TRITON`` on GPU devices (see :func:`platform`) with jax-triton
+    available, else ``XLA``."""
     impl = Impl.parse(impl)
     if impl is not Impl.AUTO:
         return impl
+    if not on_gpu():
+        return Impl.XLA
     from dpx_jax.triton_shim import jax_triton
 
-    if jax.default_backend() == "gpu" and jax_triton() is not None:
-        return Impl.TRITON
-    return Impl.XLA
+    return Impl.TRITON if jax_triton() is not None else Impl.XLA
 
 
 def _index(name: str, v) -> jax.Array:
@@ -131,6 +150,14 @@ def match_vma(g: jax.Array, like: jax.Array) -> jax.Array:
     if extra:
         g = jax.lax.psum(g, tuple(sorted(extra)))
     return vary_like(g, like)
+
+
+def vary_over(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """``x`` cast to vary over every axis of ``axes`` (a no-op without ``check_vma``)."""
+    missing = frozenset(axes) - _vma(x)
+    if not missing:
+        return x
+    return jax.lax.pcast(x, tuple(sorted(missing)), to="varying")
 
 
 def vary_like(x: jax.Array, *refs) -> jax.Array:

@@ -9,7 +9,7 @@
 one-element int32 tensor on ``src``'s device (read by the kernel: no host sync, CUDA-graph replayable; a
 wrong value there is clipped to the buffers by the kernel's masks, never out of bounds).
 On CUDA the compiled Triton kernels run; on CPU the same kernels run in Triton's
-interpreter. The two are adjoint: ``<place(x), y> == <x, take(y)>`` for equal
+interpreter. ``tile`` (a :class:`dpx.kernels.Tile`) sets the launch shape. The two are adjoint: ``<place(x), y> == <x, take(y)>`` for equal
 ``start``/``count``, which is how their gradients are defined.
 """
 
@@ -23,6 +23,7 @@ import torch
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.kernels import launch as _launch
 from dpx.kernels import rows as _rows
+from dpx.kernels.launch import DEFAULT_TILE, Tile
 
 Index = Union[int, torch.Tensor]
 
@@ -66,12 +67,12 @@ def _split_index(name: str, value: Index, device: torch.device) -> tuple[torch.T
 
 def _launch_rows(kernel_name: str, src: torch.Tensor | None, start: torch.Tensor | None,
                  count: torch.Tensor | None, start_val: int, count_val: int,
-                 out: torch.Tensor) -> None:
+                 out: torch.Tensor, tile: Tile = DEFAULT_TILE) -> None:
     rows, width = out.shape[0], _width(out)
     if out.numel() == 0:
         return
-    block_r, block_c, warps = _launch.row_blocks(width)
-    grid = _launch.grid(rows, width)
+    block_r, block_c, warps = _launch.row_blocks(width, tile)
+    grid = (-(-rows // block_r), -(-width // block_c))
     anchor = out if src is None else src
     sp = anchor if start is None else start
     cp = anchor if count is None else count
@@ -87,82 +88,90 @@ def _launch_rows(kernel_name: str, src: torch.Tensor | None, start: torch.Tensor
 
 # ---------------------------------------------------------------- torch.library ops
 # Out-variants mutate ``out``; functional variants allocate and are differentiable.
+# ``tile`` travels as ``[elems, warps, max_block_c]`` (a custom op takes no dataclass).
+
+def _tile(t: list[int]) -> Tile:
+    return Tile(*t)
+
+
+def _tile_list(t: Tile) -> list[int]:
+    return [t.elems, t.warps, t.max_block_c]
+
 
 @torch.library.custom_op("dpx::place_rows_out", mutates_args=("out",))
 def _place_rows_out(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
-                    start_val: int, count_val: int, out: torch.Tensor) -> None:
-    _launch_rows("place_rows_kernel", src, start, count, start_val, count_val, out)
+                    start_val: int, count_val: int, out: torch.Tensor, tile: list[int]) -> None:
+    _launch_rows("place_rows_kernel", src, start, count, start_val, count_val, out, _tile(tile))
 
 
 @torch.library.custom_op("dpx::take_rows_out", mutates_args=("out",))
 def _take_rows_out(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
-                   start_val: int, count_val: int, out: torch.Tensor) -> None:
-    _launch_rows("take_rows_kernel", src, start, count, start_val, count_val, out)
+                   start_val: int, count_val: int, out: torch.Tensor, tile: list[int]) -> None:
+    _launch_rows("take_rows_kernel", src, start, count, start_val, count_val, out, _tile(tile))
 
 
 @torch.library.custom_op("dpx::zero_rows_", mutates_args=("out",))
 def _zero_rows_(out: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
-                start_val: int, count_val: int) -> None:
-    _launch_rows("zero_rows_kernel", None, start, count, start_val, count_val, out)
+                start_val: int, count_val: int, tile: list[int]) -> None:
+    _launch_rows("zero_rows_kernel", None, start, count, start_val, count_val, out, _tile(tile))
 
 
 @_place_rows_out.register_fake
-def _(src, start, count, start_val, count_val, out) -> None:
+def _(src, start, count, start_val, count_val, out, tile) -> None:
     return None
 
 
 @_take_rows_out.register_fake
-def _(src, start, count, start_val, count_val, out) -> None:
+def _(src, start, count, start_val, count_val, out, tile) -> None:
     return None
 
 
 @_zero_rows_.register_fake
-def _(out, start, count, start_val, count_val) -> None:
+def _(out, start, count, start_val, count_val, tile) -> None:
     return None
 
 
 @torch.library.custom_op("dpx::place_rows", mutates_args=())
 def _place_rows(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
-                start_val: int, count_val: int, rows: int) -> torch.Tensor:
+                start_val: int, count_val: int, rows: int, tile: list[int]) -> torch.Tensor:
     out = src.new_empty((rows, *src.shape[1:]))
-    _launch_rows("place_rows_kernel", src, start, count, start_val, count_val, out)
+    _launch_rows("place_rows_kernel", src, start, count, start_val, count_val, out, _tile(tile))
     return out
 
 
 @torch.library.custom_op("dpx::take_rows", mutates_args=())
 def _take_rows(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
-               start_val: int, count_val: int, rows: int) -> torch.Tensor:
+               start_val: int, count_val: int, rows: int, tile: list[int]) -> torch.Tensor:
     out = src.new_empty((rows, *src.shape[1:]))
-    _launch_rows("take_rows_kernel", src, start, count, start_val, count_val, out)
+    _launch_rows("take_rows_kernel", src, start, count, start_val, count_val, out, _tile(tile))
     return out
 
 
 @_place_rows.register_fake
-def _(src, start, count, start_val, count_val, rows):
+def _(src, start, count, start_val, count_val, rows, tile):
     return src.new_empty((rows, *src.shape[1:]))
 
 
 @_take_rows.register_fake
-def _(src, start, count, start_val, count_val, rows):
+def _(src, start, count, start_val, count_val, rows, tile):
     return src.new_empty((rows, *src.shape[1:]))
 
 
 def _setup_ctx(ctx, inputs, output) -> None:
-    src, start, count, start_val, count_val, rows = inputs
+    src, start, count, start_val, count_val, rows, tile = inputs
     ctx.src_rows = src.shape[0]
     ctx.index = (start, count, start_val, count_val)
+    ctx.tile = tile
 
 
 def _place_backward(ctx, grad):
-    start, count, start_val, count_val = ctx.index
-    g = _take_rows(grad.contiguous(), start, count, start_val, count_val, ctx.src_rows)
-    return g, None, None, None, None, None
+    g = _take_rows(grad.contiguous(), *ctx.index, ctx.src_rows, ctx.tile)
+    return g, None, None, None, None, None, None
 
 
 def _take_backward(ctx, grad):
-    start, count, start_val, count_val = ctx.index
-    g = _place_rows(grad.contiguous(), start, count, start_val, count_val, ctx.src_rows)
-    return g, None, None, None, None, None
+    g = _place_rows(grad.contiguous(), *ctx.index, ctx.src_rows, ctx.tile)
+    return g, None, None, None, None, None, None
 
 
 torch.library.register_autograd("dpx::place_rows", _place_backward, setup_context=_setup_ctx)
@@ -192,43 +201,41 @@ def _check_src_out(name: str, src: torch.Tensor, rows: int, out: torch.Tensor | 
             f"be {want} {src.dtype} on {src.device}")
     if not out.is_contiguous():
         raise DpxValueError(f"{name}: out must be contiguous")
-    if out.numel() and src.numel() and _overlaps(src, out):
+    if out.numel() and src.numel() and overlaps(src, out):
         raise DpxValueError(f"{name}: out and src share memory; they must not alias")
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' memory ranges overlap (not checkable, and skipped, while
-    torch.compile traces: storage pointers do not exist there)."""
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' memory ranges overlap (two live allocations never share an
+    address, so comparing the byte ranges is enough). Not checkable, and skipped, while
+    torch.compile traces: data pointers do not exist there."""
     if torch.compiler.is_compiling():
         return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    a0, a1 = a.data_ptr(), a.data_ptr() + a.numel() * a.element_size()
-    b0, b1 = b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()
-    return a0 < b1 and b0 < a1
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _both_ints(start: Index, count: Index) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) for v in (start, count))
 
 
-def _call(functional, out_op, src, start, count, rows, out):
+def _call(functional, out_op, src, start, count, rows, out, tile: Tile):
     s_t, s_v = _split_index("start", start, src.device)
     c_t, c_v = _split_index("count", count, src.device)
     if not torch.compiler.is_compiling() and not (src.requires_grad and torch.is_grad_enabled()):
         # eager fast path: launch directly (the torch.library dispatch costs ~20 us a call)
         if out is None:
             out = src.new_empty((rows, *src.shape[1:]))
-        _launch_rows(_KERNEL_OF[out_op], src, s_t, c_t, s_v, c_v, out)
+        _launch_rows(_KERNEL_OF[out_op], src, s_t, c_t, s_v, c_v, out, tile)
         return out
     if out is None:
-        return functional(src, s_t, c_t, s_v, c_v, rows)
-    out_op(src, s_t, c_t, s_v, c_v, out)
+        return functional(src, s_t, c_t, s_v, c_v, rows, _tile_list(tile))
+    out_op(src, s_t, c_t, s_v, c_v, out, _tile_list(tile))
     return out
 
 
 def place_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, tile: Tile = DEFAULT_TILE) -> torch.Tensor:
     """``src [m, *rest] -> out [rows, *rest]`` with ``out[start:start+count] = src[:count]``,
     zeros elsewhere. Python-int ``start``/``count`` must satisfy ``count <= m`` and
     ``start + count <= rows``."""
@@ -238,11 +245,11 @@ def place_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
             raise DpxValueError(
                 f"place_rows: start={start}, count={count} must satisfy count <= src rows "
                 f"({src.shape[0]}) and start + count <= rows ({rows})")
-    return _call(_place_rows, _place_rows_out, src, start, count, rows, out)
+    return _call(_place_rows, _place_rows_out, src, start, count, rows, out, tile)
 
 
 def take_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+              out: torch.Tensor | None = None, tile: Tile = DEFAULT_TILE) -> torch.Tensor:
     """``src [m, *rest] -> out [rows, *rest]`` with ``out[:count] = src[start:start+count]``,
     zeros elsewhere. Python-int ``start``/``count`` must satisfy ``start + count <= m`` and
     ``count <= rows``."""
@@ -252,7 +259,7 @@ def take_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
             raise DpxValueError(
                 f"take_rows: start={start}, count={count} must satisfy start + count <= src "
                 f"rows ({src.shape[0]}) and count <= rows ({rows})")
-    return _call(_take_rows, _take_rows_out, src, start, count, rows, out)
+    return _call(_take_rows, _take_rows_out, src, start, count, rows, out, tile)
 
 
 def _into(kernel: str, op, src: torch.Tensor, start: Index, count: Index,
@@ -260,7 +267,7 @@ def _into(kernel: str, op, src: torch.Tensor, start: Index, count: Index,
     s_t, s_v = (start, 0) if isinstance(start, torch.Tensor) else (None, start)
     c_t, c_v = (count, 0) if isinstance(count, torch.Tensor) else (None, count)
     if torch.compiler.is_compiling():
-        op(src, s_t, c_t, s_v, c_v, out)
+        op(src, s_t, c_t, s_v, c_v, out, _tile_list(DEFAULT_TILE))
     else:
         _launch_rows(kernel, src, s_t, c_t, s_v, c_v, out)
     return out
@@ -268,7 +275,7 @@ def _into(kernel: str, op, src: torch.Tensor, start: Index, count: Index,
 
 def place_into(src: torch.Tensor, start: Index, count: Index, out: torch.Tensor) -> torch.Tensor:
     """:func:`place_rows` into ``out`` without argument checks, for callers that validated
-    already (``DpComm``); not differentiable."""
+    already (``DpComm``'s interpreter); not differentiable."""
     return _into("place_rows_kernel", _place_rows_out, src, start, count, out)
 
 
@@ -277,12 +284,23 @@ def take_into(src: torch.Tensor, start: Index, count: Index, out: torch.Tensor) 
     return _into("take_rows_kernel", _take_rows_out, src, start, count, out)
 
 
-def zero_rows_(out: torch.Tensor, start: Index, count: Index) -> torch.Tensor:
+def zero_from_(out: torch.Tensor, start: Index) -> torch.Tensor:
+    """In place, unchecked: zero rows ``j >= start`` of ``out``."""
+    s_t, s_v = (start, 0) if isinstance(start, torch.Tensor) else (None, start)
+    if torch.compiler.is_compiling():
+        _zero_rows_(out, s_t, None, s_v, 0, _tile_list(DEFAULT_TILE))
+    else:
+        _launch_rows("zero_rows_kernel", None, s_t, None, s_v, 0, out)
+    return out
+
+
+def zero_rows_(out: torch.Tensor, start: Index, count: Index, *,
+               tile: Tile = DEFAULT_TILE) -> torch.Tensor:
     """In place: zero rows ``j >= start + count`` of ``out`` (the pad tail of a slot)."""
     s_t, s_v = _split_index("start", start, out.device)
     c_t, c_v = _split_index("count", count, out.device)
     if torch.compiler.is_compiling():
-        _zero_rows_(out, s_t, c_t, s_v, c_v)
+        _zero_rows_(out, s_t, c_t, s_v, c_v, _tile_list(tile))
     else:
-        _launch_rows("zero_rows_kernel", None, s_t, c_t, s_v, c_v, out)
+        _launch_rows("zero_rows_kernel", None, s_t, c_t, s_v, c_v, out, tile)
     return out

@@ -1,9 +1,11 @@
-"""Shared fixtures: device selection and the persistent gloo worlds."""
+"""Shared fixtures (device selection, the world-1 process group, the persistent gloo worlds)
+and the collection order: cheapest first."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,26 @@ try:
     jax.config.update("jax_num_cpu_devices", JAX_CPU_DEVICES)
 except ImportError:
     pass
+
+#: Test modules, cheapest first: planner (no devices) -> kernels (interpreter) -> torch on
+#: gloo -> JAX on simulated devices -> fuzz -> GPU -> cross-frontend parity -> docs,
+#: examples and benchmarks (whole programs). Every test module must be listed here
+#: (``test_every_test_module_is_ordered`` checks it).
+ORDER = (
+    "test_planner", "test_schedules",
+    "test_kernels_torch", "test_errors",
+    "test_torch_comm", "test_torch_autograd", "test_torch_compile", "test_faults",
+    "test_jax", "test_jax_multiprocess",
+    "test_fuzz",
+    "test_torch_gpu",
+    "test_parity", "test_parity_gpu",
+    "test_docs", "test_benchmark_smoke",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(ORDER)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(ORDER)))
 
 
 def _cuda_available() -> bool:
@@ -40,6 +62,42 @@ def device_params():
     """``cpu`` always; ``cuda`` marked ``gpu`` and skipped without a GPU."""
     return ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
         not _cuda_available(), reason="needs a CUDA GPU")])]
+
+
+@pytest.fixture(scope="session")
+def world1(tmp_path_factory):
+    """This process as a gloo world of one rank (the default process group), shared by
+    every test that needs one: ``DpComm`` at world size 1, error checks, torch.compile."""
+    import torch.distributed as dist
+
+    init = tmp_path_factory.mktemp("world1") / "rendezvous"
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def comm1(world1):
+    """A gloo ``DpComm`` over the world-1 group."""
+    import dpx
+    from dpx_torch import DpComm
+
+    return DpComm(dpx.DpLayout(1, 1))
+
+
+@pytest.fixture(scope="session")
+def nccl_comm1(world1):
+    """An NCCL ``DpComm`` at world size 1 (a subgroup of the world-1 group); GPU only."""
+    if not _cuda_available():
+        pytest.skip("needs a CUDA GPU")
+    import torch
+    import torch.distributed as dist
+
+    import dpx
+    from dpx_torch import DpComm
+
+    torch.cuda.set_device(0)
+    return DpComm(dpx.DpLayout(1, 1), group=dist.new_group([0], backend="nccl"))
 
 
 @pytest.fixture(scope="session")

@@ -30,12 +30,12 @@ def counts_for(draw, dp: int, cap: int = 12):
 @st.composite
 def case_for(draw, dp: int):
     """A check_cases() case: counts, mode (None: a policy picks), partial, dtype, or a
-    capacity plan with run-time counts at and below its edges."""
+    capacity plan (every mode) with run-time counts at and below its edges."""
     seed = draw(st.integers(0, 2**16))
     dtype = draw(st.sampled_from(DTYPES))
     partial = draw(st.booleans())
     if draw(st.integers(0, 4)) == 0:
-        mode = draw(st.sampled_from(["max_len", "sum_len"]))
+        mode = draw(st.sampled_from(["max_len", "sum_len", "gatherv"]))
         cap = draw(st.integers(1, 10))
         if mode == "max_len":
             run = draw(st.lists(st.integers(0, cap), min_size=dp, max_size=dp))

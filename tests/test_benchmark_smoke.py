@@ -1,8 +1,11 @@
 """The multi-GPU collectives benchmark runs end to end on gloo (tiny sizes), so it is ready
-for a machine with several GPUs."""
+for a machine with several GPUs, and the figures it prints are the ones its CSV holds."""
 
 from __future__ import annotations
 
+import csv
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +20,25 @@ def test_collectives_benchmark_smoke(tmp_path):
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc-per-node", "2", "collectives.py", "--backend", "gloo",
                           "--quick"], cwd=bench, capture_output=True, text=True, timeout=600,
-                         env={**__import__("os").environ, "OUT": str(tmp_path)})
+                         env={**os.environ, "OUT": str(tmp_path)})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "planner within 5% of the fastest mode" in res.stdout
-    assert (tmp_path / "collectives.csv").read_text().count("\n") == 1 + 2 * 4 * 3
+    rows = list(csv.DictReader((tmp_path / "collectives.csv").open()))
+    # 2 scales x 4 count patterns x 3 modes, every time measured and every ratio the
+    # ratio of the times in the same row
+    assert len(rows) == 2 * 4 * 3
+    assert {r["mode"] for r in rows} == {"max_len", "sum_len", "gatherv"}
+    for r in rows:
+        t = {k: float(r[k]) for k in ("gather_us", "rs_us", "plain_ag_us", "plain_rs_us")}
+        assert all(0 < v < 60e6 for v in t.values()), r
+        assert float(r["gather_vs_plain"]) == pytest.approx(t["plain_ag_us"] / t["gather_us"])
+        assert float(r["rs_vs_plain"]) == pytest.approx(t["plain_rs_us"] / t["rs_us"])
+    # the planner score: one point per (scale, pattern), and no more hits than points
+    m = re.search(r"planner within 5% of the fastest mode at (\d+)/(\d+) points", res.stdout)
+    assert m, res.stdout[-2000:]
+    within, points = int(m.group(1)), int(m.group(2))
+    assert points == 2 * 4 and 0 <= within <= points
+    fit = re.search(r"fitted CostModel: bus_bandwidth=([\d.]+) GB/s, latency=([\d.]+) us",
+                    res.stdout)
+    assert fit and float(fit.group(1)) > 0 and float(fit.group(2)) >= 0
+    # nothing is written beside the scripts when $OUT is set
+    assert not (bench / "benchmarks").exists()

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import dpx
 from dpx import (DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError,  # noqa: F401
@@ -17,14 +16,9 @@ from dpx import (DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError,  # 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
 
 
-@pytest.fixture(scope="module")
-def comm(tmp_path_factory):
-    from dpx_torch import DpComm
-
-    init = tmp_path_factory.mktemp("gloo-errors") / "rendezvous"
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
-    yield DpComm(dpx.DpLayout(1, 1))
-    dist.destroy_process_group()
+@pytest.fixture()
+def comm(comm1):
+    return comm1
 
 
 L1 = dpx.DpLayout(1, 1)
@@ -85,6 +79,11 @@ CASES = {
     "capacity-negative": (lambda c: dpx.plan_step([1], L1, capacity=-1), DpxValueError,
                           r"capacity=-1 must be >= 0"),
     "with-counts": (lambda c: P5.with_counts([1]), DpxValueError, r"needs a capacity plan"),
+    "policy-idle": (lambda c: dpx.plan_step([1, 0], dpx.DpLayout(2, 2), is_extend=True,
+                                            policy="cost", max_len_with_idle=True),
+                    DpxValueError, r"max_len_with_idle=True is an option of policy='sglang'"),
+    "schedule-op": (lambda c: dpx.build_schedule(P5, "allgather", rank=0), DpxValueError,
+                    r"unknown Op 'allgather': expected one of 'gather', 'scatter'"),
     "cost-model": (lambda c: dpx.CostModel(bus_bandwidth=0), DpxValueError,
                    r"CostModel.bus_bandwidth=0 must be > 0"),
     "rows-place-range": (lambda c: _torch_rows().place_rows(_x(4), 2, 3, 4), DpxValueError,
@@ -127,16 +126,12 @@ CASES = {
     "comm-counts-plan": (lambda c: c.gather(_x(), P5, partial=True,
                                             counts=torch.tensor([1], dtype=torch.int32)),
                          DpxValueError, r"counts= needs a capacity plan"),
-    "comm-counts-gatherv": (lambda c: c.gather(_x(8), dpx.plan_step([1], L1, capacity=8,
-                                                                   mode="gatherv"),
-                                               partial=True,
-                                               counts=torch.tensor([1], dtype=torch.int32)),
-                            DpxValueError, r"GATHERV needs host-side counts"),
     "comm-counts-dtype": (lambda c: c.gather(_x(8), dpx.plan_step([1], L1, capacity=8),
                                              partial=True, counts=torch.tensor([1])),
                           DpxTypeError, r"counts must be an int32 tensor of shape \(1,\)"),
-    "comm-async-out": (lambda c: c.gather(_x(), P5, partial=True, out=_x(5), async_op=True),
-                       DpxValueError, r"async_op=True returns a pooled output; do not pass out="),
+    "comm-async-grad": (lambda c: c.gather_async(_x().requires_grad_(), P5, partial=True),
+                        DpxValueError, r"gather_async records no autograd graph and its input "
+                                       r"requires grad"),
     "comm-grad-out": (lambda c: c.gather(_x().requires_grad_(), P5, partial=True, out=_x(5)),
                       DpxValueError, r"out= cannot be used when local requires grad"),
     "comm-sync-counts": (lambda c: c.sync_counts(-3), DpxMismatchError,

@@ -70,9 +70,11 @@ def test_layout_bad_values():
 
 
 # ------------------------------------------------------------------ sglang rule
-def _sglang_reference(global_num_tokens, dp_size, is_extend):
+def _sglang_reference(global_num_tokens, dp_size, is_extend, max_len_with_idle=False):
     """sglang's get_dp_padding_mode, restated from its documented behaviour."""
     if is_extend and dp_size > 1:
+        if max_len_with_idle and min(global_num_tokens) == 0:
+            return PaddingMode.MAX_LEN
         return PaddingMode.SUM_LEN
     if sum(global_num_tokens) * 2 >= max(global_num_tokens) * dp_size:
         return PaddingMode.MAX_LEN
@@ -81,15 +83,33 @@ def _sglang_reference(global_num_tokens, dp_size, is_extend):
 
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from([(1, 1), (2, 2), (4, 4), (4, 2), (8, 8), (8, 4), (8, 2), (8, 1), (6, 3)]),
-       st.data(), st.booleans())
-def test_sglang_rule_matches(layout_args, data, is_extend):
+       st.data(), st.booleans(), st.booleans())
+def test_sglang_rule_matches(layout_args, data, is_extend, idle_option):
     lay = DpLayout(*layout_args)
-    counts = data.draw(st.lists(st.integers(0, 5000), min_size=lay.dp_size,
-                                max_size=lay.dp_size))
-    plan = plan_step(counts, lay, is_extend=is_extend)
+    counts = data.draw(st.lists(st.one_of(st.just(0), st.integers(0, 5000)),
+                                min_size=lay.dp_size, max_size=lay.dp_size))
+    plan = plan_step(counts, lay, is_extend=is_extend, max_len_with_idle=idle_option)
     aligned = [ceil_align(n, lay.attn_tp_size) for n in counts]
-    assert plan.mode is _sglang_reference(aligned, lay.dp_size, is_extend)
+    assert plan.mode is _sglang_reference(aligned, lay.dp_size, is_extend, idle_option)
     assert plan.aligned_tokens == tuple(aligned)
+
+
+def test_sglang_max_len_with_idle():
+    """sglang's hybrid-model branch: an extend batch with an idle replica takes MAX_LEN
+    when asked; without an idle replica, or without extend, the usual rule applies."""
+    lay = DpLayout(4, 4)
+    assert plan_step([5, 0, 3, 2], lay, is_extend=True).mode is PaddingMode.SUM_LEN
+    with_idle = plan_step([5, 0, 3, 2], lay, is_extend=True, max_len_with_idle=True)
+    assert with_idle.mode is PaddingMode.MAX_LEN and "max_len_with_idle" in with_idle.reason
+    assert plan_step([5, 1, 3, 2], lay, is_extend=True,
+                     max_len_with_idle=True).mode is PaddingMode.SUM_LEN
+    assert plan_step([8, 0, 0, 0], lay, max_len_with_idle=True).mode is PaddingMode.SUM_LEN
+    assert plan_step([0], DpLayout(2, 1), is_extend=True,
+                     max_len_with_idle=True).mode is PaddingMode.MAX_LEN  # dp 1: the rule
+    with pytest.raises(DpxValueError, match="max_len_with_idle=True is an option of"):
+        plan_step([5, 0, 3, 2], lay, policy="cost", max_len_with_idle=True)
+    with pytest.raises(DpxTypeError, match="max_len_with_idle=1 must be a bool"):
+        plan_step([5, 0, 3, 2], lay, max_len_with_idle=1)
 
 
 def test_sglang_rule_examples():
@@ -190,6 +210,36 @@ def test_cost_policy_obvious_cases():
     assert "cost policy" in skew.reason
 
 
+def test_cost_model_prices_the_schedules_that_run():
+    """The estimate is the priced steps of the schedules: no place pass where a full slot
+    is sent as is, and the staging copy of a SUM_LEN reduce_scatter is charged."""
+    from dpx import Op, build_schedule, estimate
+    from dpx.cost import estimate_op, price
+
+    model, rb = CostModel(), 7168 * 2
+    full = plan_step([5, 5], DpLayout(2, 2), mode="max_len")
+    g = estimate_op(full, Op.GATHER, row_bytes=rb, cost_model=model)
+    assert [s.ranks for s in g.steps] == [2] and g.steps[0].name.startswith("all_gather")
+    part = plan_step([5, 3], DpLayout(2, 2), mode="max_len")
+    g = estimate_op(part, Op.GATHER, row_bytes=rb, cost_model=model)
+    assert g.rank == 1 and g.steps[0].name.startswith("place") and len(g.steps) == 2
+    rs = estimate_op(plan_step([5, 3], DpLayout(2, 2), mode="sum_len"), Op.REDUCE_SCATTER,
+                     row_bytes=rb, cost_model=model)
+    assert [s.name.split()[0] for s in rs.steps] == ["copy", "all_reduce", "take"]
+    assert rs.steps[0].size == 2 * 8 * rb  # read + write of the 8-row global buffer
+    # every estimate is exactly the sum of its schedules' priced steps
+    for mode in PaddingMode:
+        plan = plan_step([7, 0, 3, 12], DpLayout(8, 4), mode=mode)
+        est = estimate(plan, row_bytes=rb, cost_model=model)
+        for op_est in est.ops:
+            sched = build_schedule(plan, op_est.op, rank=op_est.rank,
+                                   in_rows=plan.num_tokens[op_est.rank // 2]
+                                   if op_est.op is Op.GATHER else plan.global_rows)
+            priced = price(sched, row_bytes=rb, cost_model=model)
+            assert [p.name for p in priced] == [str(s) for s in sched.steps]
+            assert op_est.steps == priced
+
+
 def test_explain_mentions_every_mode():
     plan = plan_step([3, 0, 7, 5], DpLayout(8, 4))
     text = plan.explain()
@@ -204,6 +254,31 @@ def test_cli_plan_runs():
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "fingerprint" in res.stdout and "slot  3" in res.stdout
+    assert "rank 0 gather(partial=True)" in res.stdout
+
+
+def test_cli_prints_each_ranks_schedule():
+    """--rank R prints exactly the steps build_schedule gives that rank, priced."""
+    from dpx import Op, build_schedule
+
+    args = ["--world", "8", "--dp", "4", "--tokens", "3,0,7,5", "--mode", "gatherv"]
+    res = subprocess.run([sys.executable, "-m", "dpx", "plan", *args, "--rank", "5"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    plan = plan_step([3, 0, 7, 5], DpLayout(8, 4), mode="gatherv")
+    for op, partial, in_rows in ((Op.GATHER, True, 7), (Op.REDUCE_SCATTER, True, 18)):
+        for step in build_schedule(plan, op, rank=5, partial=partial, in_rows=in_rows).steps:
+            assert str(step) in res.stdout, str(step)
+    assert "rank 4" not in res.stdout
+    every = subprocess.run([sys.executable, "-m", "dpx", "plan", *args, "--rank", "all",
+                            "--capacity", "32", "--device-counts"], capture_output=True,
+                           text=True)
+    assert every.returncode == 0, every.stderr
+    assert all(f"rank {r} reduce_scatter" in every.stdout for r in range(8))
+    assert "cumsum_excl(align(n, 2))" in every.stdout and "note: GATHERV runs as" in every.stdout
+    bad = subprocess.run([sys.executable, "-m", "dpx", "plan", *args, "--rank", "8"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "rank=8 must be < world_size=8" in bad.stderr
     bad = subprocess.run([sys.executable, "-m", "dpx", "plan", "--world", "6", "--dp", "4"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "world_size=6" in bad.stderr
@@ -243,3 +318,16 @@ def test_numpy_counts_accepted():
     plan = plan_step(np.array([3, 0, 7, 5]), DpLayout(4, 4))
     assert plan.num_tokens == (3, 0, 7, 5) and all(type(n) is int for n in plan.num_tokens)
     assert dpx.__version__
+
+
+def test_every_test_module_is_ordered():
+    """The suite runs cheapest first by the order in conftest.ORDER: every test module
+    must have a place in it (a new one would otherwise run last, unnoticed)."""
+    from pathlib import Path
+
+    from conftest import ORDER
+
+    here = Path(__file__).resolve().parent
+    stems = {p.stem for p in here.rglob("test_*.py")}
+    assert stems == set(ORDER), (f"not ordered: {sorted(stems - set(ORDER))}; "
+                                 f"stale: {sorted(set(ORDER) - stems)}")

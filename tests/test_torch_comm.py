@@ -51,13 +51,25 @@ def test_trailing_dims(gloo_worlds):
     gloo_worlds(4).run("torch_jobs:check_cases", (4, 2), cases, rest=(2, 3))
 
 
-@pytest.mark.parametrize("mode", ["max_len", "sum_len"])
+@pytest.mark.parametrize("mode", MODES)
 def test_capacity_plans_with_device_counts(gloo_worlds, mode):
     cap = 8 if mode == "max_len" else 24
     cases = [dict(counts=[1, 1], mode=mode, capacity=cap, run_counts=rc, partial=p, seed=i)
              for i, rc in enumerate(([3, 0], [8, 5], [0, 0], [7, 1]))
              for p in (True, False)]
     gloo_worlds(4).run("torch_jobs:check_cases", (4, 2), cases)
+
+
+@pytest.mark.parametrize("layout", [(2, 2), (4, 2), (4, 1)], ids=lambda l: f"w{l[0]}dp{l[1]}")
+def test_capacity_plans_with_host_counts(gloo_worlds, layout):
+    """A capacity plan called without counts= uses its own counts on the host. Regression:
+    a GATHERV capacity plan ([3, 5], capacity 24 on gloo world 2) used to fail with a
+    different error on each rank (chunks sized from the capacity, not the counts)."""
+    world, dp = layout
+    counts = [[3, 5], [0, 7], [6, 6]] if dp == 2 else [[3], [0], [24]]
+    cases = [dict(counts=c, mode=m, capacity=24, partial=p, seed=i)
+             for i, (c, m, p) in enumerate(itertools.product(counts, MODES, (True, False)))]
+    gloo_worlds(world).run("torch_jobs:check_cases", layout, cases)
 
 
 @pytest.mark.parametrize("layout", [(4, 2), (4, 4), (3, 3)], ids=lambda l: f"w{l[0]}dp{l[1]}")
@@ -104,3 +116,19 @@ def test_full_slots_skip_the_place_and_pad_launches(gloo_worlds):
     res = gloo_worlds(2).run("torch_jobs:count_row_launches", [5, 3])
     assert [r["ok"] for r in res] == [True, True]
     assert [(r["place"], r["zero"]) for r in res] == [(0, 0), (1, 1)]
+
+
+@pytest.mark.parametrize("layout", [(4, 2), (4, 4), (2, 1)], ids=lambda l: f"w{l[0]}dp{l[1]}")
+def test_the_interpreter_runs_exactly_the_schedule(gloo_worlds, layout):
+    """Every kernel launch, copy and torch.distributed call a DpComm call makes is one step
+    of its schedule, in order (per-root steps: one call per non-empty chunk), so what
+    `python -m dpx plan` prints and the cost model prices is what runs."""
+    dp = layout[1]
+    cases = [dict(counts=c, mode=m, extra=e) for c in ([3] + [0] * (dp - 1),
+                                                       [4 + i for i in range(dp)], [4] * dp)
+             for m in MODES for e in (0, 2)]
+    cases += [dict(counts=[0] * dp, mode=m, capacity=16, run_counts=[1 + i for i in range(dp)])
+              for m in MODES]
+    for rank_log in gloo_worlds(layout[0]).run("torch_jobs:record_primitives", layout, cases):
+        for case, op, partial, want, ran in rank_log:
+            assert want == ran, (case, op, partial, want, ran)

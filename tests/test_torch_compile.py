@@ -4,19 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import dpx
-from dpx_torch import DpComm
-
-
-@pytest.fixture(scope="module")
-def comm1(tmp_path_factory):
-    init = tmp_path_factory.mktemp("gloo1") / "rendezvous"
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
-    comm = DpComm(dpx.DpLayout(1, 1))
-    yield comm
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("mode", ["max_len", "sum_len"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import dpx
 from reference import local_inputs, ref_gather, ref_reduce_scatter, global_inputs
@@ -14,16 +13,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-@pytest.fixture(scope="module")
-def nccl1(tmp_path_factory):
-    from dpx_torch import DpComm
-
-    init = tmp_path_factory.mktemp("nccl1") / "rendezvous"
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"file://{init}", rank=0, world_size=1)
-    comm = DpComm(dpx.DpLayout(1, 1))
-    yield comm
-    dist.destroy_process_group()
+@pytest.fixture()
+def nccl1(nccl_comm1):
+    return nccl_comm1
 
 
 def _t(x, dtype):
@@ -118,11 +110,11 @@ def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
     for i, plan in enumerate(plans):
         n = plan.num_tokens[0]
         x = xbuf[:n + 1]
-        g, work = nccl1.gather(x, plan, partial=True, async_op=True, key=i % 2)
+        g, work = nccl1.gather_async(x, plan, partial=True, key=i % 2)
         y = a @ b  # compute of the other micro-batch, overlapping the gather
         work.wait()
         assert torch.equal(g[:n], x[:n]) and not g[n:].any(), f"async gather step {i}"
-        rs, work = nccl1.reduce_scatter(g, plan, async_op=True, key=i % 2)
+        rs, work = nccl1.reduce_scatter_async(g, plan, key=i % 2)
         work.wait()
         assert torch.equal(rs[:n], x[:n]) and not rs[n:].any(), f"async rs step {i}"
         compute_done.record()
@@ -131,7 +123,7 @@ def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
             reserved.append(torch.cuda.memory_reserved())
             buffers.append(len(nccl1.pool))
             allocations.append(nccl1.pool.allocations)
-    assert len(nccl1._events) == 4, nccl1._events.keys()
+    assert len(nccl1.overlap.events) == 4, nccl1.overlap.events.keys()
     assert len(set(buffers)) == 1, "pool gained buffers after warm-up"
     assert len(set(allocations)) == 1, "pool reallocated after warm-up"
     # the caching allocator may add one 2 MiB small-allocation segment (for the tiny result

@@ -104,10 +104,10 @@ def check_async_matches_sync(ctx, layout_args, steps) -> dict:
         plan = dpx.plan_step(counts, layout, mode=("max_len", "sum_len", "gatherv")[i % 3])
         locs = local_inputs(i, plan, (6,), partial=True)
         x = _t(locs[ctx.rank], torch.float32)
-        g, work = comm.gather(x, plan, partial=True, async_op=True, key=i % 2)
+        g, work = comm.gather_async(x, plan, partial=True, key=i % 2)
         work.wait()
         assert torch.equal(g, comm.gather(x, plan, partial=True)), f"gather step {i}"
-        rs, work = comm.reduce_scatter(g, plan, async_op=True, key=i % 2)
+        rs, work = comm.reduce_scatter_async(g, plan, key=i % 2)
         work.wait()
         assert torch.equal(rs, comm.reduce_scatter(g, plan)), f"reduce_scatter step {i}"
         assert rs.shape[0] == plan.slot_rows[d]
@@ -200,7 +200,7 @@ def count_row_launches(ctx, counts) -> dict:
     """MAX_LEN, attn_tp 1: row-kernel launches of one gather and one reduce_scatter on this
     rank (a replica whose host count fills its slot sends its input as is), plus whether
     both results match the reference."""
-    import dpx_torch.comm as comm_mod
+    import dpx_torch.interpreter as comm_mod
 
     layout = dpx.DpLayout(len(counts), len(counts))
     comm = ctx.comm(layout)
@@ -209,7 +209,7 @@ def count_row_launches(ctx, counts) -> dict:
     locs = local_inputs(9, plan, (3,), partial=True, rows=plan.slot_rows[d])
     globs = global_inputs(9, plan, (3,))
     launches = {"place": 0, "zero": 0}
-    real = comm_mod.place_into, comm_mod.zero_rows_
+    real = comm_mod.place_into, comm_mod.zero_from_
 
     def place(*a, **k):
         launches["place"] += 1
@@ -219,12 +219,171 @@ def count_row_launches(ctx, counts) -> dict:
         launches["zero"] += 1
         return real[1](*a, **k)
 
-    comm_mod.place_into, comm_mod.zero_rows_ = place, zero
+    comm_mod.place_into, comm_mod.zero_from_ = place, zero
     try:
         got = comm.gather(_t(locs[ctx.rank], torch.float32), plan, partial=True)
         rs = comm.reduce_scatter(_t(globs[ctx.rank], torch.float32), plan)
     finally:
-        comm_mod.place_into, comm_mod.zero_rows_ = real
+        comm_mod.place_into, comm_mod.zero_from_ = real
     ok = torch.equal(got, _t(ref_gather(locs, plan, partial=True), torch.float32)) and \
         torch.equal(rs, _t(ref_reduce_scatter(globs, plan, d, plan.num_tokens), torch.float32))
     return dict(launches, ok=ok)
+
+
+def _plan_of(layout, case):
+    plan = dpx.plan_step(case["counts"], layout, mode=case.get("mode"),
+                         capacity=case.get("capacity"))
+    run = case.get("run_counts")
+    counts_t = None if run is None else torch.tensor(run, dtype=torch.int32)
+    eff = plan.num_tokens if run is None else tuple(run)
+    return plan, counts_t, eff
+
+
+def check_autograd(ctx, layout_args, cases, *, rest=(3,)) -> int:
+    """For each case (host or capacity plans, device counts too): every op's output has a
+    grad_fn and its gradient equals the adjoint computed from the reference; the adjoint
+    identity <gather(x), y> == <x, reduce_scatter(y)> (summed over ranks) holds on random
+    normal inputs; no op modifies its input (rows past the count included)."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    W, r = layout.world_size, ctx.rank
+    d = layout.coords(r).attn_dp_rank
+    done = 0
+    for case in cases:
+        plan, ct, eff = _plan_of(layout, case)
+        G, S = plan.global_rows, plan.slot_rows[d]
+        off = __import__("reference").offsets_of(plan, eff)
+        rng = np.random.default_rng(case.get("seed", 0))
+        L = S if plan.is_static else eff[d] + 2
+        # small integers: exact sums, so gradients compare bitwise
+        wg = [rng.integers(-4, 5, (G, *rest)).astype(np.float64) for _ in range(W)]
+        ws = [rng.integers(-4, 5, (plan.slot_rows[layout.coords(q).attn_dp_rank], *rest))
+              .astype(np.float64) for q in range(W)]
+        for partial in (True, False):
+            x = _t(rng.integers(-4, 5, (L, *rest)).astype(np.float64), torch.float32)
+            x_copy = x.clone()
+            xg = x.clone().requires_grad_()
+            out = comm.gather(xg, plan, partial=partial, counts=ct)
+            assert out.grad_fn is not None, "gather output has no grad_fn"
+            (out * _t(wg[r], torch.float32)).sum().backward()
+            want = np.zeros((L, *rest))
+            want[:eff[d]] = sum(wg)[off[d]:off[d] + eff[d]]
+            _eq("gather grad", xg.grad, want, torch.float32, (case, partial))
+            comm.gather(x, plan, partial=partial, counts=ct)
+            assert torch.equal(x, x_copy), f"gather(partial={partial}) modified its input"
+        # scatter: a local take; its gradient places the slot gradient back at the offset
+        g_in = _t(rng.integers(-4, 5, (G, *rest)).astype(np.float64), torch.float32)
+        g_copy = g_in.clone()
+        gg = g_in.clone().requires_grad_()
+        sc = comm.scatter(gg, plan, counts=ct)
+        assert sc.grad_fn is not None, "scatter output has no grad_fn"
+        (sc * _t(ws[r], torch.float32)).sum().backward()
+        want = np.zeros((G, *rest))
+        want[off[d]:off[d] + eff[d]] = ws[r][:eff[d]]
+        _eq("scatter grad", gg.grad, want, torch.float32, case)
+        comm.scatter(g_in, plan, counts=ct)
+        assert torch.equal(g_in, g_copy), "scatter modified its input"
+        # reduce_scatter: its gradient is gather(partial=True) of the output gradient
+        gg = g_in.clone().requires_grad_()
+        rs = comm.reduce_scatter(gg, plan, counts=ct)
+        assert rs.grad_fn is not None, "reduce_scatter output has no grad_fn"
+        (rs * _t(ws[r], torch.float32)).sum().backward()
+        want = np.zeros((G, *rest))
+        for e in range(layout.dp_size):
+            want[off[e]:off[e] + eff[e]] = sum(ws[q][:eff[e]] for q in layout.replica_ranks(e))
+        _eq("reduce_scatter grad", gg.grad, want, torch.float32, case)
+        comm.reduce_scatter(g_in, plan, counts=ct)
+        assert torch.equal(g_in, g_copy), "reduce_scatter modified its input"
+        # the adjoint identity on random normal inputs, summed over ranks
+        xn = torch.from_numpy(rng.standard_normal((L, *rest))).float()
+        xn[eff[d]:] = 0  # rows past the count take no part in either side
+        yn = torch.from_numpy(rng.standard_normal((G, *rest))).float()
+        lhs = (comm.gather(xn, plan, partial=True, counts=ct).double()
+               * yn.double()).sum()
+        rhs = (xn[:S].double() * comm.reduce_scatter(yn, plan, counts=ct)[:L].double()).sum()
+        both = torch.stack([lhs, rhs])
+        __import__("torch.distributed").distributed.all_reduce(both)
+        scale = float(torch.stack([xn.abs().sum(), yn.abs().sum()]).max()) * W
+        assert abs(float(both[0] - both[1])) <= 1e-5 * max(scale, 1.0), \
+            f"adjoint identity: {float(both[0])} vs {float(both[1])} for {case}"
+        done += 1
+    return done
+
+
+def check_async_refuses_grad(ctx) -> list[str]:
+    layout = dpx.DpLayout(ctx.world_size, ctx.world_size)
+    comm = ctx.comm(layout)
+    plan = dpx.plan_step([2] * ctx.world_size, layout)
+    x = torch.ones(2, 3, requires_grad=True)
+    msgs = []
+    for fn in (lambda: comm.gather_async(x, plan, partial=True),
+               lambda: comm.reduce_scatter_async(torch.ones(plan.global_rows, 3,
+                                                            requires_grad=True), plan)):
+        try:
+            fn()
+            msgs.append("no error")
+        except dpx.DpxValueError as exc:
+            msgs.append(str(exc))
+    # without grad it runs, and matches the synchronous form
+    with torch.no_grad():
+        out, work = comm.gather_async(x, plan, partial=True)
+        work.wait()
+        assert torch.equal(out, comm.gather(x, plan, partial=True))
+    return msgs
+
+
+def record_primitives(ctx, layout_args, cases) -> list[tuple]:
+    """Run gather (partial and replicated), scatter and reduce_scatter for each case while
+    recording every kernel launch, copy and torch.distributed call the interpreter makes;
+    return, per call, (the schedule's steps expanded to primitives, what ran)."""
+    import dpx_torch.interpreter as it
+
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    d = layout.coords(ctx.rank).attn_dp_rank
+    log: list[str] = []
+    names = {"place_into": "place", "take_into": "take", "zero_from_": "zero",
+             "copy_rows": "copy", "all_gather_single": "all_gather",
+             "reduce_scatter_single": "reduce_scatter"}
+    saved = {n: getattr(it, n) for n in names}
+    dist_saved = {n: getattr(it.dist, n) for n in ("all_reduce", "broadcast", "reduce")}
+
+    def recorder(name, fn):
+        def wrapped(*a, **k):
+            log.append(name)
+            return fn(*a, **k)
+        return wrapped
+
+    for n, short in names.items():
+        setattr(it, n, recorder(short, saved[n]))
+    for n, fn in dist_saved.items():
+        setattr(it.dist, n, recorder(n, fn))
+    out = []
+    try:
+        for case in cases:
+            plan, ct, eff = _plan_of(layout, case)
+            L = plan.slot_rows[d] if plan.is_static else eff[d] + case.get("extra", 0)
+            x = torch.ones(L, 3)
+            g = torch.ones(plan.global_rows, 3)
+            calls = [("gather", True, lambda: comm.gather(x, plan, partial=True, counts=ct)),
+                     ("gather", False, lambda: comm.gather(x, plan, partial=False, counts=ct)),
+                     ("scatter", True, lambda: comm.scatter(g, plan, counts=ct)),
+                     ("reduce_scatter", True, lambda: comm.reduce_scatter(g, plan, counts=ct))]
+            for op, partial, fn in calls:
+                sched = comm.schedule(plan, op, partial=partial, device_counts=ct is not None,
+                                      in_rows=L if op == "gather" else plan.global_rows)
+                want = []
+                for s in sched.steps:
+                    if s.kind in ("broadcast_v", "reduce_v"):  # one call per non-empty chunk
+                        want += [s.kind[:-2]] * sum(1 for n in s.lens if n)
+                    else:
+                        want.append(s.kind)
+                log.clear()
+                fn()
+                out.append((case, op, partial, want, list(log)))
+    finally:
+        for n, fn in saved.items():
+            setattr(it, n, fn)
+        for n, fn in dist_saved.items():
+            setattr(it.dist, n, fn)
+    return out

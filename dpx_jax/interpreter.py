@@ -1,0 +1,198 @@
+"""Runs a :class:`dpx.Schedule` inside ``jax.shard_map``: one small handler per step kind.
+
+JAX runs one program on every device, so its schedules are built for a symbolic rank
+(``rank=None``): the rank's coordinates are ``lax.axis_index`` values and every row number
+that depends on them, or on device counts, is a :mod:`dpx.expr` expression evaluated here
+with :class:`JaxValues`. Steps are functional: each binds a new array to its destination
+buffer name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dpx import expr as X
+from dpx.errors import DpxValueError
+from dpx.modes import Group
+from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, Copy, Place, ReduceScatter,
+                          ReduceScatterV, Ref, Schedule, Take, ZeroFrom)
+from dpx_jax.mesh import AXES
+from dpx_jax.rows import Impl, place_rows, take_rows
+
+#: mesh axes of each group (the world is all three axes: device order is rank order)
+GROUP_AXES = {Group.WORLD: AXES, Group.ATTN_TP: "tp"}
+_COORD_AXES = {X.Coord.DP: "dp", X.Coord.CP: "cp", X.Coord.TP: "tp", X.Coord.RANK: AXES}
+
+
+class JaxValues:
+    """:class:`dpx.expr.ArrayOps` on int32 JAX arrays inside ``shard_map``."""
+
+    def __init__(self, counts: jax.Array | None) -> None:
+        self._counts = counts
+
+    def counts(self) -> jax.Array:
+        if self._counts is None:
+            raise DpxValueError("this schedule reads device counts; pass counts=")
+        return self._counts
+
+    def coord(self, name: str) -> jax.Array:
+        return lax.axis_index(_COORD_AXES[name])
+
+    def const(self, value: int | tuple) -> Any:
+        return value if isinstance(value, int) else jnp.asarray(value, jnp.int32)
+
+    def binary(self, op: str, a: Any, b: Any) -> Any:
+        if op == "add":
+            return a + b
+        if op == "sub":
+            return a - b
+        if op == "mul":
+            return a * b
+        if op == "floordiv":
+            return a // b
+        if op == "eq":
+            return (a == b).astype(jnp.int32)
+        return jnp.minimum(a, b) if op == "minimum" else jnp.maximum(a, b)
+
+    def clip(self, a: Any, lo: int, hi: int) -> Any:
+        return jnp.clip(a, lo, hi)
+
+    def cumsum_excl(self, v: jax.Array) -> jax.Array:
+        return (jnp.cumsum(v) - v).astype(jnp.int32)
+
+    def sum(self, v: jax.Array) -> jax.Array:
+        return jnp.sum(v).astype(jnp.int32)
+
+    def gather(self, v: jax.Array, indices: tuple[int, ...]) -> jax.Array:
+        return v[jnp.asarray(indices, jnp.int32)]
+
+    def index(self, v: jax.Array, i: Any) -> jax.Array:
+        return v[i]
+
+    def stack(self, values: Sequence[Any]) -> jax.Array:
+        return jnp.stack([jnp.asarray(x, jnp.int32) for x in values])
+
+
+class _Run:
+    """One program's buffers and evaluated values."""
+
+    def __init__(self, sched: Schedule, x: jax.Array, counts: jax.Array | None, impl: Impl):
+        self.sched, self.impl = sched, impl
+        self.rest, self.dtype = x.shape[1:], x.dtype
+        self.env: dict[str, jax.Array] = {IN: x}
+        self.rows = dict(sched.scratch)
+        self.rows[OUT] = sched.out_rows
+        self.ops = JaxValues(counts)
+        self.memo: dict = {}
+
+    def value(self, v: Any) -> Any:
+        return v if isinstance(v, int) else X.evaluate(v, self.ops, self.memo)
+
+    def read(self, r: Ref) -> jax.Array:
+        t = self.env[r.buf]
+        if r.first == 0 and r.rows is None:
+            return t
+        return t[r.first:] if r.rows is None else t[r.first:r.first + r.rows]
+
+    def write(self, r: Ref, value: jax.Array) -> None:
+        if r.first == 0 and r.rows is None:
+            self.env[r.buf] = value
+            return
+        base = self.env.get(r.buf)
+        if base is None:
+            base = self.zeros(self.rows[r.buf])
+        end = base.shape[0] if r.rows is None else r.first + r.rows
+        self.env[r.buf] = base.at[r.first:end].set(value)
+
+    def zeros(self, rows: int) -> jax.Array:
+        return jnp.zeros((rows, *self.rest), self.dtype)
+
+
+def _place(s: Place, run: _Run) -> None:
+    run.write(s.dst, place_rows(run.read(s.src), run.value(s.start), run.value(s.count),
+                                s.rows, impl=run.impl))
+
+
+def _take(s: Take, run: _Run) -> None:
+    run.write(s.dst, take_rows(run.read(s.src), run.value(s.start), run.value(s.count),
+                               s.rows, impl=run.impl))
+
+
+def _zero(s: ZeroFrom, run: _Run) -> None:
+    # keep rows [0, start), zero the rest: a take of the first `start` rows
+    run.write(s.buf, take_rows(run.read(s.buf), 0, run.value(s.start), s.rows, impl=run.impl))
+
+
+def _copy(s: Copy, run: _Run) -> None:
+    run.write(s.dst, run.read(s.src))
+
+
+def _all_gather(s: AllGather, run: _Run) -> None:
+    x = run.read(s.src)
+    out = (lax.all_gather(x, GROUP_AXES[s.group], axis=0, tiled=True) if s.rows
+           else jnp.zeros((0, *x.shape[1:]), x.dtype))
+    run.write(s.dst, out)
+
+
+def _reduce_scatter(s: ReduceScatter, run: _Run) -> None:
+    x = run.read(s.src)
+    out = (lax.psum_scatter(x, GROUP_AXES[s.group], scatter_dimension=0, tiled=True) if s.rows
+           else jnp.zeros((0, *x.shape[1:]), x.dtype))
+    run.write(s.dst, out)
+
+
+def _all_reduce(s: AllReduce, run: _Run) -> None:
+    x = run.read(s.buf)
+    run.write(s.buf, lax.psum(x, GROUP_AXES[s.group]) if s.rows else x)
+
+
+def _all_gather_v(s: AllGatherV, run: _Run) -> None:
+    chunk = run.read(s.src)
+    firsts, lens = run.value(s.firsts), run.value(s.lens)
+    me = lax.axis_index(GROUP_AXES[s.group])
+    world = lens.shape[0]
+    out = run.zeros(s.rows)
+    if s.rows:
+        out = lax.ragged_all_to_all(
+            chunk, out, jnp.zeros((world,), jnp.int32), jnp.full((world,), lens[me]),
+            jnp.full((world,), firsts[me]), lens, axis_name=GROUP_AXES[s.group])
+    run.write(s.dst, out)
+
+
+def _reduce_scatter_v(s: ReduceScatterV, run: _Run) -> None:
+    x = run.read(s.src)
+    firsts, lens = run.value(s.firsts), run.value(s.lens)
+    me = lax.axis_index(GROUP_AXES[s.group])
+    world, B = lens.shape[0], s.block
+    if not (s.rows and B):
+        run.write(s.dst, run.zeros(B))
+        return
+    staged = jnp.zeros((world * B, *x.shape[1:]), x.dtype)
+    staged = lax.ragged_all_to_all(
+        x, staged, firsts, lens, jnp.full((world,), me * B, jnp.int32),
+        jnp.full((world,), lens[me]), axis_name=GROUP_AXES[s.group])
+    run.write(s.dst, staged.reshape(world, B, *x.shape[1:]).sum(axis=0).astype(x.dtype))
+
+
+_HANDLERS: dict[type, Callable[[Any, _Run], None]] = {
+    Place: _place, Take: _take, ZeroFrom: _zero, Copy: _copy, AllGather: _all_gather,
+    ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, AllGatherV: _all_gather_v,
+    ReduceScatterV: _reduce_scatter_v,
+}
+
+
+def run_schedule(sched: Schedule, x: jax.Array, counts: jax.Array | None,
+                 impl: Impl) -> jax.Array:
+    """``sched`` on this device's ``x`` (``"in"``); returns ``"out"``."""
+    run = _Run(sched, x, counts, impl)
+    for step in sched.steps:
+        handler = _HANDLERS.get(type(step))
+        if handler is None:
+            raise DpxValueError(f"dpx_jax cannot run a {step.kind} step (its schedules use "
+                                f"the ragged or equal transports)")
+        handler(step, run)
+    return run.env[OUT]

@@ -1,0 +1,76 @@
+"""Two-batch overlap: one communication stream, persistent events per (op, micro-batch key).
+
+Every overlapped call of a communicator runs on its one comm stream, so the collectives of
+all micro-batches stay in one order on every rank. Events are created once per key and
+re-recorded each step; outputs come from the communicator's grow-only pool keyed by
+``(op, key)``, so neither events nor memory grow with the number of steps.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from dpx_torch.pool import BufferPool
+
+
+class DpWork:
+    """Handle of an overlapped call: ``wait()`` makes the current stream wait for the
+    communication (a persistent event, re-recorded each step; no host sync)."""
+
+    def __init__(self, event: torch.cuda.Event | None) -> None:
+        self.event = event
+
+    def wait(self) -> None:
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
+
+
+class Overlap:
+    """The comm stream and events of one communicator. ``on_comm_stream`` is True while
+    an overlapped call runs (its scratch buffers are then keyed apart from the caller's)."""
+
+    def __init__(self, pool: BufferPool) -> None:
+        self.pool = pool
+        self._stream: torch.cuda.Stream | None = None
+        self.events: dict[tuple[str, object], torch.cuda.Event] = {}
+        self.on_comm_stream = False
+
+    @property
+    def stream(self) -> torch.cuda.Stream:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        return self._stream
+
+    def _event(self, kind: str, key: object) -> torch.cuda.Event:
+        ev = self.events.get((kind, key))
+        if ev is None:
+            ev = self.events[(kind, key)] = torch.cuda.Event()
+        return ev
+
+    def launch(self, kind: str, key: object, inp: torch.Tensor, rows: int,
+               run: Callable[[torch.Tensor], object]) -> tuple[torch.Tensor, DpWork]:
+        """``run(out)`` on the comm stream into a pooled ``[rows, *inp.shape[1:]]`` output
+        keyed by ``(kind, key)``; returns the output and its :class:`DpWork`. On CPU (gloo)
+        nothing overlaps: the call runs now and the handle's ``wait()`` does nothing."""
+        shape = (rows, *inp.shape[1:])
+        if not inp.is_cuda:
+            out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
+            run(out)
+            return out, DpWork(None)
+        compute = torch.cuda.current_stream(inp.device)
+        comm = self.stream
+        comm.wait_stream(compute)  # the input was produced on the compute stream
+        with torch.cuda.stream(comm):
+            out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
+            self.on_comm_stream = True
+            try:
+                run(out)
+            finally:
+                self.on_comm_stream = False
+            ev = self._event(kind, key)
+            ev.record(comm)
+        inp.record_stream(comm)      # freed only after the comm stream is done with it
+        out.record_stream(compute)   # read on the compute stream after wait()
+        return out, DpWork(ev)

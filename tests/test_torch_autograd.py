@@ -1,0 +1,40 @@
+"""dpx_torch autograd on gloo: every op is differentiable (scatter included), its gradient
+is its adjoint op, the adjoint identity holds on random inputs, no op modifies its input,
+and the overlapped entry points refuse inputs that require grad."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.multiproc
+
+MODES = ["max_len", "sum_len", "gatherv"]
+
+
+def _cases(dp: int) -> list[dict]:
+    counts = [[3] + [0] * (dp - 1), [(2 * i + 5) % 7 for i in range(dp)], [4] * dp]
+    out = [dict(counts=c, mode=m, seed=i) for i, (c, m) in enumerate(
+        (c, m) for c in counts for m in MODES)]
+    for m in MODES:  # capacity plans with device counts (GATHERV included)
+        cap = 8 if m == "max_len" else 8 * dp
+        out.append(dict(counts=[0] * dp, mode=m, capacity=cap,
+                        run_counts=[(3 * i + 2) % 8 for i in range(dp)], seed=50))
+        out.append(dict(counts=[(i + 1) % 8 for i in range(dp)], mode=m, capacity=cap,
+                        seed=51))
+    return out
+
+
+@pytest.mark.parametrize("layout", [(4, 2), (4, 4), (3, 1), (4, 1)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}")
+def test_gradients_adjoints_and_inputs_untouched(gloo_worlds, layout):
+    cases = _cases(layout[1])
+    done = gloo_worlds(layout[0]).run("torch_jobs:check_autograd", layout, cases)
+    assert done == [len(cases)] * layout[0]
+
+
+def test_async_refuses_inputs_that_require_grad(gloo_worlds):
+    res = gloo_worlds(2).run("torch_jobs:check_async_refuses_grad")
+    for msgs in res:
+        assert "gather_async records no autograd graph" in msgs[0]
+        assert "reduce_scatter_async records no autograd graph" in msgs[1]
+    assert res[0] == res[1]
