@@ -5,7 +5,8 @@ world size 1 on one GPU, eager and under CUDA-graph replay (same run, same sizes
 
 ``host_us``: wall time per call of N back-to-back calls measured before the final sync
 (what the CPU spends enqueueing). ``total_us``: wall time per call including the sync.
-Ratios are dpx / bare all-gather.
+Ratios are dpx / bare all-gather. ``dpx_python_us``: the same dpx call with the collective
+replaced by a no-op, i.e. dpx's own host time (checks, schedule lookup, interpreter).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 import dpx
 from common import out_dir, print_table, write_csv
-from dpx_torch import DpComm
+from dpx_torch import DpComm, interpreter
 
 N = 200
 
@@ -75,11 +76,18 @@ def main() -> None:
 
         hb, tb = _timed(bare)
         ho, to = _timed(ours)
+        real = interpreter.all_gather_single
+        interpreter.all_gather_single = lambda *a, **k: None
+        try:
+            hp, _ = _timed(ours)
+        finally:
+            interpreter.all_gather_single = real
         gb, go = _graph(bare), _graph(ours_dev)
         hgb, tgb = _timed(gb.replay)
         hgo, tgo = _timed(go.replay)
         rows.append(dict(name=name, rows=n, MiB=round(n * H * 2 / 2**20, 1),
                          bare_host_us=hb, dpx_host_us=ho, host_ratio=ho / hb,
+                         dpx_python_us=hp,
                          bare_total_us=tb, dpx_total_us=to, total_ratio=to / tb,
                          graph_bare_us=tgb, graph_dpx_us=tgo, graph_ratio=tgo / tgb))
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  NCCL world 1, "

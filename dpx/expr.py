@@ -304,7 +304,8 @@ def _eval(e: Expr, ops: ArrayOps, memo: dict[int, Any]) -> Any:
         out = ops.gather(_arg(e.args[0], ops, memo), e.args[1])
     elif op == "index":
         i = e.args[1]
-        out = ops.index(_arg(e.args[0], ops, memo), i if isinstance(i, int) else _eval(i, ops, memo))
+        out = ops.index(_arg(e.args[0], ops, memo),
+                        i if isinstance(i, int) else _eval(i, ops, memo))
     elif op == "stack":
         out = ops.stack([_arg(a, ops, memo) for a in e.args])
     else:

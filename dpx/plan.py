@@ -138,6 +138,24 @@ class DpPlan:
     def slot_of_rank(self, rank: int) -> int:
         return self.layout.coords(rank).attn_dp_rank
 
+    def __hash__(self) -> int:
+        # computed once per object (plans key every per-call cache); never pickled, since
+        # str hashes differ between processes
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.layout, self.mode, self.num_tokens, self.slot_rows, self.offsets,
+                      self.global_rows, self.capacity, self.is_extend))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
     def key(self) -> tuple:
         """The canonical content of the plan (what :meth:`fingerprint` hashes)."""
         lay = self.layout

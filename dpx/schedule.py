@@ -208,7 +208,8 @@ class BroadcastV(_Variable):
     kind = "broadcast_v"
 
     def __str__(self) -> str:
-        return f"broadcast_v    {self.group.value}: {self.buf}[{self.rows}] per root, {self._table()}"
+        return (f"broadcast_v    {self.group.value}: {self.buf}[{self.rows}] per root, "
+                f"{self._table()}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,7 +221,8 @@ class ReduceV(_Variable):
     kind = "reduce_v"
 
     def __str__(self) -> str:
-        return f"reduce_v       {self.group.value}: {self.buf}[{self.rows}] per root, {self._table()}"
+        return (f"reduce_v       {self.group.value}: {self.buf}[{self.rows}] per root, "
+                f"{self._table()}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -233,7 +235,8 @@ class AllGatherV(_Variable):
     kind = "all_gather_v"
 
     def __str__(self) -> str:
-        return f"all_gather_v   {self.group.value}: {self.src}[{self.block}] -> {self.dst}[{self.rows}], {self._table()}"
+        return (f"all_gather_v   {self.group.value}: {self.src}[{self.block}] -> "
+                f"{self.dst}[{self.rows}], {self._table()}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -246,7 +249,8 @@ class ReduceScatterV(_Variable):
     kind = "reduce_scatter_v"
 
     def __str__(self) -> str:
-        return f"reduce_scatter_v {self.group.value}: {self.src}[{self.rows}] -> {self.dst}[{self.block}], {self._table()}"
+        return (f"reduce_scatter_v {self.group.value}: {self.src}[{self.rows}] -> "
+                f"{self.dst}[{self.block}], {self._table()}")
 
 
 @dataclass(frozen=True, eq=False)

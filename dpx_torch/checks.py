@@ -36,11 +36,17 @@ class InputChecks:
 
     @staticmethod
     def partial(partial: object) -> None:
-        if partial.__class__ is not bool:
+        if not isinstance(partial, bool):
             raise DpxTypeError(f"partial={partial!r} must be a bool")
 
     def tensor(self, name: str, t: object, *, min_rows: int | None = None,
                rows: int | None = None) -> None:
+        # the common case in a handful of cheap predicates; messages on the failure path
+        if (isinstance(t, torch.Tensor) and t.dtype in SUPPORTED_DTYPES and t.dim() >= 1
+                and t.is_contiguous() and (t.is_cpu if self.device_type == "cpu" else t.is_cuda)
+                and (min_rows is None or t.shape[0] >= min_rows)
+                and (rows is None or t.shape[0] == rows)):
+            return
         if not isinstance(t, torch.Tensor):
             raise DpxTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
@@ -55,19 +61,23 @@ class InputChecks:
         if min_rows is not None and t.shape[0] < min_rows:
             raise DpxValueError(f"{name} has {t.shape[0]} rows; replica {self.dp_rank} needs "
                                 f"at least {min_rows}")
-        if rows is not None and t.shape[0] != rows:
-            raise DpxValueError(f"{name} has {t.shape[0]} rows; the plan needs exactly {rows}")
+        raise DpxValueError(f"{name} has {t.shape[0]} rows; the plan needs exactly {rows}")
 
     def out(self, out: torch.Tensor | None, ref: torch.Tensor, rows: int) -> None:
+        """``out`` must be a contiguous ``[rows, *ref.shape[1:]]`` tensor of ``ref``'s dtype
+        on ``ref``'s device (``ref`` passed :meth:`tensor`), not overlapping ``ref``."""
         if out is None:
             return
-        self.tensor("out", out)
-        if (out.shape[0] != rows or out.shape[1:] != ref.shape[1:] or out.dtype != ref.dtype
-                or out.device != ref.device):
+        if not (isinstance(out, torch.Tensor) and out.dtype == ref.dtype
+                and out.get_device() == ref.get_device() and out.is_contiguous()
+                and out.shape[0] == rows and out.dim() == ref.dim()
+                and (out.shape[1] == ref.shape[1] if out.dim() == 2
+                     else out.shape[1:] == ref.shape[1:])):
+            self.tensor("out", out)
             raise DpxValueError(f"out has shape {tuple(out.shape)} {out.dtype} on "
                                 f"{out.device}; it must be {(rows, *ref.shape[1:])} "
                                 f"{ref.dtype} on {ref.device}")
-        if out.numel() and ref.numel() and overlaps(out, ref):
+        if overlaps(out, ref):
             raise DpxValueError("out overlaps the input in memory; they must not alias")
 
     def counts(self, plan: DpPlan, counts: torch.Tensor | None, ref: torch.Tensor) -> None:

@@ -33,7 +33,7 @@ from dpx_torch.agreement import Agreement
 from dpx_torch.autograd import OpFunction
 from dpx_torch.checks import SUPPORTED_DTYPES, InputChecks
 from dpx_torch.groups import DpGroups, build_groups
-from dpx_torch.interpreter import Interpreter
+from dpx_torch.interpreter import Interpreter, Program
 from dpx_torch.overlap import DpWork, Overlap
 from dpx_torch.pool import BufferPool
 
@@ -41,9 +41,21 @@ __all__ = ["DpComm", "DpWork", "SUPPORTED_DTYPES", "counts_tensor"]
 
 
 @dataclass(frozen=True, eq=False)
+class _Prepared:
+    """What a call needs that depends only on (plan, op, partial, device counts, input
+    rows): its schedule, the input rows it needs at least, the output rows. Built, with the
+    plan's checks, on the first call; looked up afterwards."""
+
+    schedule: Schedule
+    need: int
+    out_rows: int
+    program: Program
+
+
+@dataclass(frozen=True, eq=False)
 class _Call:
-    """One call: its schedule, its device counts (or None) and the input's rows (the rows
-    of the gradient the backward returns)."""
+    """One differentiable call: its schedule, its device counts (or None) and the input's
+    rows (the rows of the gradient the backward returns)."""
 
     schedule: Schedule
     counts: torch.Tensor | None
@@ -69,6 +81,8 @@ class DpComm:
     #: What torch.distributed's collectives can do (grouped per-root broadcasts/reduces
     #: with host sizes); it decides how GATHERV plans move their rows.
     transport = Transport.PER_ROOT
+    #: Prepared calls kept per communicator (oldest dropped first beyond this).
+    prepared_limit = 4096
 
     def __init__(self, layout: DpLayout, *, group: dist.ProcessGroup | None = None,
                  validate: bool = False) -> None:
@@ -88,6 +102,7 @@ class DpComm:
         self.agreement = Agreement(layout, self.groups)
         self.overlap = Overlap(self.pool)
         self.interpreter = Interpreter(self.groups, self.pool)
+        self._prepared: dict[tuple, _Prepared] = {}
 
     # ------------------------------------------------------------------ public ops
     def gather(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
@@ -102,22 +117,17 @@ class DpComm:
         counts as device data. ``out`` receives the result (no allocation).
         Differentiable: the gradient is ``reduce_scatter`` of the output gradient.
         """
-        call = self._gather_call(local, plan, partial, counts, out)
-        return self._dispatch(call, local, out, "local")
+        prep = self._checked("gather", plan, local, partial, self._gather_checks,
+                             local, plan, partial, counts, out)
+        return self._dispatch(prep, counts, local, out, "local")
 
     def scatter(self, global_: torch.Tensor, plan: DpPlan, *,
                 counts: torch.Tensor | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
         """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]``: this replica's real
         rows of an already reduced buffer, then zeros. No collective. Differentiable."""
-        c = self.checks
-        c.plan(plan)
-        c.tensor("global_", global_, rows=plan.global_rows)
-        rows = plan.slot_rows[self.dp_rank]
-        c.out(out, global_, rows)
-        c.counts(plan, counts, global_)
-        call = self._call(plan, Op.SCATTER, True, counts, global_.shape[0], rows)
-        return self._dispatch(call, global_, out, "global_")
+        prep = self._global_checks(Op.SCATTER, global_, plan, counts, out)
+        return self._dispatch(prep, counts, global_, out, "global_")
 
     def reduce_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
                        counts: torch.Tensor | None = None,
@@ -125,8 +135,9 @@ class DpComm:
         """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]`` on every rank of
         replica d: row ``j < n_d`` is the sum over all ranks of ``global_[offsets[d] + j]``;
         other rows are 0. The adjoint of ``gather(partial=True)`` (and its gradient)."""
-        call = self._reduce_scatter_call(global_, plan, counts, out)
-        return self._dispatch(call, global_, out, "global_")
+        prep = self._checked("reduce_scatter", plan, global_, True, self._global_checks,
+                             Op.REDUCE_SCATTER, global_, plan, counts, out)
+        return self._dispatch(prep, counts, global_, out, "global_")
 
     def gather_async(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
                      counts: torch.Tensor | None = None,
@@ -137,9 +148,10 @@ class DpComm:
         current stream wait for it. Not differentiable (a dpx error if ``local`` requires
         grad)."""
         self._no_grad("gather_async", local)
-        call = self._gather_call(local, plan, partial, counts, None)
-        return self.overlap.launch("gather", key, local, call.schedule.out_rows,
-                                   self._runner(call, local))
+        prep = self._checked("gather", plan, local, partial, self._gather_checks,
+                             local, plan, partial, counts, None)
+        return self.overlap.launch("gather", key, local, prep.out_rows,
+                                   self._runner(prep, counts, local))
 
     def reduce_scatter_async(self, global_: torch.Tensor, plan: DpPlan, *,
                              counts: torch.Tensor | None = None,
@@ -147,9 +159,10 @@ class DpComm:
         """:meth:`reduce_scatter` on :attr:`comm_stream`; see :meth:`gather_async` (pool key
         ``("reduce_scatter", key)``)."""
         self._no_grad("reduce_scatter_async", global_)
-        call = self._reduce_scatter_call(global_, plan, counts, None)
-        return self.overlap.launch("reduce_scatter", key, global_, call.schedule.out_rows,
-                                   self._runner(call, global_))
+        prep = self._checked("reduce_scatter", plan, global_, True, self._global_checks,
+                             Op.REDUCE_SCATTER, global_, plan, counts, None)
+        return self.overlap.launch("reduce_scatter", key, global_, prep.out_rows,
+                                   self._runner(prep, counts, global_))
 
     def sync_counts(self, num_tokens: int, *,
                     is_extend: bool = False) -> tuple[tuple[int, ...], bool]:
@@ -162,11 +175,9 @@ class DpComm:
     def schedule(self, plan: DpPlan, op: Op | str, *, partial: bool = True,
                  device_counts: bool = False, in_rows: int | None = None) -> Schedule:
         """The steps this rank runs for ``op`` (what ``python -m dpx plan --rank`` prints)."""
-        op = Op.parse(op)
-        rows = plan.global_rows if op is Op.GATHER else plan.slot_rows[self.dp_rank]
         return build_schedule(plan, op, rank=self.rank, partial=partial,
                               device_counts=device_counts, transport=self.transport,
-                              in_rows=in_rows, out_rows=rows)
+                              in_rows=in_rows)
 
     @property
     def comm_stream(self) -> torch.cuda.Stream:
@@ -181,75 +192,101 @@ class DpComm:
                 dist.destroy_process_group(pg)
 
     # ------------------------------------------------------------------ calls
-    def _gather_call(self, local, plan, partial, counts, out) -> _Call:
-        def checks() -> _Call:
-            c = self.checks
-            c.plan(plan)
+    def _gather_checks(self, local, plan, partial, counts, out) -> _Prepared:
+        c = self.checks
+        if not isinstance(partial, bool):
             c.partial(partial)
-            d = self.dp_rank
-            need = plan.slot_rows[d] if counts is not None else plan.num_tokens[d]
-            c.tensor("local", local, min_rows=need)
-            c.out(out, local, plan.global_rows)
+        c.tensor("local", local)
+        prep = self._prepare(Op.GATHER, plan, partial, counts, local.shape[0])
+        if local.shape[0] < prep.need:
+            c.tensor("local", local, min_rows=prep.need)
+        c.out(out, local, prep.out_rows)
+        if counts is not None:
             c.counts(plan, counts, local)
-            return self._call(plan, Op.GATHER, partial, counts, local.shape[0],
-                              plan.global_rows)
+        return prep
 
-        return self._checked("gather", plan, local, partial, checks)
-
-    def _reduce_scatter_call(self, global_, plan, counts, out) -> _Call:
-        def checks() -> _Call:
-            c = self.checks
-            c.plan(plan)
-            c.tensor("global_", global_, rows=plan.global_rows)
-            rows = plan.slot_rows[self.dp_rank]
-            c.out(out, global_, rows)
+    def _global_checks(self, op: Op, global_, plan, counts, out) -> _Prepared:
+        c = self.checks
+        c.tensor("global_", global_)
+        prep = self._prepare(op, plan, True, counts, global_.shape[0])
+        if global_.shape[0] != prep.need:
+            c.tensor("global_", global_, rows=prep.need)
+        c.out(out, global_, prep.out_rows)
+        if counts is not None:
             c.counts(plan, counts, global_)
-            return self._call(plan, Op.REDUCE_SCATTER, True, counts, global_.shape[0], rows)
+        return prep
 
-        return self._checked("reduce_scatter", plan, global_, True, checks)
+    def _prepare(self, op: Op, plan, partial: bool, counts, in_rows: int) -> _Prepared:
+        """The prepared call for these arguments: looked up, or (first time: the plan's
+        checks, then its schedule) built and kept."""
+        if not isinstance(plan, DpPlan):
+            self.checks.plan(plan)
+        compiling = torch.compiler.is_compiling()
+        key = (plan, op.value, partial, counts is None, in_rows)
+        prep = None if compiling else self._prepared.get(key)
+        if prep is not None:
+            return prep
+        self.checks.plan(plan)
+        d = self.dp_rank
+        if op is Op.GATHER:
+            need = plan.slot_rows[d] if counts is not None else plan.num_tokens[d]
+            out_rows = plan.global_rows
+        else:
+            need, out_rows = plan.global_rows, plan.slot_rows[d]
+        sched = build_schedule(plan, op, rank=self.rank, partial=partial,
+                               device_counts=counts is not None, transport=self.transport,
+                               in_rows=in_rows, out_rows=out_rows, cached=not compiling)
+        prep = _Prepared(sched, need, out_rows, self.interpreter.compile(sched))
+        if not compiling:
+            if len(self._prepared) >= self.prepared_limit:
+                del self._prepared[next(iter(self._prepared))]
+            self._prepared[key] = prep
+        return prep
 
-    def _checked(self, op: str, plan, tensor, partial, checks: Callable[[], _Call]) -> _Call:
+    def _checked(self, op: str, plan, tensor, partial, checks: Callable[..., _Prepared],
+                 *args) -> _Prepared:
         """Run this rank's input checks. Without ``validate`` a rejected input raises here,
         before any collective. With ``validate``, every rank first exchanges what it is
         about to do (and whether its input was rejected), and all raise the same error."""
         if not self.validate:
-            return checks()
+            return checks(*args)
         try:
-            result, err = checks(), None
+            result, err = checks(*args), None
         except DpxError as exc:
             result, err = None, exc
         self.agreement.check(op, plan, tensor, partial, err)
         return result
 
-    def _call(self, plan: DpPlan, op: Op, partial: bool, counts: torch.Tensor | None,
-              in_rows: int, out_rows: int) -> _Call:
-        sched = build_schedule(plan, op, rank=self.rank, partial=partial,
-                               device_counts=counts is not None, transport=self.transport,
-                               in_rows=in_rows, out_rows=out_rows,
-                               cached=not torch.compiler.is_compiling())
-        return _Call(sched, counts, in_rows)
-
     def _adjoint(self, call: _Call) -> _Call:
         s = call.schedule
-        return self._call(s.plan, s.op.adjoint, True, call.counts, s.out_rows, call.in_rows)
+        sched = build_schedule(s.plan, s.op.adjoint, rank=self.rank, partial=True,
+                               device_counts=call.counts is not None, transport=self.transport,
+                               in_rows=s.out_rows, out_rows=call.in_rows,
+                               cached=not torch.compiler.is_compiling())
+        return _Call(sched, call.counts, s.out_rows)
 
-    def _dispatch(self, call: _Call, x: torch.Tensor, out: torch.Tensor | None,
-                  name: str) -> torch.Tensor:
+    def _dispatch(self, prep: _Prepared, counts: torch.Tensor | None, x: torch.Tensor,
+                  out: torch.Tensor | None, name: str) -> torch.Tensor:
         if x.requires_grad and torch.is_grad_enabled():
             if out is not None:
                 raise DpxValueError(f"out= cannot be used when {name} requires grad")
-            return OpFunction.apply(x, self, call)
-        return self._execute(call, x, out)
+            return OpFunction.apply(x, self, _Call(prep.schedule, counts, x.shape[0]))
+        if out is None:
+            out = x.new_empty((prep.out_rows, *x.shape[1:]))
+        return prep.program(x, out, counts, "comm" if self.overlap.on_comm_stream else "caller")
 
     def _execute(self, call: _Call, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """Run a differentiable call's schedule (forward or backward)."""
         sched = call.schedule
         if out is None:
             out = x.new_empty((sched.out_rows, *x.shape[1:]))
         key = "comm" if self.overlap.on_comm_stream else "caller"
         return self.interpreter.run(sched, x, out, call.counts, key)
 
-    def _runner(self, call: _Call, x: torch.Tensor) -> Callable[[torch.Tensor], object]:
-        return lambda out: self._execute(call, x, out)
+    def _runner(self, prep: _Prepared, counts: torch.Tensor | None,
+                x: torch.Tensor) -> Callable[[torch.Tensor], object]:
+        return lambda out: prep.program(x, out, counts,
+                                        "comm" if self.overlap.on_comm_stream else "caller")
 
     @staticmethod
     def _no_grad(name: str, x: torch.Tensor) -> None:

@@ -100,72 +100,146 @@ class DeviceValues:
                           for x in values])
 
 
+Getter = Callable[[dict], torch.Tensor]
+
+
+def _getter(r: Ref) -> Getter:
+    """A function reading ref ``r`` (a whole buffer or a row range) from a call's buffers."""
+    name, lo = r.buf, r.first
+    if lo == 0 and r.rows is None:
+        return lambda env: env[name]
+    hi = None if r.rows is None else lo + r.rows
+    return lambda env: env[name][lo:hi]
+
+
+class Program:
+    """A schedule compiled once into bound step functions: a call only looks buffers up
+    and runs them (no per-step dispatch)."""
+
+    __slots__ = ("schedule", "_steps", "_scratch", "_interp")
+
+    def __init__(self, interp: "Interpreter", sched: Schedule) -> None:
+        self.schedule = sched
+        self._interp = interp
+        self._scratch = sched.scratch
+        self._steps = [interp._compile(step) for step in sched.steps]
+
+    def __call__(self, inp: torch.Tensor, out: torch.Tensor, counts: torch.Tensor | None,
+                 scratch_key: str) -> torch.Tensor:
+        """Every step with ``inp`` as ``"in"`` and ``out`` as ``"out"``. Scratch buffers come
+        from the pool under ``(name, scratch_key)``: valid until the next call with the same
+        key, which stream order makes safe."""
+        env: dict = {IN: inp, OUT: out}
+        if self._scratch:
+            pool, rest = self._interp.pool, inp.shape[1:]
+            for name, rows in self._scratch:
+                env[name] = pool.get((name, scratch_key), (rows, *rest), inp.dtype, inp.device)
+        vals = None if counts is None else _Values(DeviceValues(counts, self._interp.consts))
+        for step in self._steps:
+            step(env, vals)
+        return out
+
+
+class _Values:
+    """One call's evaluated expressions (shared subexpressions computed once)."""
+
+    __slots__ = ("ops", "memo")
+
+    def __init__(self, ops: DeviceValues) -> None:
+        self.ops, self.memo = ops, {}
+
+    def __call__(self, v: Any) -> Any:
+        return X.evaluate(v, self.ops, self.memo)
+
+
+def _value(v: Any) -> Callable[[Any], Any]:
+    """A function giving ``v`` for a call: the int itself, or its evaluation."""
+    if isinstance(v, int):
+        return lambda vals: v
+    return lambda vals: vals(v)
+
+
 class Interpreter:
-    """Runs schedules over one :class:`DpGroups` with scratch from one :class:`BufferPool`."""
+    """Compiles schedules of one :class:`DpGroups` into :class:`Program` s; scratch comes
+    from one :class:`BufferPool`."""
 
     def __init__(self, groups: DpGroups, pool: BufferPool) -> None:
         self.groups = groups
         self.pool = pool
         self.consts: dict = {}
-        self._handlers: dict[type, Callable[..., None]] = {
+        self._compilers: dict[type, Callable[[Any], Callable]] = {
             Place: self._place, Take: self._take, ZeroFrom: self._zero, Copy: self._copy,
             AllGather: self._all_gather, ReduceScatter: self._reduce_scatter,
             AllReduce: self._all_reduce, BroadcastV: self._broadcast_v, ReduceV: self._reduce_v,
         }
 
+    def compile(self, sched: Schedule) -> Program:
+        return Program(self, sched)
+
     def run(self, sched: Schedule, inp: torch.Tensor, out: torch.Tensor,
             counts: torch.Tensor | None, scratch_key: str) -> torch.Tensor:
-        """Every step of ``sched`` with ``inp`` as ``"in"`` and ``out`` as ``"out"``.
-        Scratch buffers come from the pool under ``(name, scratch_key)``: valid until the
-        next call with the same key, which stream order makes safe."""
-        env: dict[str, torch.Tensor] = {IN: inp, OUT: out}
-        rest = inp.shape[1:]
-        for name, rows in sched.scratch:
-            env[name] = self.pool.get((name, scratch_key), (rows, *rest), inp.dtype, inp.device)
-        run = _Run(env, None if counts is None else DeviceValues(counts, self.consts))
-        for step in sched.steps:
-            self._handlers[type(step)](step, run)
-        return out
+        """Compile and run ``sched`` once (see :class:`Program`)."""
+        return Program(self, sched)(inp, out, counts, scratch_key)
+
+    def _compile(self, step: Any) -> Callable[[dict, Any], None]:
+        compiler = self._compilers.get(type(step))
+        if compiler is None:
+            raise DpxValueError(f"dpx_torch cannot run a {step.kind} step (its schedules use "
+                                f"the per_root transport)")
+        return compiler(step)
 
     # ------------------------------------------------------------ local passes
-    def _place(self, s: Place, run: "_Run") -> None:
-        place_into(run.ref(s.src), run.value(s.start), run.value(s.count), run.ref(s.dst))
+    # (module-level functions are looked up when a step runs, not when it is compiled)
+    def _place(self, s: Place):
+        src, dst, start, count = _getter(s.src), _getter(s.dst), _value(s.start), _value(s.count)
+        return lambda env, vals: place_into(src(env), start(vals), count(vals), dst(env))
 
-    def _take(self, s: Take, run: "_Run") -> None:
-        take_into(run.ref(s.src), run.value(s.start), run.value(s.count), run.ref(s.dst))
+    def _take(self, s: Take):
+        src, dst, start, count = _getter(s.src), _getter(s.dst), _value(s.start), _value(s.count)
+        return lambda env, vals: take_into(src(env), start(vals), count(vals), dst(env))
 
-    def _zero(self, s: ZeroFrom, run: "_Run") -> None:
-        zero_from_(run.ref(s.buf), run.value(s.start))
+    def _zero(self, s: ZeroFrom):
+        buf, start = _getter(s.buf), _value(s.start)
+        return lambda env, vals: zero_from_(buf(env), start(vals))
 
-    def _copy(self, s: Copy, run: "_Run") -> None:
-        copy_rows(run.ref(s.dst), run.ref(s.src))
+    def _copy(self, s: Copy):
+        src, dst = _getter(s.src), _getter(s.dst)
+        return lambda env, vals: copy_rows(dst(env), src(env))
 
     # ------------------------------------------------------------ collectives
     def _group(self, g: Group) -> dist.ProcessGroup:
         return self.groups.world if g is Group.WORLD else self.groups.attn_tp
 
-    def _all_gather(self, s: AllGather, run: "_Run") -> None:
-        all_gather_single(run.ref(s.dst), run.ref(s.src), group=self._group(s.group))
+    def _all_gather(self, s: AllGather):
+        src, dst, group = _getter(s.src), _getter(s.dst), self._group(s.group)
+        return lambda env, vals: all_gather_single(dst(env), src(env), group=group)
 
-    def _reduce_scatter(self, s: ReduceScatter, run: "_Run") -> None:
-        reduce_scatter_single(run.ref(s.dst), run.ref(s.src), group=self._group(s.group))
+    def _reduce_scatter(self, s: ReduceScatter):
+        src, dst, group = _getter(s.src), _getter(s.dst), self._group(s.group)
+        return lambda env, vals: reduce_scatter_single(dst(env), src(env), group=group)
 
-    def _all_reduce(self, s: AllReduce, run: "_Run") -> None:
-        dist.all_reduce(run.ref(s.buf), group=self._group(s.group))
+    def _all_reduce(self, s: AllReduce):
+        buf, group = _getter(s.buf), self._group(s.group)
+        return lambda env, vals: dist.all_reduce(buf(env), group=group)
 
-    def _broadcast_v(self, s: BroadcastV, run: "_Run") -> None:
-        buf, group, glob = run.ref(s.buf), self._group(s.group), self.groups.global_ranks
-        with self._grouped(buf.device):
-            for root, (f, n) in enumerate(zip(s.firsts, s.lens)):
-                if n:
-                    dist.broadcast(buf[f:f + n], src=glob[root], group=group)
+    def _per_root(self, s: BroadcastV | ReduceV, fn_name: str, key: str):
+        buf, group = _getter(s.buf), self._group(s.group)
+        chunks = [(self.groups.global_ranks[root], f, n)
+                  for root, (f, n) in enumerate(zip(s.firsts, s.lens)) if n]
 
-    def _reduce_v(self, s: ReduceV, run: "_Run") -> None:
-        buf, group, glob = run.ref(s.buf), self._group(s.group), self.groups.global_ranks
-        with self._grouped(buf.device):
-            for root, (f, n) in enumerate(zip(s.firsts, s.lens)):
-                if n:
-                    dist.reduce(buf[f:f + n], dst=glob[root], group=group)
+        def run(env, vals):
+            b = buf(env)
+            fn = getattr(dist, fn_name)
+            with self._grouped(b.device):
+                for root, f, n in chunks:
+                    fn(b[f:f + n], **{key: root}, group=group)
+        return run
+
+    def _broadcast_v(self, s: BroadcastV):
+        return self._per_root(s, "broadcast", "src")
+
+    def _reduce_v(self, s: ReduceV):
+        return self._per_root(s, "reduce", "dst")
 
     def _grouped(self, device: torch.device):
         """Group per-root NCCL operations into one launch; a plain sequence elsewhere."""
@@ -174,23 +248,3 @@ class Interpreter:
 
             return _coalescing_manager(self.groups.world, device)
         return contextlib.nullcontext()
-
-
-class _Run:
-    """One call's buffers and evaluated values."""
-
-    __slots__ = ("env", "ops", "memo")
-
-    def __init__(self, env: dict[str, torch.Tensor], ops: DeviceValues | None) -> None:
-        self.env, self.ops, self.memo = env, ops, {}
-
-    def ref(self, r: Ref) -> torch.Tensor:
-        t = self.env[r.buf]
-        if r.first == 0 and r.rows is None:
-            return t
-        return t[r.first:] if r.rows is None else t[r.first:r.first + r.rows]
-
-    def value(self, v: Any) -> Any:
-        if isinstance(v, int):
-            return v
-        return X.evaluate(v, self.ops, self.memo)

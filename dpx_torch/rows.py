@@ -201,7 +201,7 @@ def _check_src_out(name: str, src: torch.Tensor, rows: int, out: torch.Tensor | 
             f"be {want} {src.dtype} on {src.device}")
     if not out.is_contiguous():
         raise DpxValueError(f"{name}: out must be contiguous")
-    if out.numel() and src.numel() and overlaps(src, out):
+    if overlaps(src, out):
         raise DpxValueError(f"{name}: out and src share memory; they must not alias")
 
 
@@ -211,8 +211,8 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     torch.compile traces: data pointers do not exist there."""
     if torch.compiler.is_compiling():
         return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+    a0, b0, na, nb = a.data_ptr(), b.data_ptr(), a.nbytes, b.nbytes
+    return bool(na and nb) and a0 < b0 + nb and b0 < a0 + na
 
 
 def _both_ints(start: Index, count: Index) -> bool:

@@ -167,6 +167,12 @@ def _ref_rs(Y, plan):
     return jnp.stack(rows)
 
 
+def _jit_grad(f):
+    """``jax.grad(f)`` compiled as one program (eager op-by-op dispatch of the jnp
+    references would compile every small op separately)."""
+    return jax.jit(jax.grad(f))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_gradients_match_reference(mode):
     lay = dpx.DpLayout(8, 4)
@@ -177,6 +183,7 @@ def test_gradients_match_reference(mode):
     X = jnp.asarray(rng.integers(-4, 5, (W, L, 3)), jnp.float32)
     Wg = jnp.asarray(rng.integers(-4, 5, (W, G, 3)), jnp.float32)
     Ws = jnp.asarray(rng.integers(-4, 5, (W, L, 3)), jnp.float32)
+    grad = _jit_grad
     for partial in (True, False):
         def loss(x):
             f = jax.shard_map(lambda l: dpx_jax.gather(l, plan, partial=partial), mesh=mesh,
@@ -184,7 +191,7 @@ def test_gradients_match_reference(mode):
             return jnp.sum(f(x.reshape(W * L, 3)).reshape(W, G, 3) * Wg)
 
         if partial:
-            np.testing.assert_array_equal(jax.grad(loss)(X), jax.grad(
+            np.testing.assert_array_equal(grad(loss)(X), grad(
                 lambda x: jnp.sum(_ref_global(x, plan, True)[None] * Wg))(X))
             continue
         # replicated: the attn-tp copies are one value; each copy gets its whole gradient
@@ -194,15 +201,15 @@ def test_gradients_match_reference(mode):
         def ref_shared(xs):
             return jnp.sum(_ref_global(xs[jnp.asarray(dp_of)], plan, False)[None] * Wg)
 
-        want = jax.grad(ref_shared)(shared)[jnp.asarray(dp_of)]
-        np.testing.assert_array_equal(jax.grad(loss)(shared[jnp.asarray(dp_of)]), want)
+        want = grad(ref_shared)(shared)[jnp.asarray(dp_of)]
+        np.testing.assert_array_equal(grad(loss)(shared[jnp.asarray(dp_of)]), want)
 
     def loss_rs(y):
         f = jax.shard_map(lambda g: dpx_jax.reduce_scatter(g, plan), mesh=mesh,
                           in_specs=SPEC, out_specs=SPEC)
         return jnp.sum(f(y.reshape(W * G, 3)).reshape(W, L, 3) * Ws)
 
-    np.testing.assert_array_equal(jax.grad(loss_rs)(Wg), jax.grad(
+    np.testing.assert_array_equal(grad(loss_rs)(Wg), grad(
         lambda y: jnp.sum(_ref_rs(y, plan) * Ws))(Wg))
 
     def loss_sc(y):
@@ -218,7 +225,7 @@ def test_gradients_match_reference(mode):
             outs.append(jnp.zeros((L, 3)).at[:n].set(y[r, o:o + n]))
         return jnp.sum(jnp.stack(outs) * Ws)
 
-    np.testing.assert_array_equal(jax.grad(loss_sc)(Wg), jax.grad(ref_sc)(Wg))
+    np.testing.assert_array_equal(grad(loss_sc)(Wg), grad(ref_sc)(Wg))
 
 
 # ---------------------------------------------------------------- GPU (jax-triton)

@@ -79,8 +79,8 @@ def _jax_outputs(layout, case):
                               in_specs=SPEC, out_specs=SPEC)(x)
             return jnp.sum(y * ws)
 
-        out["grad_gather"] = unstack(jax.grad(loss_g)(shard(mesh, locs, dt)), W)
-        out["grad_rs"] = unstack(jax.grad(loss_rs)(shard(mesh, globs, dt)), W)
+        out["grad_gather"] = unstack(jax.jit(jax.grad(loss_g))(shard(mesh, locs, dt)), W)
+        out["grad_rs"] = unstack(jax.jit(jax.grad(loss_rs))(shard(mesh, globs, dt)), W)
     return plan, out
 
 
