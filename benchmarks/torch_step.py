@@ -5,6 +5,7 @@ world size 1 on one GPU, eager and under CUDA-graph replay (same run, same sizes
 
 ``host_us``: wall time per call of N back-to-back calls measured before the final sync
 (what the CPU spends enqueueing). ``total_us``: wall time per call including the sync.
+Each is the median of 7 rounds in which the bare and the dpx call take turns.
 Ratios are dpx / bare all-gather. ``dpx_python_us``: the same dpx call with the collective
 replaced by a no-op, i.e. dpx's own host time (checks, schedule lookup, interpreter).
 """
@@ -12,6 +13,7 @@ replaced by a no-op, i.e. dpx's own host time (checks, schedule lookup, interpre
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 
@@ -25,17 +27,26 @@ from dpx_torch import DpComm, interpreter
 N = 200
 
 
-def _timed(fn) -> tuple[float, float]:
-    for _ in range(20):
-        fn()
+def _timed(fns: dict, rounds: int = 7) -> dict:
+    """``{name: (host_us, total_us)}``: per call, median over ``rounds`` rounds, the
+    functions taking turns within each round (so slow drift of the host hits all alike).
+    host = N back-to-back calls before the sync; total = including the sync."""
+    samples: dict = {k: [] for k in fns}
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(N):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return (t1 - t0) * 1e6 / N, (t2 - t0) * 1e6 / N
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(N):
+                fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            samples[name].append(((t1 - t0) * 1e6 / N, (t2 - t0) * 1e6 / N))
+    return {k: (statistics.median(h for h, _ in v), statistics.median(t for _, t in v))
+            for k, v in samples.items()}
 
 
 def _graph(fn) -> torch.cuda.CUDAGraph:
@@ -74,17 +85,17 @@ def main() -> None:
         def ours_dev():
             comm.gather(local, cplan, partial=True, counts=counts, out=out)
 
-        hb, tb = _timed(bare)
-        ho, to = _timed(ours)
+        t = _timed({"bare": bare, "ours": ours})
+        (hb, tb), (ho, to) = t["bare"], t["ours"]
         real = interpreter.all_gather_single
         interpreter.all_gather_single = lambda *a, **k: None
         try:
-            hp, _ = _timed(ours)
+            hp = _timed({"ours": ours}, rounds=3)["ours"][0]
         finally:
             interpreter.all_gather_single = real
         gb, go = _graph(bare), _graph(ours_dev)
-        hgb, tgb = _timed(gb.replay)
-        hgo, tgo = _timed(go.replay)
+        g = _timed({"bare": gb.replay, "ours": go.replay})
+        tgb, tgo = g["bare"][1], g["ours"][1]
         rows.append(dict(name=name, rows=n, MiB=round(n * H * 2 / 2**20, 1),
                          bare_host_us=hb, dpx_host_us=ho, host_ratio=ho / hb,
                          dpx_python_us=hp,
