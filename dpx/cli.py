@@ -18,6 +18,13 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--tokens {text!r}: {exc}") from None
 
 
+def _shards(text: str) -> list[list[int]]:
+    try:
+        return [[int(t) for t in part.split(",")] for part in text.split(";") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--shards {text!r}: {exc}") from None
+
+
 def _ranks(text: str) -> str | int:
     if text == "all":
         return text
@@ -29,10 +36,15 @@ def _ranks(text: str) -> str | int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     layout = DpLayout(args.world, args.dp, args.cp)
-    plan = plan_step(args.tokens, layout, is_extend=args.extend, mode=args.mode,
+    args.tokens_given = args.tokens is not None
+    if args.tokens is None:
+        args.tokens = [3, 0, 7, 5]
+    tokens = [sum(s) for s in args.shards] if args.shards and not args.tokens_given \
+        else args.tokens
+    plan = plan_step(tokens, layout, is_extend=args.extend, mode=args.mode,
                      policy=args.policy, max_len_with_idle=args.max_len_with_idle,
                      capacity=args.capacity, row_bytes=args.hidden * _ITEMSIZE[args.dtype],
-                     transport=args.transport)
+                     transport=args.transport, cp_shards=args.shards)
     if args.rank != "all":
         layout.coords(args.rank)  # a rank outside the world is a clear error
     print(plan.explain(hidden=args.hidden, itemsize=_ITEMSIZE[args.dtype],
@@ -50,8 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world", type=int, default=8)
     p.add_argument("--dp", type=int, default=4)
     p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--tokens", type=_ints, default=[3, 0, 7, 5],
-                   help="comma-separated real token count per DP replica")
+    p.add_argument("--tokens", type=_ints, default=None,
+                   help="comma-separated real token count per DP replica (default 3,0,7,5)")
+    p.add_argument("--shards", type=_shards, default=None,
+                   help="CP shards per replica, e.g. '2,1;0,0;4,3;3,2' (each replica's rows "
+                        "split over its CP ranks; --tokens defaults to their sums)")
     p.add_argument("--extend", action="store_true", help="the batch is an extend (prefill)")
     p.add_argument("--mode", default=None, help="force max_len | sum_len | gatherv")
     p.add_argument("--policy", default="sglang", help="sglang | cost")

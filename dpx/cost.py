@@ -21,8 +21,8 @@ from typing import Any
 from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.modes import Group, Op, Transport
-from dpx.schedule import (AllGather, AllReduce, Copy, Place, ReduceScatter, Schedule, Step,
-                          Take, ZeroFrom, _Variable, build_schedule)
+from dpx.schedule import (AllGather, AllReduce, Copy, Pack, Place, ReduceScatter, Schedule,
+                          Step, Take, Unpack, ZeroFrom, _Variable, build_schedule)
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,8 @@ class CostModel:
 
 def _group_size(schedule: Schedule, group: Group) -> int:
     lay = schedule.plan.layout
-    return lay.world_size if group is Group.WORLD else lay.attn_tp_size
+    return {Group.WORLD: lay.world_size, Group.ATTN_TP: lay.attn_tp_size,
+            Group.REPLICA: lay.replica_size}[group]
 
 
 def price_step(step: Step, schedule: Schedule, *, row_bytes: int, model: CostModel,
@@ -100,6 +101,8 @@ def price_step(step: Step, schedule: Schedule, *, row_bytes: int, model: CostMod
         return model.local_pass(name, max(step.rows - val(step.start), 0) * row_bytes)
     if isinstance(step, Copy):
         return model.local_pass(name, 2 * step.rows * row_bytes)
+    if isinstance(step, (Pack, Unpack)):
+        return model.local_pass(name, (step.rows + sum(val(step.lens))) * row_bytes)
     g = _group_size(schedule, step.group)
     if isinstance(step, AllGather):
         return model.collective(name, g * step.rows * row_bytes, g, (g - 1) / g)
@@ -117,8 +120,8 @@ def price_step(step: Step, schedule: Schedule, *, row_bytes: int, model: CostMod
 def _coords(schedule: Schedule) -> dict[str, int]:
     r = schedule.rank
     if r.is_symbolic:
-        return {X.Coord.RANK: 0, X.Coord.DP: 0, X.Coord.TP: 0}
-    return {X.Coord.RANK: r.rank, X.Coord.DP: r.dp, X.Coord.TP: r.tp}
+        return {X.Coord.RANK: 0, X.Coord.DP: 0, X.Coord.CP: 0, X.Coord.TP: 0}
+    return {X.Coord.RANK: r.rank, X.Coord.DP: r.dp, X.Coord.CP: r.cp, X.Coord.TP: r.tp}
 
 
 def price(schedule: Schedule, *, row_bytes: int, cost_model: CostModel,
@@ -190,9 +193,12 @@ def estimate_op(plan: Any, op: Op, *, row_bytes: int, cost_model: CostModel,
 
 
 def _in_rows(plan: Any, op: Op, rank: int) -> int:
-    d = plan.layout.coords(rank).attn_dp_rank
+    c = plan.layout.coords(rank)
+    d = c.attn_dp_rank
     if op is Op.GATHER:
-        return plan.slot_rows[d] if plan.is_static else plan.num_tokens[d]
+        if plan.is_static:
+            return plan.slot_rows[d]
+        return plan.cp_shards[d][c.attn_cp_rank] if plan.sharded else plan.num_tokens[d]
     if op is Op.SCATTER_ADJOINT:
         return plan.slot_rows[d]
     return plan.global_rows

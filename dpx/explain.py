@@ -70,8 +70,12 @@ def explain_plan(plan: Any, modes: Sequence[ModeEstimate], *, row_bytes: int, hi
     lay = plan.layout
     out = [
         f"layout : {lay.describe()}",
-        f"counts : {list(plan.num_tokens)} (aligned to attn_tp={lay.attn_tp_size}: "
+        f"counts : {list(plan.num_tokens)} (aligned to cp*attn_tp={lay.replica_size}: "
         f"{list(plan.aligned_tokens)})" + ("  [extend]" if plan.is_extend else ""),
+        *([f"shards : {[list(s) for s in plan.cp_shards]} (each CP rank's rows, back to back "
+           f"at its slot's start)"] if plan.sharded else
+          ["cp     : every CP rank of a replica holds all its rows"] if lay.cp_size > 1
+          else []),
         f"mode   : {plan.mode.name}  ({plan.reason})",
         f"global : {plan.global_rows} rows x {hidden} x {itemsize} B = "
         f"{fmt_bytes(plan.global_rows * row_bytes)}"

@@ -198,6 +198,26 @@ def exclusive_cumsum(v: Any) -> Any:
     return Expr("cumsum_excl", (v,), v.size)
 
 
+def group_sum(v: Any, k: int) -> Any:
+    """Sums of consecutive groups of ``k`` entries (a vector of ``len(v) // k``): the
+    per-replica totals of a ``[dp, cp]`` table stored row by row."""
+    if k == 1:
+        return v
+    if isinstance(v, tuple):
+        return tuple(sum(v[i:i + k]) for i in range(0, len(v), k))
+    return Expr("group_sum", (v, k), v.size // k)
+
+
+def group_cumsum_excl(v: Any, k: int) -> Any:
+    """Exclusive cumulative sums within consecutive groups of ``k`` entries (same length):
+    where each CP shard starts inside its replica's slot."""
+    if k == 1:
+        return tuple(0 for _ in v) if isinstance(v, tuple) else (0,) * v.size
+    if isinstance(v, tuple):
+        return tuple(x for i in range(0, len(v), k) for x in exclusive_cumsum(v[i:i + k]))
+    return Expr("group_cumsum_excl", (v, k), v.size)
+
+
 def total(v: Any) -> Any:
     """Sum of a vector (a scalar)."""
     if isinstance(v, tuple):
@@ -262,6 +282,8 @@ class ArrayOps(Protocol):
     def binary(self, op: str, a: Any, b: Any) -> Any: ...
     def clip(self, a: Any, lo: int, hi: int) -> Any: ...
     def cumsum_excl(self, v: Any) -> Any: ...
+    def group_sum(self, v: Any, k: int) -> Any: ...
+    def group_cumsum_excl(self, v: Any, k: int) -> Any: ...
     def sum(self, v: Any) -> Any: ...
     def gather(self, v: Any, indices: tuple[int, ...]) -> Any: ...
     def index(self, v: Any, i: Any) -> Any: ...
@@ -300,6 +322,10 @@ def _eval(e: Expr, ops: ArrayOps, memo: dict[int, Any]) -> Any:
         out = ops.cumsum_excl(_arg(e.args[0], ops, memo))
     elif op == "sum":
         out = ops.sum(_arg(e.args[0], ops, memo))
+    elif op == "group_sum":
+        out = ops.group_sum(_arg(e.args[0], ops, memo), e.args[1])
+    elif op == "group_cumsum_excl":
+        out = ops.group_cumsum_excl(_arg(e.args[0], ops, memo), e.args[1])
     elif op == "gather":
         out = ops.gather(_arg(e.args[0], ops, memo), e.args[1])
     elif op == "index":
@@ -342,6 +368,12 @@ class HostOps:
 
     def sum(self, v: tuple) -> int:
         return sum(v)
+
+    def group_sum(self, v: tuple, k: int) -> tuple:
+        return group_sum(v, k)
+
+    def group_cumsum_excl(self, v: tuple, k: int) -> tuple:
+        return group_cumsum_excl(v, k)
 
     def gather(self, v: tuple, indices: tuple[int, ...]) -> tuple:
         return tuple(v[i] for i in indices)
@@ -395,6 +427,8 @@ def _render(v: Any) -> str:
         return f"cumsum_excl({_render(a[0])})"
     if op == "sum":
         return f"sum({_render(a[0])})"
+    if op in ("group_sum", "group_cumsum_excl"):
+        return f"{op}({_render(a[0])}, {a[1]})"
     if op == "gather":
         return f"{_render(a[0])}[{list(a[1])}]"
     if op == "index":

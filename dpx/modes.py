@@ -50,32 +50,41 @@ class Policy(_ParsableEnum):
 class Op(_ParsableEnum):
     """The operations a schedule describes (see :mod:`dpx.schedule`).
 
-    ``SCATTER_ADJOINT`` (``[slot rows] -> [global_rows]``: replica d's rows placed back at
-    its offset, zeros elsewhere) is scatter's adjoint, the backward of ``scatter``.
+    ``SCATTER_ADJOINT`` (``[slot rows] -> [global_rows]``: a rank's rows placed back at
+    their offset, zeros elsewhere) is scatter's adjoint, the backward of ``scatter``.
+    ``GATHER_SUM`` is a partial gather whose partial sums span every rank of a replica
+    (CP ranks too): reduce_scatter's adjoint. It is ``gather(partial=True)`` when
+    ``cp_size == 1`` or when the plan shards the rows over the CP ranks.
     """
 
     GATHER = "gather"
     SCATTER = "scatter"
     REDUCE_SCATTER = "reduce_scatter"
     SCATTER_ADJOINT = "scatter_adjoint"
+    GATHER_SUM = "gather_sum"
 
     @property
     def adjoint(self) -> "Op":
         """The op whose schedule computes this op's backward: gather (partial or
-        replicated) <-> reduce_scatter, scatter <-> scatter_adjoint."""
+        replicated; copies each receive the whole gradient) -> reduce_scatter ->
+        gather_sum -> reduce_scatter; scatter <-> scatter_adjoint."""
         return _ADJOINT[self]
 
 
-_ADJOINT = {Op.GATHER: Op.REDUCE_SCATTER, Op.REDUCE_SCATTER: Op.GATHER,
-            Op.SCATTER: Op.SCATTER_ADJOINT, Op.SCATTER_ADJOINT: Op.SCATTER}
+_ADJOINT = {Op.GATHER: Op.REDUCE_SCATTER, Op.REDUCE_SCATTER: Op.GATHER_SUM,
+            Op.GATHER_SUM: Op.REDUCE_SCATTER, Op.SCATTER: Op.SCATTER_ADJOINT,
+            Op.SCATTER_ADJOINT: Op.SCATTER}
 
 
 class Group(_ParsableEnum):
-    """The process group a collective step runs on: every rank, or this rank's attn-tp
-    group (the ``attn_tp_size`` consecutive ranks of its replica)."""
+    """The process group a collective step runs on: every rank; this rank's attn-tp group
+    (the ``attn_tp_size`` consecutive ranks sharing its replica and CP rank); or its
+    replica (the ``cp_size * attn_tp_size`` consecutive ranks of its DP replica, the same
+    ranks as the attn-tp group when ``cp_size == 1``)."""
 
     WORLD = "world"
     ATTN_TP = "attn_tp"
+    REPLICA = "replica"
 
 
 class Transport(_ParsableEnum):

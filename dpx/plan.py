@@ -6,7 +6,8 @@ the same counts with the same arguments gets an equal plan (and an equal
 static argument of ``jax.jit``. What each rank then does with it is its schedule
 (:mod:`dpx.schedule`).
 
-Shape algebra for replica ``d`` (``n_d`` real tokens, ``a_d = ceil_align(n_d, attn_tp)``)::
+Shape algebra for replica ``d`` (``n_d`` real tokens, ``a_d = ceil_align(n_d, m)`` with
+``m = replica_size = cp_size * attn_tp_size``, the ranks that share a slot)::
 
     MAX_LEN : slot_rows[d] = max_d a_d            offsets[d] = d * slot_rows[0]
     SUM_LEN : slot_rows[d] = a_d                  offsets[d] = a_0 + ... + a_{d-1}
@@ -15,8 +16,8 @@ Shape algebra for replica ``d`` (``n_d`` real tokens, ``a_d = ceil_align(n_d, at
 
 With ``capacity=`` the shapes are static and independent of the counts:
 
-    MAX_LEN : slot_rows[d] = ceil_align(capacity, attn_tp); offsets static as above
-    SUM_LEN / GATHERV : global_rows = ceil_align(capacity, attn_tp), and every replica's
+    MAX_LEN : slot_rows[d] = ceil_align(capacity, m); offsets static as above
+    SUM_LEN / GATHERV : global_rows = ceil_align(capacity, m), and every replica's
         local buffer has slot_rows[d] = global_rows rows (a replica may hold every token);
         the offsets of the real counts are computed on the device at run time.
 """
@@ -61,6 +62,40 @@ def check_counts(num_tokens: Iterable[object], layout: DpLayout) -> tuple[int, .
     return tuple(out)
 
 
+def check_shards(cp_shards: object, counts: tuple[int, ...],
+                 layout: DpLayout) -> tuple[tuple[int, ...], ...] | None:
+    """Validate a CP shard table: one tuple of ``cp_size`` ints >= 0 per replica, summing
+    to the replica's count. With ``cp_size == 1`` a shard table says nothing new and is
+    dropped (every replica's one CP rank holds all its rows)."""
+    if cp_shards is None:
+        return None
+    if isinstance(cp_shards, (str, bytes)) or not hasattr(cp_shards, "__iter__"):
+        raise DpxTypeError(f"cp_shards={cp_shards!r} must be a sequence of per-replica "
+                           f"shard sequences")
+    table = [tuple(s) if hasattr(s, "__iter__") and not isinstance(s, (str, bytes))
+             else s for s in cp_shards]
+    if len(table) != layout.dp_size:
+        raise DpxValueError(f"cp_shards has {len(table)} entries; the layout has dp_size="
+                            f"{layout.dp_size} replicas and needs one shard tuple per replica")
+    out = []
+    for d, shards in enumerate(table):
+        if not isinstance(shards, tuple) or len(shards) != layout.cp_size:
+            raise DpxValueError(f"cp_shards[{d}]={shards!r} must hold cp_size="
+                                f"{layout.cp_size} counts, one per CP rank")
+        row = []
+        for c, s in enumerate(shards):
+            if isinstance(s, bool) or not hasattr(s, "__index__"):
+                raise DpxTypeError(f"cp_shards[{d}][{c}]={s!r} must be an int")
+            if s.__index__() < 0:
+                raise DpxValueError(f"cp_shards[{d}][{c}]={s} must be >= 0")
+            row.append(s.__index__())
+        if sum(row) != counts[d]:
+            raise DpxValueError(f"cp_shards[{d}]={tuple(row)} sums to {sum(row)}; it must "
+                                f"sum to num_tokens[{d}]={counts[d]}")
+        out.append(tuple(row))
+    return tuple(out) if layout.cp_size > 1 else None
+
+
 def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool, *,
                 max_len_with_idle: bool = False) -> tuple[PaddingMode, str]:
     """sglang's rule on the aligned counts: an extend batch with dp > 1 takes SUM_LEN, or
@@ -101,7 +136,9 @@ class DpPlan:
     plan, the default counts used when no device counts are passed); ``slot_rows`` (rows of
     each replica's slot in the global buffer, and of its scatter output); ``offsets``
     (first global row of each slot); ``capacity`` (``None`` or the static capacity);
-    ``is_extend``; ``reason`` (why the mode was chosen).
+    ``is_extend``; ``cp_shards`` (``None``: every CP rank of a replica holds all its rows;
+    else per replica the rows each CP rank holds, back to back at the start of its slot,
+    ``sum(cp_shards[d]) == num_tokens[d]``); ``reason`` (why the mode was chosen).
     """
 
     layout: DpLayout
@@ -112,13 +149,20 @@ class DpPlan:
     global_rows: int
     capacity: int | None = None
     is_extend: bool = False
+    cp_shards: tuple[tuple[int, ...], ...] | None = None
     reason: str = field(default="", compare=False)
 
     @property
     def aligned_tokens(self) -> tuple[int, ...]:
-        """Counts rounded up to a multiple of ``attn_tp_size``."""
-        tp = self.layout.attn_tp_size
-        return tuple(ceil_align(n, tp) for n in self.num_tokens)
+        """Counts rounded up to a multiple of ``layout.replica_size`` (``cp_size *
+        attn_tp_size``: ``attn_tp_size`` without context parallelism)."""
+        m = self.layout.replica_size
+        return tuple(ceil_align(n, m) for n in self.num_tokens)
+
+    @property
+    def sharded(self) -> bool:
+        """True when each CP rank holds its own shard of its replica's rows."""
+        return self.cp_shards is not None
 
     @property
     def max_slot_rows(self) -> int:
@@ -144,7 +188,7 @@ class DpPlan:
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.layout, self.mode, self.num_tokens, self.slot_rows, self.offsets,
-                      self.global_rows, self.capacity, self.is_extend))
+                      self.global_rows, self.capacity, self.is_extend, self.cp_shards))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -160,7 +204,8 @@ class DpPlan:
         """The canonical content of the plan (what :meth:`fingerprint` hashes)."""
         lay = self.layout
         return (lay.world_size, lay.dp_size, lay.cp_size, self.mode.value, self.num_tokens,
-                self.slot_rows, self.offsets, self.global_rows, self.capacity, self.is_extend)
+                self.slot_rows, self.offsets, self.global_rows, self.capacity, self.is_extend,
+                self.cp_shards)
 
     def fingerprint(self) -> str:
         """A 16-hex-digit digest of :meth:`key`, equal on every rank for equal plans."""
@@ -171,12 +216,18 @@ class DpPlan:
         value = int(self.fingerprint(), 16)
         return value - (1 << 64) if value >= (1 << 63) else value
 
-    def with_counts(self, num_tokens: Sequence[int]) -> "DpPlan":
-        """For a capacity plan: the same static shapes, other default counts."""
+    def with_counts(self, num_tokens: Sequence[int] | None = None, *,
+                    cp_shards: Sequence[Sequence[int]] | None = None) -> "DpPlan":
+        """For a capacity plan: the same static shapes, other default counts (a sharded
+        plan takes ``cp_shards``; the counts are their sums)."""
         if not self.is_static:
             raise DpxValueError("with_counts() needs a capacity plan (capacity=None here)")
+        if self.sharded:
+            if cp_shards is None:
+                raise DpxValueError("with_counts() of a sharded plan needs cp_shards=")
+            num_tokens = [sum(s) for s in cp_shards] if num_tokens is None else num_tokens
         return plan_step(num_tokens, self.layout, is_extend=self.is_extend, mode=self.mode,
-                         capacity=self.capacity)
+                         capacity=self.capacity, cp_shards=cp_shards)
 
     def explain(self, *, hidden: int = 7168, itemsize: int = 2,
                 cost_model: CostModel | None = None, ranks: Sequence[int] | None = (0,),
@@ -190,7 +241,8 @@ class DpPlan:
         transport = Transport.parse(transport)
         rb = hidden * itemsize
         modes = compare_modes(self.num_tokens, self.layout, row_bytes=rb, cost_model=model,
-                              transport=transport, is_extend=self.is_extend)
+                              transport=transport, is_extend=self.is_extend,
+                              cp_shards=self.cp_shards)
         return explain_plan(self, modes, row_bytes=rb, hidden=hidden, itemsize=itemsize,
                             cost_model=model, transport=transport,
                             ranks=range(self.layout.world_size) if ranks is None else ranks,
@@ -200,11 +252,13 @@ class DpPlan:
 def compare_modes(num_tokens: Sequence[int], layout: DpLayout, *, row_bytes: int,
                   cost_model: CostModel, transport: Transport | str = Transport.PER_ROOT,
                   candidates: Sequence[PaddingMode | str] = ALL_MODES,
-                  is_extend: bool = False) -> tuple[ModeEstimate, ...]:
+                  is_extend: bool = False,
+                  cp_shards: Sequence[Sequence[int]] | None = None) -> tuple[ModeEstimate, ...]:
     """Every candidate mode's estimate for these counts: the priced schedules of a partial
     gather and a reduce_scatter (slowest rank each), as :mod:`dpx.cost` defines them."""
     transport = Transport.parse(transport)
-    return tuple(estimate(plan_step(num_tokens, layout, mode=m, is_extend=is_extend),
+    return tuple(estimate(plan_step(num_tokens, layout, mode=m, is_extend=is_extend,
+                                    cp_shards=cp_shards),
                           row_bytes=row_bytes, cost_model=cost_model, transport=transport)
                  for m in (PaddingMode.parse(c) for c in candidates))
 
@@ -214,7 +268,8 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
               max_len_with_idle: bool = False, capacity: int | None = None,
               cost_model: CostModel | None = None, row_bytes: int = 7168 * 2,
               candidates: Sequence[PaddingMode | str] = ALL_MODES,
-              transport: Transport | str = Transport.PER_ROOT) -> DpPlan:
+              transport: Transport | str = Transport.PER_ROOT,
+              cp_shards: Sequence[Sequence[int]] | None = None) -> DpPlan:
     """Plan one step for per-replica real counts ``num_tokens`` (length ``dp_size``).
 
     ``mode`` forces a mode; otherwise ``policy`` picks one: ``"sglang"`` applies sglang's
@@ -223,11 +278,14 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
     priced from the schedules it would run (:func:`compare_modes`) under ``cost_model``
     for rows of ``row_bytes`` bytes on ``transport``. ``capacity`` makes the shapes static
     (see the module docstring); a capacity plan with no forced mode uses MAX_LEN, the mode
-    whose slots are static.
+    whose slots are static. ``cp_shards`` (``cp_size > 1``): per replica, the rows each CP
+    rank holds (they lie back to back, in CP-rank order, at the start of the replica's
+    slot); without it every CP rank of a replica holds all of its rows.
     """
     if not isinstance(layout, DpLayout):
         raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
     counts = check_counts(num_tokens, layout)
+    shards = check_shards(cp_shards, counts, layout)
     if not isinstance(is_extend, bool):
         raise DpxTypeError(f"is_extend={is_extend!r} must be a bool")
     if not isinstance(max_len_with_idle, bool):
@@ -240,7 +298,7 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
     if max_len_with_idle and policy is not Policy.SGLANG:
         raise DpxValueError(f"max_len_with_idle=True is an option of policy='sglang'; "
                             f"policy={policy.value!r} was given")
-    tp = layout.attn_tp_size
+    tp = layout.replica_size  # counts align to the ranks that share a replica's slot
     aligned = tuple(ceil_align(n, tp) for n in counts)
 
     if capacity is not None:
@@ -265,13 +323,13 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
             if sum(aligned) > cap:
                 raise DpxCapacityError(
                     f"sum of aligned num_tokens {aligned} = {sum(aligned)} exceeds "
-                    f"capacity={capacity} (aligned to attn_tp_size={tp}: {cap}): a "
+                    f"capacity={capacity} (aligned to replica_size={tp}: {cap}): a "
                     f"{chosen.name} capacity is the global buffer size")
             slots = tuple(cap for _ in counts)
             _, offsets = _layout_rows(chosen, aligned)
             global_rows = cap
         return DpPlan(layout, chosen, counts, slots, offsets, global_rows, capacity,
-                      is_extend, reason)
+                      is_extend, shards, reason)
 
     if forced is not None:
         chosen, reason = forced, f"forced mode={forced.value}"
@@ -283,10 +341,12 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
         if isinstance(row_bytes, bool) or not isinstance(row_bytes, int) or row_bytes <= 0:
             raise DpxValueError(f"row_bytes={row_bytes!r} must be a positive int")
         estimates = compare_modes(counts, layout, row_bytes=row_bytes, cost_model=model,
-                                  transport=transport, candidates=cands, is_extend=is_extend)
+                                  transport=transport, candidates=cands, is_extend=is_extend,
+                                  cp_shards=shards)
         best = min(estimates, key=lambda e: (e.seconds, ALL_MODES.index(e.mode)))
         chosen = best.mode
         others = ", ".join(f"{e.mode.value}={e.seconds * 1e6:.1f}us" for e in estimates)
         reason = f"cost policy: cheapest schedule estimate ({others})"
     slots, offsets = _layout_rows(chosen, aligned)
-    return DpPlan(layout, chosen, counts, slots, offsets, sum(slots), None, is_extend, reason)
+    return DpPlan(layout, chosen, counts, slots, offsets, sum(slots), None, is_extend, shards,
+                  reason)

@@ -133,6 +133,54 @@ class Copy(Step):
 
 
 @dataclass(frozen=True, eq=False)
+class Unpack(Step):
+    """``dst[:rows] = 0; dst[firsts[r] + j] = src[r*block + j]`` for ``j < lens[r]``: every
+    rank's ``block``-row piece of an equal all-gather moved to its chunk's rows (one pass
+    over dst)."""
+
+    src: Ref
+    dst: Ref
+    rows: int
+    firsts: Any
+    lens: Any
+    block: int
+    kind = "unpack"
+
+    def values(self) -> tuple:
+        return (self.firsts, self.lens)
+
+    def __str__(self) -> str:
+        return (f"unpack  {self.src}[{len_of(self.lens)} x {self.block}] -> {self.dst}"
+                f"[{self.rows} rows], chunks firsts={_v(self.firsts)} lens={_v(self.lens)}")
+
+
+@dataclass(frozen=True, eq=False)
+class Pack(Step):
+    """``dst[r*block + j] = src[firsts[r] + j]`` for ``j < lens[r]``, zeros elsewhere:
+    every rank's chunk moved to a ``block``-row piece of an equal reduce-scatter's input
+    (one pass over dst; the adjoint of :class:`Unpack`)."""
+
+    src: Ref
+    dst: Ref
+    rows: int
+    firsts: Any
+    lens: Any
+    block: int
+    kind = "pack"
+
+    def values(self) -> tuple:
+        return (self.firsts, self.lens)
+
+    def __str__(self) -> str:
+        return (f"pack    {self.src} -> {self.dst}[{len_of(self.lens)} x {self.block}], "
+                f"chunks firsts={_v(self.firsts)} lens={_v(self.lens)}")
+
+
+def len_of(v: Any) -> int:
+    return len(v) if isinstance(v, tuple) else v.size
+
+
+@dataclass(frozen=True, eq=False)
 class AllGather(Step):
     """Equal all-gather over ``group``: ``dst`` (``group_size * rows``) is the group's
     ``src`` blocks (``rows`` each) in group-rank order."""
@@ -293,6 +341,11 @@ class _Builder:
         self.device_counts, self.transport = device_counts, transport
         self.in_rows, self.out_rows = in_rows, out_rows
         self.geo: Geometry = geometry(plan, device_counts=device_counts)
+        # gather_sum over CP copies: every rank of a replica adds its rows
+        self.sum_replica = (op is Op.GATHER_SUM and plan.layout.cp_size > 1
+                            and plan.cp_shards is None)
+        if op is Op.GATHER_SUM:
+            self.partial = True
         self.steps: list[Step] = []
         self.scratch: dict[str, int] = {}
         self.notes: list[str] = []
@@ -311,16 +364,31 @@ class _Builder:
                         tuple(self.scratch.items()), tuple(self.notes))
 
     # ------------------------------------------------------------ shared pieces
-    def variable_route(self) -> str:
-        """How a GATHERV plan moves its chunks on this transport: ``"per_root"``,
-        ``"ragged"``, ``"equal"`` (every chunk is a full block: plain collectives) or
+    def host_is(self, value: Any, target: int) -> bool:
+        return isinstance(value, int) and value == target
+
+    def copy_rows(self, src: Ref, dst: Ref, rows: int, start: Any, count: Any) -> None:
+        """``dst[:count] = src[start:start + count]``, zeros after (a place when the
+        rows start at 0, else a take: the same pass)."""
+        if self.host_is(start, 0):
+            self.add(Place(src, dst, rows, 0, count))
+        else:
+            self.add(Take(src, dst, rows, start, count))
+
+    def equal_chunks(self, firsts: Any, lens: Any) -> bool:
+        """Every rank's chunk is a full block at ``rank * block``: plain collectives move
+        them (no variable sizes, no unpacking)."""
+        g, W = self.geo, self.plan.layout.world_size
+        return (X.is_const(lens) and X.is_const(firsts) and W * g.block == g.global_rows
+                and all(x == g.block for x in lens)
+                and all(f == r * g.block for r, f in enumerate(firsts)))
+
+    def variable_route(self, firsts: Any, lens: Any) -> str:
+        """How a GATHERV plan moves its chunks on this transport: ``"equal"`` (every chunk
+        a full block in place: plain collectives), ``"per_root"``, ``"ragged"``, or
         ``"all_reduce"`` (no variable collective for these sizes: SUM_LEN's route, same
         result)."""
-        g = self.geo
-        firsts, lens = g.chunk_table()
-        W = self.plan.layout.world_size
-        if (X.is_const(lens) and all(x == g.block for x in lens)
-                and W * g.block == g.global_rows):
+        if self.equal_chunks(firsts, lens):
             return "equal"
         if self.transport is Transport.RAGGED:
             return "ragged"
@@ -337,123 +405,148 @@ class _Builder:
                           f"result, more bytes")
         return "all_reduce"
 
-    def host_is(self, value: Any, target: int) -> bool:
-        return isinstance(value, int) and value == target
-
     def produce_chunk(self, dst: Ref | None, dst_rows: int) -> Ref:
-        """This rank's chunk of its replica's slot (``B`` rows of which ``dst_rows`` are
-        kept), written into ``dst`` (or a scratch ``"chunk"`` when ``dst`` is None, in
-        which case a rows-exact view of the input may be returned without any pass)."""
+        """This rank's chunk (``B`` rows, ``dst_rows`` of them kept) written into ``dst``, or
+        into a scratch ``"chunk"`` when ``dst`` is None -- or, when every row of the chunk
+        is a real row of the input, that view of the input itself (no pass)."""
         g, r = self.geo, self.rank
         tp, B = g.tp, g.block
-        n_d = g.count(r.dp)
-        if tp == 1:
-            if dst is None and self.host_is(n_d, B) and self.in_rows == B:
-                return Ref(IN)  # the input already is its zero-padded slot: no pass
-            if dst is not None and dst_rows == 0:
-                return dst
-            dst = dst or self.buffer("chunk", B)
-            self.add(Place(Ref(IN), dst, dst_rows, 0, n_d))
-            return dst
-        if self.partial:
-            if self.host_is(n_d, tp * B) and self.in_rows == tp * B:
+        if self.partial and (tp > 1 or self.sum_replica):
+            # the attn-tp group (replica, for gather_sum) sums its span of rows; each rank
+            # keeps its block
+            if self.sum_replica:
+                group, k, start, count = Group.REPLICA, g.cp * tp, 0, g.count(r.dp)
+            else:
+                group, k = Group.ATTN_TP, tp
+                start, count = g.group_span(r.dp, r.cp)
+            if (self.host_is(start, 0) and self.host_is(count, k * B)
+                    and self.in_rows == k * B):
                 padded = Ref(IN)
             else:
-                padded = self.buffer("padded", tp * B)
-                self.add(Place(Ref(IN), padded, tp * B, 0, n_d))
+                padded = self.buffer("padded", k * B)
+                self.copy_rows(Ref(IN), padded, k * B, start, count)
             if dst is not None and dst_rows == B:
-                self.add(ReduceScatter(Group.ATTN_TP, padded, dst, B))
+                self.add(ReduceScatter(group, padded, dst, B))
                 return dst
             chunk = self.buffer("chunk", B)
-            self.add(ReduceScatter(Group.ATTN_TP, padded, chunk, B))
+            self.add(ReduceScatter(group, padded, chunk, B))
             if dst is None:
                 return chunk
             if dst_rows:
                 self.add(Take(chunk, dst, dst_rows, 0, dst_rows))
             return dst
-        # replicated: each attn-tp rank takes its own block from its own copy
-        real, start = g.real_in_chunk(r.dp, r.tp), g.real_start(r.dp, r.tp)
+        # otherwise each rank takes its own block from its own copy
+        start, real = g.own_block(r.dp, r.cp, r.tp)
         if dst is None and self.host_is(real, B) and isinstance(start, int):
-            return Ref(IN, start, B)  # every row of the chunk is real: send it as is
+            return Ref(IN, start, B)
         if dst is not None and dst_rows == 0:
             return dst
         dst = dst or self.buffer("chunk", B)
-        self.add(Take(Ref(IN), dst, dst_rows, start, real))
+        self.copy_rows(Ref(IN), dst, dst_rows, start, real)
         return dst
 
     def finish_slot(self, mine: Ref, mine_rows: int) -> None:
-        """``out`` from this rank's reduced chunk ``mine``: the attn-tp all-gather of the
-        chunks (tp > 1), then the real rows (rows past ``n_d`` zero)."""
+        """``out`` from this rank's reduced chunk ``mine``: the chunks of the ranks that
+        share the rank's rows (its replica, or its CP rank's attn-tp group for a shard)
+        all-gathered, then the real rows (rows past them zero)."""
         g, r, R = self.geo, self.rank, self.out_rows
-        tp, B = g.tp, g.block
-        n_d = g.count(r.dp)
-        if tp > 1:
+        B = g.block
+        group, size = ((Group.ATTN_TP, g.tp) if g.sharded
+                       else (Group.REPLICA, self.plan.layout.replica_size))
+        held = g.held(r.dp, r.cp)
+        if size > 1:
             if mine_rows != B:  # a per-root chunk view: pad it to a full block
                 chunk = self.buffer("chunk", B)
                 self.add(Take(mine, chunk, B, 0, mine_rows))
                 mine = chunk
-            if R == tp * B:
-                self.add(AllGather(Group.ATTN_TP, mine, Ref(OUT), B))
-                if not self.host_is(n_d, R):
-                    self.add(ZeroFrom(Ref(OUT), R, n_d))
+            if R == size * B:
+                self.add(AllGather(group, mine, Ref(OUT), B))
+                if not self.host_is(held, R):
+                    self.add(ZeroFrom(Ref(OUT), R, held))
                 return
-            slot = self.buffer("slot", tp * B)
-            self.add(AllGather(Group.ATTN_TP, mine, slot, B))
+            slot = self.buffer("slot", size * B)
+            self.add(AllGather(group, mine, slot, B))
             mine = slot
-        self.add(Take(mine, Ref(OUT), R, 0, n_d))
+        self.add(Take(mine, Ref(OUT), R, 0, held))
+
+    def slot_start(self) -> Any:
+        """First global row of this rank's rows (its shard's, or its replica's slot)."""
+        g, r = self.geo, self.rank
+        return X.add(g.offset(r.dp), g.held_start(r.dp, r.cp))
 
     # ------------------------------------------------------------ the ops
     def gather(self) -> None:
         g, r, plan = self.geo, self.rank, self.plan
-        G = g.global_rows
-        n_d = g.count(r.dp)
+        G, B = g.global_rows, g.block
         mode = plan.mode
-        route = self.variable_route() if mode is PaddingMode.GATHERV else None
+        firsts, lens = g.chunk_table()
+        route = self.variable_route(firsts, lens) if mode is PaddingMode.GATHERV else None
         if mode is PaddingMode.SUM_LEN or route == "all_reduce":
-            # partial: every attn-tp rank adds its share; replicated: attn-tp rank 0 writes
-            written = n_d if self.partial else X.mul(n_d, X.eq(r.tp, 0))
-            self.add(Place(Ref(IN), Ref(OUT), G, g.offset(r.dp), written))
+            # one rank of each group of identical copies writes; partial sums all write
+            writes = 1 if self.partial else X.eq(r.tp, 0)
+            if not g.sharded and not self.sum_replica:
+                writes = X.mul(writes, X.eq(r.cp, 0))
+            self.add(Place(Ref(IN), Ref(OUT), G, self.slot_start(),
+                           X.mul(g.held(r.dp, r.cp), writes)))
             self.add(AllReduce(Group.WORLD, Ref(OUT), G))
             return
-        if mode is PaddingMode.MAX_LEN or route == "equal":
-            chunk = self.produce_chunk(None, g.block)
-            self.add(AllGather(Group.WORLD, chunk, Ref(OUT), g.block))
+        if route == "equal" or (mode is PaddingMode.MAX_LEN and not g.sharded):
+            chunk = self.produce_chunk(None, B)
+            self.add(AllGather(Group.WORLD, chunk, Ref(OUT), B))
             return
-        firsts, lens = g.chunk_table()
+        if mode is PaddingMode.MAX_LEN:  # shards: equal pieces, then each to its rows
+            chunk = self.produce_chunk(None, B)
+            W = plan.layout.world_size
+            gathered = self.buffer("gathered", W * B)
+            self.add(AllGather(Group.WORLD, chunk, gathered, B))
+            self.add(Unpack(gathered, Ref(OUT), G, firsts, lens, B))
+            return
         if route == "ragged":
-            chunk = self.produce_chunk(None, g.block)
-            self.add(AllGatherV(Group.WORLD, G, firsts, lens, g.block, chunk, Ref(OUT)))
+            chunk = self.produce_chunk(None, B)
+            self.add(AllGatherV(Group.WORLD, G, firsts, lens, B, chunk, Ref(OUT)))
             return
         # per-root broadcasts in place: this rank's chunk goes straight to its rows of out
         first, length = X.index(firsts, r.rank), X.index(lens, r.rank)
+        ends = [f + n for f, n in zip(firsts, lens)]
+        contiguous = all(f == (ends[i - 1] if i else 0) for i, f in enumerate(firsts))
+        if not contiguous:  # rows between chunks (a slot's pad past its shards) are zero
+            self.add(ZeroFrom(Ref(OUT), G, 0))
         self.produce_chunk(Ref(OUT, first, length), length)
-        if g.end != G:
-            self.add(ZeroFrom(Ref(OUT), G, g.end))
-        self.add(BroadcastV(Group.WORLD, G, firsts, lens, g.block, Ref(OUT)))
+        if contiguous and ends[-1] != G:  # rows past the last chunk are zero
+            self.add(ZeroFrom(Ref(OUT), G, ends[-1]))
+        self.add(BroadcastV(Group.WORLD, G, firsts, lens, B, Ref(OUT)))
 
     def reduce_scatter(self) -> None:
         g, r, plan = self.geo, self.rank, self.plan
         G, B, R = g.global_rows, g.block, self.out_rows
-        n_d = g.count(r.dp)
         mode = plan.mode
-        route = self.variable_route() if mode is PaddingMode.GATHERV else None
+        firsts, lens = g.chunk_table()
+        route = self.variable_route(firsts, lens) if mode is PaddingMode.GATHERV else None
         if mode is PaddingMode.SUM_LEN or route == "all_reduce":
             staged = self.buffer("staged", G)
             self.add(Copy(Ref(IN), staged, G))
             self.add(AllReduce(Group.WORLD, staged, G))
-            self.add(Take(staged, Ref(OUT), R, g.offset(r.dp), n_d))
+            self.add(Take(staged, Ref(OUT), R, self.slot_start(), g.held(r.dp, r.cp)))
             return
-        if mode is PaddingMode.MAX_LEN or route == "equal":
-            if g.tp == 1 and R == B:
+        if route == "equal" or (mode is PaddingMode.MAX_LEN and not g.sharded):
+            held = g.held(r.dp, r.cp)
+            if self.plan.layout.replica_size == 1 and R == B:
                 self.add(ReduceScatter(Group.WORLD, Ref(IN), Ref(OUT), B))
-                if not self.host_is(n_d, B):
-                    self.add(ZeroFrom(Ref(OUT), R, n_d))
+                if not self.host_is(held, B):
+                    self.add(ZeroFrom(Ref(OUT), R, held))
                 return
             chunk = self.buffer("chunk", B)
             self.add(ReduceScatter(Group.WORLD, Ref(IN), chunk, B))
             self.finish_slot(chunk, B)
             return
-        firsts, lens = g.chunk_table()
+        if mode is PaddingMode.MAX_LEN:  # shards: each chunk to an equal piece first
+            W = plan.layout.world_size
+            packed = self.buffer("packed", W * B)
+            self.add(Pack(Ref(IN), packed, W * B, firsts, lens, B))
+            chunk = self.buffer("chunk", B)
+            self.add(ReduceScatter(Group.WORLD, packed, chunk, B))
+            self.finish_slot(chunk, B)
+            return
         if route == "ragged":
             chunk = self.buffer("chunk", B)
             self.add(ReduceScatterV(Group.WORLD, G, firsts, lens, B, Ref(IN), chunk))
@@ -467,17 +560,19 @@ class _Builder:
 
     def scatter(self) -> None:
         g, r = self.geo, self.rank
-        self.add(Take(Ref(IN), Ref(OUT), self.out_rows, g.offset(r.dp), g.count(r.dp)))
+        self.add(Take(Ref(IN), Ref(OUT), self.out_rows, self.slot_start(),
+                      g.held(r.dp, r.cp)))
 
     def scatter_adjoint(self) -> None:
         g, r = self.geo, self.rank
-        self.add(Place(Ref(IN), Ref(OUT), self.out_rows, g.offset(r.dp), g.count(r.dp)))
+        self.add(Place(Ref(IN), Ref(OUT), self.out_rows, self.slot_start(),
+                       g.held(r.dp, r.cp)))
 
 
 def default_out_rows(plan, op: Op, rank: int | None) -> int:
     """Rows of the op's output: the global buffer for gather (and scatter's adjoint); the
     replica's slot for scatter / reduce_scatter (``max_slot_rows`` for a symbolic rank)."""
-    if op in (Op.GATHER, Op.SCATTER_ADJOINT):
+    if op in (Op.GATHER, Op.GATHER_SUM, Op.SCATTER_ADJOINT):
         return plan.global_rows
     if rank is None:
         return plan.max_slot_rows
@@ -509,15 +604,12 @@ def build_schedule(plan, op: Op | str, *, rank: int | None, partial: bool = True
 def _build(plan, op: Op, rank: int | None, partial: bool, device_counts: bool,
            transport: Transport, in_rows: int | None, out_rows: int) -> Schedule:
     lay = plan.layout
-    if lay.cp_size != 1:
-        raise DpxValueError(f"schedules are defined for cp_size=1; layout has cp_size="
-                            f"{lay.cp_size}")
     if device_counts and not plan.is_static:
         raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
     ref = symbolic_rank() if rank is None else concrete_rank(lay, rank)
     b = _Builder(plan, op, partial, ref, device_counts, transport, in_rows, out_rows)
-    {Op.GATHER: b.gather, Op.REDUCE_SCATTER: b.reduce_scatter, Op.SCATTER: b.scatter,
-     Op.SCATTER_ADJOINT: b.scatter_adjoint}[op]()
+    {Op.GATHER: b.gather, Op.GATHER_SUM: b.gather, Op.REDUCE_SCATTER: b.reduce_scatter,
+     Op.SCATTER: b.scatter, Op.SCATTER_ADJOINT: b.scatter_adjoint}[op]()
     return b.done()
 
 

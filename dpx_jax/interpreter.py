@@ -18,13 +18,13 @@ from jax import lax
 from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.modes import Group
-from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, Copy, Place, ReduceScatter,
-                          ReduceScatterV, Ref, Schedule, Take, ZeroFrom)
+from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, Copy, Pack, Place,
+                          ReduceScatter, ReduceScatterV, Ref, Schedule, Take, Unpack, ZeroFrom)
 from dpx_jax.mesh import AXES
-from dpx_jax.rows import Impl, place_rows, take_rows
+from dpx_jax.rows import Impl, _pack, _unpack, place_rows, take_rows
 
 #: mesh axes of each group (the world is all three axes: device order is rank order)
-GROUP_AXES = {Group.WORLD: AXES, Group.ATTN_TP: "tp"}
+GROUP_AXES = {Group.WORLD: AXES, Group.ATTN_TP: "tp", Group.REPLICA: ("cp", "tp")}
 _COORD_AXES = {X.Coord.DP: "dp", X.Coord.CP: "cp", X.Coord.TP: "tp", X.Coord.RANK: AXES}
 
 
@@ -63,6 +63,13 @@ class JaxValues:
 
     def cumsum_excl(self, v: jax.Array) -> jax.Array:
         return (jnp.cumsum(v) - v).astype(jnp.int32)
+
+    def group_sum(self, v: jax.Array, k: int) -> jax.Array:
+        return jnp.sum(v.reshape(-1, k), axis=1).astype(jnp.int32)
+
+    def group_cumsum_excl(self, v: jax.Array, k: int) -> jax.Array:
+        g = v.reshape(-1, k)
+        return (jnp.cumsum(g, axis=1) - g).reshape(-1).astype(jnp.int32)
 
     def sum(self, v: jax.Array) -> jax.Array:
         return jnp.sum(v).astype(jnp.int32)
@@ -131,6 +138,20 @@ def _copy(s: Copy, run: _Run) -> None:
     run.write(s.dst, run.read(s.src))
 
 
+def _table(run: _Run, v) -> jax.Array:
+    return jnp.asarray(run.value(v), jnp.int32).reshape(-1)
+
+
+def _pack_step(s: Pack, run: _Run) -> None:
+    run.write(s.dst, _pack(run.read(s.src), _table(run, s.firsts), _table(run, s.lens),
+                           s.block, run.impl))
+
+
+def _unpack_step(s: Unpack, run: _Run) -> None:
+    run.write(s.dst, _unpack(run.read(s.src), _table(run, s.firsts), _table(run, s.lens),
+                             s.rows, run.impl))
+
+
 def _all_gather(s: AllGather, run: _Run) -> None:
     x = run.read(s.src)
     out = (lax.all_gather(x, GROUP_AXES[s.group], axis=0, tiled=True) if s.rows
@@ -179,7 +200,8 @@ def _reduce_scatter_v(s: ReduceScatterV, run: _Run) -> None:
 
 
 _HANDLERS: dict[type, Callable[[Any, _Run], None]] = {
-    Place: _place, Take: _take, ZeroFrom: _zero, Copy: _copy, AllGather: _all_gather,
+    Place: _place, Take: _take, ZeroFrom: _zero, Copy: _copy, Pack: _pack_step,
+    Unpack: _unpack_step, AllGather: _all_gather,
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, AllGatherV: _all_gather_v,
     ReduceScatterV: _reduce_scatter_v,
 }

@@ -85,24 +85,24 @@ _run.defvjp(_run_fwd, _run_bwd)
 
 
 def _counts(plan: DpPlan, counts) -> jax.Array | None:
+    """Device counts as the schedules read them (a shard table flattened row by row)."""
     if counts is None:
         return None
     if not plan.is_static:
         raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
     lay = plan.layout
-    if getattr(counts, "shape", None) != (lay.dp_size,) or not jnp.issubdtype(
+    shape = (lay.dp_size, lay.cp_size) if plan.sharded else (lay.dp_size,)
+    if getattr(counts, "shape", None) != shape or not jnp.issubdtype(
             counts.dtype, jnp.integer):
-        raise DpxTypeError(f"counts must be an integer array of shape ({lay.dp_size},), "
-                           f"got {getattr(counts, 'shape', counts)!r}")
-    return counts.astype(jnp.int32)
+        what = "shard counts" if plan.sharded else "counts"
+        raise DpxTypeError(f"counts must be an integer array of shape {shape} ({what} of "
+                           f"this step), got {getattr(counts, 'shape', counts)!r}")
+    return counts.astype(jnp.int32).reshape(-1)
 
 
 def _check_plan(plan: object) -> None:
     if not isinstance(plan, DpPlan):
         raise DpxTypeError(f"plan must be a dpx.DpPlan, got {type(plan).__name__}")
-    if plan.layout.cp_size != 1:
-        raise DpxValueError(f"dpx_jax supports cp_size=1; plan.layout has cp_size="
-                            f"{plan.layout.cp_size}")
 
 
 def _check_rows(name: str, x, rows: int, *, exact: bool) -> None:
@@ -136,7 +136,12 @@ def gather(local: jax.Array, plan: DpPlan, *, partial: bool, counts: jax.Array |
         raise DpxTypeError(f"partial={partial!r} must be a bool")
     _check_plan(plan)
     c = _counts(plan, counts)
-    need = plan.max_slot_rows if plan.is_static else max(plan.num_tokens)
+    if plan.is_static:
+        need = plan.max_slot_rows
+    elif plan.sharded:
+        need = max(x for row in plan.cp_shards for x in row)
+    else:
+        need = max(plan.num_tokens)
     _check_rows("local", local, need, exact=False)
     return _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows)
 

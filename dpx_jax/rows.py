@@ -240,3 +240,131 @@ def take_rows(src: jax.Array, start, count, rows: int, *, impl: Impl | str = Imp
                             f"count <= src rows ({src.shape[0]}) and count <= rows ({rows})")
     return _take(src, _index("start", start), _index("count", count), rows, src.shape[0],
                  resolve_impl(impl))
+
+
+# ---------------------------------------------------------------- chunk tables
+# ``unpack_rows(src [n*block, *rest], firsts, lens, rows) -> [rows, *rest]`` and
+# ``pack_rows(src [m, *rest], firsts, lens, block) -> [n*block, *rest]`` (see
+# ``dpx_torch.rows``): the same kernels on GPU, an XLA implementation elsewhere; adjoint.
+
+def _unpack_xla(src, firsts, lens, rows: int):
+    n = firsts.shape[0]
+    if rows == 0 or src.shape[0] == 0 or n == 0:
+        return jnp.zeros((rows, *src.shape[1:]), src.dtype)
+    block = src.shape[0] // n
+    i = jnp.arange(rows, dtype=jnp.int32)[:, None]
+    length = jnp.minimum(lens, block)[None, :]
+    hit = (i >= firsts[None, :]) & (i < firsts[None, :] + length)
+    r = jnp.arange(n, dtype=jnp.int32)[None, :]
+    idx = jnp.max(jnp.where(hit, r * block + i - firsts[None, :], -1), axis=1)
+    ok = idx >= 0
+    return _mask(ok, jnp.take(src, jnp.clip(idx, 0, src.shape[0] - 1), axis=0))
+
+
+def _pack_xla(src, firsts, lens, block: int):
+    n = firsts.shape[0]
+    rows = n * block
+    if rows == 0 or src.shape[0] == 0:
+        return jnp.zeros((rows, *src.shape[1:]), src.dtype)
+    i = jnp.arange(rows, dtype=jnp.int32)
+    r, j = i // block, i % block
+    s = firsts[r] + j
+    ok = (j < lens[r]) & (s >= 0) & (s < src.shape[0])
+    return _mask(ok, jnp.take(src, jnp.clip(s, 0, src.shape[0] - 1), axis=0))
+
+
+def _triton_chunks(kernel_name: str, src, firsts, lens, block: int, rows: int):
+    from dpx.kernels import launch, rows as kernels
+    from dpx_jax.triton_shim import triton_call
+
+    m, rest = src.shape[0], src.shape[1:]
+    width = math.prod(rest)
+    if rows == 0 or width == 0:
+        return jnp.zeros((rows, *rest), src.dtype)
+    block_r, block_c, warps = launch.row_blocks(width)
+    out = triton_call(
+        src.reshape(m, width), firsts, lens, m, rows, firsts.shape[0], block,
+        kernel=getattr(kernels, kernel_name),
+        out=jax.ShapeDtypeStruct((rows, width), src.dtype),
+        grid=launch.grid(rows, width), num_warps=warps,
+        WIDTH=width, BLOCK_R=block_r, BLOCK_C=block_c)
+    return vary_like(out.reshape(rows, *rest), src, firsts, lens)
+
+
+def _run_unpack(impl: Impl, src, firsts, lens, rows: int):
+    if impl is Impl.TRITON:
+        block = src.shape[0] // max(firsts.shape[0], 1)
+        return _triton_chunks("unpack_rows_kernel", src, firsts, lens, block, rows)
+    return _unpack_xla(src, firsts, lens, rows)
+
+
+def _run_pack(impl: Impl, src, firsts, lens, block: int):
+    if impl is Impl.TRITON:
+        return _triton_chunks("pack_rows_kernel", src, firsts, lens, block,
+                              firsts.shape[0] * block)
+    return _pack_xla(src, firsts, lens, block)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _unpack(src, firsts, lens, rows: int, impl: Impl):
+    return _run_unpack(impl, src, firsts, lens, rows)
+
+
+def _unpack_fwd(src, firsts, lens, rows, impl):
+    return _run_unpack(impl, src, firsts, lens, rows), (firsts, lens, src[:0], src.shape[0])
+
+
+def _unpack_bwd(rows, impl, res, g):
+    firsts, lens, like, src_rows = res
+    block = src_rows // max(firsts.shape[0], 1)
+    return (match_vma(_pack(g, firsts, lens, block, impl), like),
+            _int_zero_cotangent(firsts), _int_zero_cotangent(lens))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _pack(src, firsts, lens, block: int, impl: Impl):
+    return _run_pack(impl, src, firsts, lens, block)
+
+
+def _pack_fwd(src, firsts, lens, block, impl):
+    return _run_pack(impl, src, firsts, lens, block), (firsts, lens, src[:0], src.shape[0])
+
+
+def _pack_bwd(block, impl, res, g):
+    firsts, lens, like, src_rows = res
+    return (match_vma(_unpack(g, firsts, lens, src_rows, impl), like),
+            _int_zero_cotangent(firsts), _int_zero_cotangent(lens))
+
+
+_unpack.defvjp(_unpack_fwd, _unpack_bwd)
+_pack.defvjp(_pack_fwd, _pack_bwd)
+
+
+def _table(name: str, v) -> jax.Array:
+    if not hasattr(v, "dtype") or not jnp.issubdtype(v.dtype, jnp.integer) or jnp.ndim(v) != 1:
+        raise DpxTypeError(f"{name} must be a 1-d integer array, got {v!r}")
+    return v.astype(jnp.int32)
+
+
+def unpack_rows(src: jax.Array, firsts, lens, rows: int, *,
+                impl: Impl | str = Impl.AUTO) -> jax.Array:
+    """``src [n*block, *rest] -> [rows, *rest]``: chunk ``r`` of ``block = src rows // n``
+    rows, its first ``lens[r]``, moved to rows ``firsts[r]...``; other rows 0."""
+    _check("unpack_rows", src, rows)
+    firsts, lens = _table("firsts", jnp.asarray(firsts)), _table("lens", jnp.asarray(lens))
+    n = firsts.shape[0]
+    if n == 0 or src.shape[0] % n or lens.shape[0] != n:
+        raise DpxValueError(f"unpack_rows: src has {src.shape[0]} rows; it must be {n} "
+                            f"chunks of equal size, one per firsts/lens entry")
+    return _unpack(src, firsts, lens, rows, resolve_impl(impl))
+
+
+def pack_rows(src: jax.Array, firsts, lens, block: int, *,
+              impl: Impl | str = Impl.AUTO) -> jax.Array:
+    """``src [m, *rest] -> [n*block, *rest]``: ``src[firsts[r] : firsts[r] + lens[r]]``
+    moved to rows ``r*block...``, zeros after each chunk."""
+    _check("pack_rows", src, block)
+    firsts, lens = _table("firsts", jnp.asarray(firsts)), _table("lens", jnp.asarray(lens))
+    if lens.shape != firsts.shape:
+        raise DpxValueError("pack_rows: firsts and lens must have the same length")
+    return _pack(src, firsts, lens, block, resolve_impl(impl))

@@ -28,44 +28,61 @@ class Agreement:
         self.dp_rank = coords.attn_dp_rank
 
     def check(self, op: str, plan: object, tensor: object, partial: object,
-              err: Exception | None) -> None:
-        """All ranks exchange (plan fingerprint, op, dtype, width, partial, whether their
-        input was rejected, and for a replicated gather a digest of the real rows), then
-        every rank raises the same error if anything disagrees."""
+              err: Exception | None, counts: torch.Tensor | None = None) -> None:
+        """All ranks exchange (plan fingerprint, op, dtype, width, partial, device counts,
+        whether their input was rejected, and for a replicated gather a digest of the real
+        rows), then every rank raises the same error if anything disagrees. Copies that
+        must be identical: a replica's attn-tp ranks, and its CP ranks unless the plan
+        shards the rows over them."""
         lay = self.layout
         fp = plan.fingerprint() if isinstance(plan, DpPlan) else f"not a plan: {plan!r}"
         ok_tensor = isinstance(tensor, torch.Tensor)
         width = math.prod(tensor.shape[1:]) if ok_tensor and tensor.dim() else None
+        host_counts = (tuple(counts.detach().cpu().reshape(-1).tolist())
+                       if isinstance(counts, torch.Tensor) else None)
         digest = None
-        if err is None and op == "gather" and partial is False and lay.attn_tp_size > 1:
-            n = plan.num_tokens[self.dp_rank]
-            rows = tensor[:n].detach().contiguous().cpu()
+        if err is None and op == "gather" and partial is False and lay.replica_size > 1:
+            rows = tensor[:self._held(plan, host_counts)].detach().contiguous().cpu()
             digest = hashlib.sha1(rows.view(torch.uint8).numpy().tobytes()).hexdigest() \
                 if rows.numel() else "empty"
         mine = dict(plan=fp, op=op, dtype=str(tensor.dtype) if ok_tensor else None,
-                    width=width, partial=partial,
+                    width=width, partial=partial, counts=host_counts,
                     error=None if err is None else f"{type(err).__name__}: {err}",
                     digest=digest)
         everyone: list = [None] * lay.world_size
         dist.all_gather_object(everyone, mine, group=self.groups.cpu)
         problems = [f"rank {r} rejected its input ({info['error']})"
                     for r, info in enumerate(everyone) if info["error"]]
-        for field in ("plan", "op", "dtype", "width", "partial"):
+        for field in ("plan", "op", "dtype", "width", "partial", "counts"):
             seen: dict = {}
             for r, info in enumerate(everyone):
                 seen.setdefault(info[field], []).append(r)
             if len(seen) > 1:
                 problems.append(f"ranks disagree on {field}: " + "; ".join(
-                    f"{v!r} on ranks {rs}" for v, rs in seen.items()))
+                    f"{list(v) if isinstance(v, tuple) else repr(v)} on ranks {rs}"
+                    for v, rs in seen.items()))
         if op == "gather" and partial is False and not problems:
-            for d in range(lay.dp_size):
-                ranks = lay.replica_ranks(d)
+            copies = lay.attn_tp_groups() if plan.sharded else tuple(
+                lay.replica_ranks(d) for d in range(lay.dp_size))
+            for ranks in copies:
                 if len({everyone[r]["digest"] for r in ranks}) > 1:
-                    problems.append(f"replicated gather: replica {d}'s attn-tp ranks "
+                    d = lay.coords(ranks[0]).attn_dp_rank
+                    who = "attn-tp" if lay.cp_size == 1 or plan.sharded else "attn-tp and CP"
+                    problems.append(f"replicated gather: replica {d}'s {who} ranks "
                                     f"{list(ranks)} hold different rows (use partial=True "
                                     f"for partial sums)")
         if problems:
             raise DpxMismatchError("validate: " + " | ".join(problems)) from err
+
+    def _held(self, plan: DpPlan, counts: tuple[int, ...] | None) -> int:
+        """Real rows of this rank's input (its replica's, or its shard)."""
+        c = self.layout.coords(self.groups.rank)
+        if plan.sharded:
+            cp = self.layout.cp_size
+            table = counts if counts is not None else [x for r in plan.cp_shards for x in r]
+            return table[c.attn_dp_rank * cp + c.attn_cp_rank]
+        table = counts if counts is not None else plan.num_tokens
+        return table[c.attn_dp_rank]
 
     def sync_counts(self, num_tokens: int, *,
                     is_extend: bool = False) -> tuple[tuple[int, ...], bool]:

@@ -85,9 +85,12 @@ class InputChecks:
             return
         if not plan.is_static:
             raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
+        lay = self.layout
+        shape = (lay.dp_size, lay.cp_size) if plan.sharded else (lay.dp_size,)
         if (not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32
-                or counts.shape != (self.layout.dp_size,)):
-            raise DpxTypeError(f"counts must be an int32 tensor of shape "
-                               f"({self.layout.dp_size},)")
+                or tuple(counts.shape) != shape or not counts.is_contiguous()):
+            what = "shard counts" if plan.sharded else "counts"
+            raise DpxTypeError(f"counts must be a contiguous int32 tensor of shape {shape} "
+                               f"({what} of this step)")
         if counts.device != ref.device:
             raise DpxValueError(f"counts is on {counts.device}, the data on {ref.device}")

@@ -88,14 +88,11 @@ class DpComm:
                  validate: bool = False) -> None:
         if not isinstance(layout, DpLayout):
             raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
-        if layout.cp_size != 1:
-            raise DpxValueError(
-                f"DpComm supports cp_size=1; layout has cp_size={layout.cp_size} (gathers "
-                f"across context-parallel ranks are not defined by dpx yet)")
         self.layout = layout
         self.groups: DpGroups = build_groups(layout, group)
         self.rank = self.groups.rank
-        self.dp_rank = layout.coords(self.rank).attn_dp_rank
+        coords = layout.coords(self.rank)
+        self.dp_rank, self.cp_rank = coords.attn_dp_rank, coords.attn_cp_rank
         self.validate = bool(validate)
         self.pool = BufferPool()
         self.checks = InputChecks(layout, self.dp_rank, self.groups.backend)
@@ -113,11 +110,13 @@ class DpComm:
         Slot ``d`` row ``j < n_d`` holds the sum over replica d's attn-tp ranks of their
         ``local[j]`` when ``partial``; otherwise the one value its attn-tp ranks all hold
         (each contributes its own block of it). Every other row is 0. ``counts`` (int32
-        ``[dp_size]`` on the data's device, capacity plans only) carries this step's real
-        counts as device data. ``out`` receives the result (no allocation).
+        ``[dp_size]`` on the data's device, capacity plans only; ``[dp_size, cp_size]``
+        shard counts for a sharded plan) carries this step's real counts as device data.
+        ``out`` receives the result (no allocation). With context parallelism, ``local``
+        holds this CP rank's rows (its replica's, or its shard).
         Differentiable: the gradient is ``reduce_scatter`` of the output gradient.
         """
-        prep = self._checked("gather", plan, local, partial, self._gather_checks,
+        prep = self._checked("gather", plan, local, partial, counts, self._gather_checks,
                              local, plan, partial, counts, out)
         return self._dispatch(prep, counts, local, out, "local")
 
@@ -135,8 +134,8 @@ class DpComm:
         """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]`` on every rank of
         replica d: row ``j < n_d`` is the sum over all ranks of ``global_[offsets[d] + j]``;
         other rows are 0. The adjoint of ``gather(partial=True)`` (and its gradient)."""
-        prep = self._checked("reduce_scatter", plan, global_, True, self._global_checks,
-                             Op.REDUCE_SCATTER, global_, plan, counts, out)
+        prep = self._checked("reduce_scatter", plan, global_, True, counts,
+                             self._global_checks, Op.REDUCE_SCATTER, global_, plan, counts, out)
         return self._dispatch(prep, counts, global_, out, "global_")
 
     def gather_async(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
@@ -148,10 +147,10 @@ class DpComm:
         current stream wait for it. Not differentiable (a dpx error if ``local`` requires
         grad)."""
         self._no_grad("gather_async", local)
-        prep = self._checked("gather", plan, local, partial, self._gather_checks,
+        prep = self._checked("gather", plan, local, partial, counts, self._gather_checks,
                              local, plan, partial, counts, None)
         return self.overlap.launch("gather", key, local, prep.out_rows,
-                                   self._runner(prep, counts, local))
+                                   self._runner(prep, _flat(counts), local))
 
     def reduce_scatter_async(self, global_: torch.Tensor, plan: DpPlan, *,
                              counts: torch.Tensor | None = None,
@@ -159,10 +158,11 @@ class DpComm:
         """:meth:`reduce_scatter` on :attr:`comm_stream`; see :meth:`gather_async` (pool key
         ``("reduce_scatter", key)``)."""
         self._no_grad("reduce_scatter_async", global_)
-        prep = self._checked("reduce_scatter", plan, global_, True, self._global_checks,
-                             Op.REDUCE_SCATTER, global_, plan, counts, None)
+        prep = self._checked("reduce_scatter", plan, global_, True, counts,
+                             self._global_checks, Op.REDUCE_SCATTER, global_, plan, counts,
+                             None)
         return self.overlap.launch("reduce_scatter", key, global_, prep.out_rows,
-                                   self._runner(prep, counts, global_))
+                                   self._runner(prep, _flat(counts), global_))
 
     def sync_counts(self, num_tokens: int, *,
                     is_extend: bool = False) -> tuple[tuple[int, ...], bool]:
@@ -187,7 +187,8 @@ class DpComm:
     def destroy(self) -> None:
         """Destroy the subgroups this communicator created."""
         g = self.groups
-        for pg in {id(g.attn_tp): g.attn_tp, id(g.cpu): g.cpu}.values():
+        for pg in {id(g.attn_tp): g.attn_tp, id(g.replica): g.replica,
+                   id(g.cpu): g.cpu}.values():
             if pg is not None and pg is not g.world:
                 dist.destroy_process_group(pg)
 
@@ -229,7 +230,11 @@ class DpComm:
         self.checks.plan(plan)
         d = self.dp_rank
         if op is Op.GATHER:
-            need = plan.slot_rows[d] if counts is not None else plan.num_tokens[d]
+            if counts is not None:
+                need = plan.slot_rows[d]
+            else:
+                need = (plan.cp_shards[d][self.cp_rank] if plan.sharded
+                        else plan.num_tokens[d])
             out_rows = plan.global_rows
         else:
             need, out_rows = plan.global_rows, plan.slot_rows[d]
@@ -243,8 +248,8 @@ class DpComm:
             self._prepared[key] = prep
         return prep
 
-    def _checked(self, op: str, plan, tensor, partial, checks: Callable[..., _Prepared],
-                 *args) -> _Prepared:
+    def _checked(self, op: str, plan, tensor, partial, counts,
+                 checks: Callable[..., _Prepared], *args) -> _Prepared:
         """Run this rank's input checks. Without ``validate`` a rejected input raises here,
         before any collective. With ``validate``, every rank first exchanges what it is
         about to do (and whether its input was rejected), and all raise the same error."""
@@ -254,7 +259,7 @@ class DpComm:
             result, err = checks(*args), None
         except DpxError as exc:
             result, err = None, exc
-        self.agreement.check(op, plan, tensor, partial, err)
+        self.agreement.check(op, plan, tensor, partial, err, counts)
         return result
 
     def _adjoint(self, call: _Call) -> _Call:
@@ -273,7 +278,8 @@ class DpComm:
             return OpFunction.apply(x, self, _Call(prep.schedule, counts, x.shape[0]))
         if out is None:
             out = x.new_empty((prep.out_rows, *x.shape[1:]))
-        return prep.program(x, out, counts, "comm" if self.overlap.on_comm_stream else "caller")
+        key = "comm" if self.overlap.on_comm_stream else "caller"
+        return prep.program(x, out, _flat(counts), key)
 
     def _execute(self, call: _Call, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         """Run a differentiable call's schedule (forward or backward)."""
@@ -281,7 +287,7 @@ class DpComm:
         if out is None:
             out = x.new_empty((sched.out_rows, *x.shape[1:]))
         key = "comm" if self.overlap.on_comm_stream else "caller"
-        return self.interpreter.run(sched, x, out, call.counts, key)
+        return self.interpreter.run(sched, x, out, _flat(call.counts), key)
 
     def _runner(self, prep: _Prepared, counts: torch.Tensor | None,
                 x: torch.Tensor) -> Callable[[torch.Tensor], object]:
@@ -294,6 +300,11 @@ class DpComm:
             raise DpxValueError(f"{name} records no autograd graph and its input requires "
                                 f"grad: call the synchronous form, or pass a detached tensor "
                                 f"under torch.no_grad()")
+
+
+def _flat(counts: torch.Tensor | None) -> torch.Tensor | None:
+    """Device counts as the schedules read them: a shard table ``[dp, cp]`` row by row."""
+    return counts.reshape(-1) if counts is not None and counts.dim() == 2 else counts
 
 
 def counts_tensor(num_tokens: Sequence[int], device: torch.device | str) -> torch.Tensor:

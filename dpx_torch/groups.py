@@ -12,13 +12,15 @@ from dpx.layout import DpLayout
 
 @dataclass(frozen=True)
 class DpGroups:
-    """The world group, this rank's attn-tp group and a CPU (gloo) group for host exchanges.
+    """The world group, this rank's attn-tp and replica groups, and a CPU (gloo) group for
+    host exchanges.
 
     ``rank`` is this process's rank in ``world`` (the layout's rank numbering).
     """
 
     world: dist.ProcessGroup
     attn_tp: dist.ProcessGroup | None  # None when attn_tp_size == 1 (no attn-tp collective)
+    replica: dist.ProcessGroup | None  # this rank's replica (cp x attn_tp ranks); None if 1
     cpu: dist.ProcessGroup
     rank: int
     backend: str
@@ -47,14 +49,25 @@ def build_groups(layout: DpLayout, group: dist.ProcessGroup | None) -> DpGroups:
     backend = str(dist.get_backend(world)).lower()
     glob = [dist.get_global_rank(world, r) for r in range(size)]
 
-    attn_tp = None
-    if layout.attn_tp_size == layout.world_size:
-        attn_tp = world
-    elif layout.attn_tp_size > 1:
-        for ranks in layout.attn_tp_groups():
+    def subgroups(groups: tuple[tuple[int, ...], ...]) -> dist.ProcessGroup | None:
+        """This rank's group among ``groups`` (every one created on every rank, in order)."""
+        size = len(groups[0])
+        if size == 1:
+            return None
+        if size == layout.world_size:
+            return world
+        mine = None
+        for ranks in groups:
             g = dist.new_group([glob[r] for r in ranks])
             if rank in ranks:
-                attn_tp = g
+                mine = g
+        return mine
+
+    attn_tp = subgroups(layout.attn_tp_groups())
+    if layout.cp_size == 1:
+        replica = attn_tp  # the same ranks
+    else:
+        replica = subgroups(tuple(layout.replica_ranks(d) for d in range(layout.dp_size)))
     cpu = world if backend == "gloo" else dist.new_group(glob, backend="gloo")
-    return DpGroups(world=world, attn_tp=attn_tp, cpu=cpu, rank=rank, backend=backend,
-                    global_ranks=tuple(glob))
+    return DpGroups(world=world, attn_tp=attn_tp, replica=replica, cpu=cpu, rank=rank,
+                    backend=backend, global_ranks=tuple(glob))

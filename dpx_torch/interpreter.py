@@ -18,11 +18,11 @@ import torch.distributed as dist
 from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.modes import Group
-from dpx.schedule import (IN, OUT, AllGather, AllReduce, BroadcastV, Copy, Place, ReduceScatter,
-                          ReduceV, Ref, Schedule, Take, ZeroFrom)
+from dpx.schedule import (IN, OUT, AllGather, AllReduce, BroadcastV, Copy, Pack, Place,
+                          ReduceScatter, ReduceV, Ref, Schedule, Take, Unpack, ZeroFrom)
 from dpx_torch.groups import DpGroups
 from dpx_torch.pool import BufferPool
-from dpx_torch.rows import place_into, take_into, zero_from_
+from dpx_torch.rows import pack_into, place_into, take_into, unpack_into, zero_from_
 
 # torch >= 2.12 renamed the single-tensor collectives; older releases have only the old names
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -83,6 +83,13 @@ class DeviceValues:
 
     def cumsum_excl(self, v: torch.Tensor) -> torch.Tensor:
         return torch.cumsum(v, 0, dtype=torch.int32) - v
+
+    def group_sum(self, v: torch.Tensor, k: int) -> torch.Tensor:
+        return v.reshape(-1, k).sum(1, dtype=torch.int32)
+
+    def group_cumsum_excl(self, v: torch.Tensor, k: int) -> torch.Tensor:
+        g = v.reshape(-1, k)
+        return (torch.cumsum(g, 1, dtype=torch.int32) - g).reshape(-1)
 
     def sum(self, v: torch.Tensor) -> torch.Tensor:
         return v.sum(dtype=torch.int32).reshape(1)
@@ -169,6 +176,7 @@ class Interpreter:
         self.consts: dict = {}
         self._compilers: dict[type, Callable[[Any], Callable]] = {
             Place: self._place, Take: self._take, ZeroFrom: self._zero, Copy: self._copy,
+            Pack: self._pack, Unpack: self._unpack,
             AllGather: self._all_gather, ReduceScatter: self._reduce_scatter,
             AllReduce: self._all_reduce, BroadcastV: self._broadcast_v, ReduceV: self._reduce_v,
         }
@@ -206,9 +214,37 @@ class Interpreter:
         src, dst = _getter(s.src), _getter(s.dst)
         return lambda env, vals: copy_rows(dst(env), src(env))
 
+    def _table(self, v: Any) -> Callable[[dict, Any], torch.Tensor]:
+        """A chunk-table vector as an int32 tensor on the data's device: a host tuple is
+        made once per device and kept; an expression is evaluated per call."""
+        if isinstance(v, tuple):
+            consts = self.consts
+
+            def const(env, vals):
+                dev = env[IN].device
+                t = consts.get((v, dev))
+                if t is None:
+                    t = consts[(v, dev)] = torch.tensor(v, dtype=torch.int32, device=dev)
+                return t
+            return const
+        return lambda env, vals: vals(v)
+
+    def _pack(self, s: Pack):
+        src, dst, firsts, lens, block = (_getter(s.src), _getter(s.dst), self._table(s.firsts),
+                                         self._table(s.lens), s.block)
+        return lambda env, vals: pack_into(src(env), firsts(env, vals), lens(env, vals),
+                                           block, dst(env))
+
+    def _unpack(self, s: Unpack):
+        src, dst, firsts, lens, block = (_getter(s.src), _getter(s.dst), self._table(s.firsts),
+                                         self._table(s.lens), s.block)
+        return lambda env, vals: unpack_into(src(env), firsts(env, vals), lens(env, vals),
+                                             block, dst(env))
+
     # ------------------------------------------------------------ collectives
     def _group(self, g: Group) -> dist.ProcessGroup:
-        return self.groups.world if g is Group.WORLD else self.groups.attn_tp
+        return {Group.WORLD: self.groups.world, Group.ATTN_TP: self.groups.attn_tp,
+                Group.REPLICA: self.groups.replica}[g]
 
     def _all_gather(self, s: AllGather):
         src, dst, group = _getter(s.src), _getter(s.dst), self._group(s.group)

@@ -304,3 +304,153 @@ def zero_rows_(out: torch.Tensor, start: Index, count: Index, *,
     else:
         _launch_rows("zero_rows_kernel", None, s_t, c_t, s_v, c_v, out, tile)
     return out
+
+
+# ---------------------------------------------------------------- chunk tables
+# ``unpack_rows(src [n*block, *rest], firsts, lens, rows) -> [rows, *rest]``:
+#     ``out[firsts[r] + j] = src[r*block + j]`` for ``j < lens[r]``; other rows 0.
+# ``pack_rows(src [m, *rest], firsts, lens, block) -> [n*block, *rest]``:
+#     ``out[r*block + j] = src[firsts[r] + j]`` for ``j < lens[r]``; other rows 0.
+# ``firsts`` / ``lens``: int32 ``[n]`` tensors on the data's device. The two are adjoint.
+
+def _launch_chunks(kernel_name: str, src: torch.Tensor, firsts: torch.Tensor,
+                   lens: torch.Tensor, block: int, out: torch.Tensor,
+                   tile: Tile = DEFAULT_TILE) -> None:
+    rows, width = out.shape[0], _width(out)
+    if out.numel() == 0:
+        return
+    block_r, block_c, warps = _launch.row_blocks(width, tile)
+    grid = (-(-rows // block_r), -(-width // block_c))
+    _kernel(kernel_name, out.device)[grid](
+        src, firsts, lens, src.shape[0], rows, firsts.shape[0], block, out, WIDTH=width,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+
+
+@torch.library.custom_op("dpx::unpack_rows_out", mutates_args=("out",))
+def _unpack_rows_out(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
+                     out: torch.Tensor) -> None:
+    _launch_chunks("unpack_rows_kernel", src, firsts, lens, block, out)
+
+
+@torch.library.custom_op("dpx::pack_rows_out", mutates_args=("out",))
+def _pack_rows_out(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
+                   out: torch.Tensor) -> None:
+    _launch_chunks("pack_rows_kernel", src, firsts, lens, block, out)
+
+
+@_unpack_rows_out.register_fake
+def _(src, firsts, lens, block, out) -> None:
+    return None
+
+
+@_pack_rows_out.register_fake
+def _(src, firsts, lens, block, out) -> None:
+    return None
+
+
+@torch.library.custom_op("dpx::unpack_rows", mutates_args=())
+def _unpack_rows(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
+                 rows: int) -> torch.Tensor:
+    out = src.new_empty((rows, *src.shape[1:]))
+    _launch_chunks("unpack_rows_kernel", src, firsts, lens, block, out)
+    return out
+
+
+@torch.library.custom_op("dpx::pack_rows", mutates_args=())
+def _pack_rows(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
+               block: int) -> torch.Tensor:
+    out = src.new_empty((firsts.shape[0] * block, *src.shape[1:]))
+    _launch_chunks("pack_rows_kernel", src, firsts, lens, block, out)
+    return out
+
+
+@_unpack_rows.register_fake
+def _(src, firsts, lens, block, rows):
+    return src.new_empty((rows, *src.shape[1:]))
+
+
+@_pack_rows.register_fake
+def _(src, firsts, lens, block):
+    return src.new_empty((firsts.shape[0] * block, *src.shape[1:]))
+
+
+def _chunks_ctx(ctx, inputs, output) -> None:
+    src, firsts, lens, block = inputs[:4]
+    ctx.table, ctx.block, ctx.src_rows = (firsts, lens), block, src.shape[0]
+
+
+torch.library.register_autograd(
+    "dpx::unpack_rows", lambda ctx, g: (_pack_rows(g.contiguous(), *ctx.table, ctx.block),
+                                        None, None, None, None), setup_context=_chunks_ctx)
+torch.library.register_autograd(
+    "dpx::pack_rows", lambda ctx, g: (_unpack_rows(g.contiguous(), *ctx.table, ctx.block,
+                                                   ctx.src_rows), None, None, None),
+    setup_context=_chunks_ctx)
+
+
+def _check_table(name: str, src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
+                 block: int) -> None:
+    _check_src_out(name, src, 0, None)
+    for what, t in (("firsts", firsts), ("lens", lens)):
+        if (not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1
+                or t.device != src.device):
+            raise DpxTypeError(f"{name}: {what} must be a 1-d int32 tensor on {src.device}")
+    if firsts.shape != lens.shape:
+        raise DpxValueError(f"{name}: firsts has {firsts.shape[0]} entries, lens "
+                            f"{lens.shape[0]}; they must match")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise DpxValueError(f"{name}: block={block!r} must be an int >= 0")
+
+
+def unpack_rows(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
+                rows: int) -> torch.Tensor:
+    """``src [n*block, *rest] -> [rows, *rest]``: chunk ``r`` (``src[r*block :
+    r*block + lens[r]]``, ``block = src rows // n``) moved to rows ``firsts[r]...``;
+    every other row is 0. Chunks must not overlap; the kernel masks every access, so a
+    wrong table can never read or write out of bounds. Differentiable (adjoint:
+    :func:`pack_rows`)."""
+    _check_table("unpack_rows", src, firsts, lens, 0)
+    n = firsts.shape[0]
+    if n == 0 or src.shape[0] % n:
+        raise DpxValueError(f"unpack_rows: src has {src.shape[0]} rows; it must be "
+                            f"{n} chunks of equal size")
+    _check_src_out("unpack_rows", src, rows, None)
+    block = src.shape[0] // n
+    if torch.compiler.is_compiling() or (src.requires_grad and torch.is_grad_enabled()):
+        return _unpack_rows(src, firsts, lens, block, rows)
+    out = src.new_empty((rows, *src.shape[1:]))
+    _launch_chunks("unpack_rows_kernel", src, firsts, lens, block, out)
+    return out
+
+
+def pack_rows(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
+              block: int) -> torch.Tensor:
+    """``src [m, *rest] -> [n*block, *rest]``: ``src[firsts[r] : firsts[r] + lens[r]]``
+    moved to rows ``r*block...``, zeros after each chunk. Differentiable (adjoint:
+    :func:`unpack_rows`)."""
+    _check_table("pack_rows", src, firsts, lens, block)
+    if torch.compiler.is_compiling() or (src.requires_grad and torch.is_grad_enabled()):
+        return _pack_rows(src, firsts, lens, block)
+    out = src.new_empty((firsts.shape[0] * block, *src.shape[1:]))
+    _launch_chunks("pack_rows_kernel", src, firsts, lens, block, out)
+    return out
+
+
+def unpack_into(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
+                out: torch.Tensor) -> torch.Tensor:
+    """:func:`unpack_rows` into ``out`` without checks (the interpreter's)."""
+    if torch.compiler.is_compiling():
+        _unpack_rows_out(src, firsts, lens, block, out)
+    else:
+        _launch_chunks("unpack_rows_kernel", src, firsts, lens, block, out)
+    return out
+
+
+def pack_into(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
+              out: torch.Tensor) -> torch.Tensor:
+    """:func:`pack_rows` into ``out`` without checks (the interpreter's)."""
+    if torch.compiler.is_compiling():
+        _pack_rows_out(src, firsts, lens, block, out)
+    else:
+        _launch_chunks("pack_rows_kernel", src, firsts, lens, block, out)
+    return out

@@ -1,13 +1,14 @@
 """The main job: one DP-attention MoE layer, several steps, on simulated ranks.
 
-    python examples/dp_moe_demo.py [--world 4] [--steps 4] [--frontend both]
+    python examples/dp_moe_demo.py [--world 4] [--cp 2] [--steps 4] [--frontend both]
     python -m dpx demo ...            (the same, from a source checkout)
 
 Every step: random per-replica token counts (some replica idle), a plan, then on every rank
 ``gather(partial) -> tensor-parallel MLP (weights sharded over all ranks) ->
 reduce_scatter``, checked against a dense single-process reference; the same inputs run
 through ``dpx_torch`` (one gloo process per rank) and ``dpx_jax`` (``shard_map`` on
-simulated CPU devices) and the two are compared.
+simulated CPU devices) and the two are compared. A second run does the same with attention
+context-parallel inside each replica.
 """
 
 from __future__ import annotations
@@ -27,18 +28,23 @@ from dpx import CostModel, DpLayout, DpPlan, Transport, estimate, plan_step
 
 @dataclass(frozen=True)
 class DemoProblem:
-    """Inputs, weights and reference of the demo, identical wherever they are built."""
+    """Inputs, weights and reference of the demo, identical wherever they are built.
+
+    With ``cp > 1`` attention runs context-parallel inside each replica: on even steps
+    every CP rank holds all of its replica's rows, on odd steps each holds a shard of
+    them (``cp_shards``), and gets back only its shard's rows."""
 
     world: int
     dp: int
     hidden: int
     steps: int
     seed: int
+    cp: int = 1
     max_tokens: int = 24
 
     @property
     def layout(self) -> DpLayout:
-        return DpLayout(self.world, self.dp)
+        return DpLayout(self.world, self.dp, self.cp)
 
     @property
     def ffn(self) -> int:
@@ -55,29 +61,48 @@ class DemoProblem:
         if self.dp > 2 and step % 4 == 3:
             counts = [0] * self.dp
             counts[0] = self.max_tokens * 2  # one replica holds everything
+        shards = None
+        if self.cp > 1 and step % 2:
+            cuts = [sorted(int(x) for x in rng.integers(0, n + 1, self.cp - 1)) for n in counts]
+            shards = [tuple(b - a for a, b in zip([0, *c], [*c, n])) for c, n in zip(cuts, counts)]
         kind = step % 3
         if kind == 0:
-            return plan_step(counts, self.layout, is_extend=step == 0)
+            return plan_step(counts, self.layout, is_extend=step == 0, cp_shards=shards)
         if kind == 1:
-            return plan_step(counts, self.layout, policy="cost", row_bytes=self.hidden * 4)
-        return plan_step(counts, self.layout, mode="gatherv")
+            return plan_step(counts, self.layout, policy="cost", row_bytes=self.hidden * 4,
+                             cp_shards=shards)
+        return plan_step(counts, self.layout, mode="gatherv", cp_shards=shards)
+
+    def rows_of(self, step: int, rank: int) -> tuple[int, int]:
+        """``(first, count)``: the rows of its replica's tokens that ``rank`` holds (all of
+        them, or its CP shard)."""
+        plan = self.plan(step)
+        c = self.layout.coords(rank)
+        if not plan.sharded:
+            return 0, plan.num_tokens[c.attn_dp_rank]
+        row = plan.cp_shards[c.attn_dp_rank]
+        return sum(row[:c.attn_cp_rank]), row[c.attn_cp_rank]
 
     def hidden_states(self, step: int, d: int, n: int):
         """Replica d's attention output ``[n, hidden]`` (small integers: exact sums)."""
         return self._rng(2, step, d).integers(-3, 4, (n, self.hidden)).astype("float32")
 
-    def partial_states(self, step: int, rank: int, n: int):
-        """Rank ``rank``'s partial sum: its replica's attn-tp ranks add up to
-        ``hidden_states`` (as after a row-parallel attention output projection)."""
+    def partial_states(self, step: int, rank: int):
+        """Rank ``rank``'s input rows: partial sums that its attn-tp group adds up to its
+        rows of ``hidden_states`` (as after a row-parallel attention output projection)."""
         lay = self.layout
         c = lay.coords(rank)
         tp = lay.attn_tp_size
+        n = self.plan(step).num_tokens[c.attn_dp_rank]
+        first, count = self.rows_of(step, rank)
         parts = [self._rng(3, step, c.attn_dp_rank, t).integers(-2, 3, (n, self.hidden))
                  .astype("float32") for t in range(1, tp)]
         if c.attn_tp_rank > 0:
-            return parts[c.attn_tp_rank - 1]
-        return self.hidden_states(step, c.attn_dp_rank, n) - sum(parts, start=0 * parts[0]) \
-            if parts else self.hidden_states(step, c.attn_dp_rank, n)
+            full = parts[c.attn_tp_rank - 1]
+        else:
+            full = self.hidden_states(step, c.attn_dp_rank, n) - sum(parts, start=0 * parts[0]) \
+                if parts else self.hidden_states(step, c.attn_dp_rank, n)
+        return full[first:first + count]
 
     def weights(self):
         """``W1 [hidden, ffn]``, ``W2 [ffn, hidden]``; rank r holds ffn columns
@@ -92,11 +117,13 @@ class DemoProblem:
         k = self.ffn // self.world
         return w1[:, rank * k:(rank + 1) * k], w2[rank * k:(rank + 1) * k]
 
-    def reference(self, step: int, d: int):
-        """Dense single-process MLP output of replica d's tokens ``[n_d, hidden]``."""
+    def reference(self, step: int, rank: int):
+        """Dense single-process MLP output of the rows ``rank`` holds ``[count, hidden]``."""
+        d = self.layout.coords(rank).attn_dp_rank
         n = self.plan(step).num_tokens[d]
+        first, count = self.rows_of(step, rank)
         w1, w2 = self.weights()
-        x = self.hidden_states(step, d, n).astype(np.float64)
+        x = self.hidden_states(step, d, n).astype(np.float64)[first:first + count]
         return np.maximum(x @ w1, 0) @ w2
 
 
@@ -116,7 +143,7 @@ def _rank_main(rank: int, problem: DemoProblem, init_file: str, results: mp.Queu
         d = problem.layout.coords(rank).attn_dp_rank
         for step in range(problem.steps):
             plan = problem.plan(step)
-            local = torch.from_numpy(problem.partial_states(step, rank, plan.num_tokens[d]))
+            local = torch.from_numpy(problem.partial_states(step, rank))
             dist.barrier()
             t0 = time.perf_counter()
             gathered = comm.gather(local, plan, partial=True)
@@ -187,9 +214,9 @@ def run_jax(problem: DemoProblem) -> list[dict]:
         rows = plan.max_slot_rows
         locs = []
         for r in range(lay.world_size):
-            n = plan.num_tokens[lay.coords(r).attn_dp_rank]
+            rows_r = problem.partial_states(step, r)
             x = np.zeros((rows, problem.hidden), np.float32)
-            x[:n] = problem.partial_states(step, r, n)
+            x[:rows_r.shape[0]] = rows_r
             locs.append(x)
         local = jax.device_put(jnp.asarray(np.concatenate(locs)), spec)
 
@@ -214,16 +241,30 @@ def run_jax(problem: DemoProblem) -> list[dict]:
 
 
 # ---------------------------------------------------------------- report
-def run_demo(*, world: int, dp: int, hidden: int, steps: int, frontend: str, seed: int) -> int:
-    problem = DemoProblem(world, dp, hidden, steps, seed)
-    lay = problem.layout
+def run_demo(*, world: int, dp: int, cp: int, hidden: int, steps: int, frontend: str,
+             seed: int) -> int:
+    """The job on the main layout (``world`` ranks, ``dp`` replicas, attn-tp inside), then
+    on a context-parallel one (``dp`` replicas of ``cp`` CP ranks, when ``world`` allows);
+    0 when every step matches the dense reference and the frontends agree."""
+    problems = [DemoProblem(world, dp, hidden, steps, seed)]
+    if cp > 1 and world % (dp * cp) == 0:
+        problems.append(DemoProblem(world, dp, hidden, steps, seed, cp=cp))
+    elif cp > 1:
+        print(f"(no context-parallel run: world={world} is not a multiple of dp*cp={dp * cp})")
+    return 0 if all(_run_problem(p, frontend) for p in problems) else 1
+
+
+def _run_problem(problem: DemoProblem, frontend: str) -> bool:
+    lay, steps, hidden = problem.layout, problem.steps, problem.hidden
     print(f"dpx demo: one DP-attention MoE layer, {lay.describe()}, hidden={hidden}, "
-          f"{steps} steps, frontend={frontend}")
+          f"{steps} steps, frontend={frontend}"
+          + (" (even steps: CP ranks hold the same rows; odd steps: CP shards)"
+             if lay.cp_size > 1 else ""))
     names = ["torch", "jax"] if frontend == "both" else [frontend]
     runners = {"torch": run_torch, "jax": run_jax}
     results = {}
     for name in names:
-        print(f"[{name}] starting {world} simulated ranks ...", flush=True)
+        print(f"[{name}] starting {lay.world_size} simulated ranks ...", flush=True)
         t0 = time.perf_counter()
         results[name] = runners[name](problem)
         print(f"[{name}] done in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -239,10 +280,9 @@ def run_demo(*, world: int, dp: int, hidden: int, steps: int, frontend: str, see
             plan = problem.plan(step)
             res = results[name][step]
             err = 0.0
-            for r in range(world):
-                d = lay.coords(r).attn_dp_rank
-                n = plan.num_tokens[d]
-                want = problem.reference(step, d)
+            for r in range(lay.world_size):
+                want = problem.reference(step, r)
+                n = want.shape[0]
                 got = res["out"][r]
                 err = max(err, float(np.abs(got[:n] - want).max()) if n else 0.0)
                 if got[n:].any():
@@ -253,7 +293,9 @@ def run_demo(*, world: int, dp: int, hidden: int, steps: int, frontend: str, see
             # collectives; JAX on CPU devices (equal-size collectives only)
             transport = Transport.PER_ROOT if name == "torch" else Transport.EQUAL
             est = estimate(plan, row_bytes=hidden * 4, cost_model=model, transport=transport)
-            print(f"{name:<8} {step:>4}  {str(list(plan.num_tokens)):<22} {plan.mode.name:<8} "
+            counts = str([list(s) for s in plan.cp_shards] if plan.sharded
+                         else list(plan.num_tokens))
+            print(f"{name:<8} {step:>4}  {counts:<22} {plan.mode.name:<8} "
                   f"{plan.global_rows:>6} {est.moved:>10} {res['ms']:>8.2f} {err:>9.2e}  "
                   f"{'ok' if good else 'FAIL'}")
     if len(names) == 2:
@@ -265,20 +307,22 @@ def run_demo(*, world: int, dp: int, hidden: int, steps: int, frontend: str, see
               f"outputs max |diff| = {diff:.2e}")
         ok &= same_gather and diff < 1e-4
     print("RESULT:", "all steps match the dense reference" if ok else "MISMATCH")
-    return 0 if ok else 1
+    return ok
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dp_moe_demo", description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--dp", type=int, default=None, help="default: world // 2")
+    ap.add_argument("--cp", type=int, default=2,
+                    help="CP ranks per replica of the second, context-parallel run (1: none)")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--frontend", choices=("torch", "jax", "both"), default="both")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     return run_demo(world=args.world, dp=args.dp if args.dp else max(args.world // 2, 1),
-                    hidden=args.hidden, steps=args.steps, frontend=args.frontend,
+                    cp=args.cp, hidden=args.hidden, steps=args.steps, frontend=args.frontend,
                     seed=args.seed)
 
 

@@ -10,7 +10,10 @@ Kernels call no other ``@triton.jit`` function, so each runs unchanged in Triton
 interpreter (CPU tensors) without the process-wide interpret switch. ``start_val`` and
 ``count_val`` are never specialised (a value of 1 would otherwise become a constant).
 
-Grid for all three: ``(cdiv(out_rows, BLOCK_R), cdiv(WIDTH, BLOCK_C))``.
+``pack_rows`` / ``unpack_rows`` move the chunks of a chunk table (int32 ``firsts`` and
+``lens`` in device memory) between their rows of a buffer and equal ``block``-row pieces.
+
+Grid for all: ``(cdiv(out_rows, BLOCK_R), cdiv(WIDTH, BLOCK_C))``.
 """
 
 import triton
@@ -95,3 +98,58 @@ def zero_rows_kernel(start_ptr, count_ptr, start_val, count_val, out_rows,
     zeros = tl.full((BLOCK_R, BLOCK_C), 0, dtype=out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], zeros,
              mask=pad[:, None] & (cols < WIDTH)[None, :])
+
+
+@triton.jit(do_not_specialize=["n_chunks", "block"])
+def unpack_rows_kernel(src_ptr, firsts_ptr, lens_ptr, src_rows, out_rows, n_chunks, block,
+                       out_ptr, WIDTH: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
+    """``out[firsts[r] + j] = src[r*block + j]`` for ``j < lens[r]``, ``r < n_chunks``;
+    every other row of ``out`` is 0 (chunks must not overlap).
+
+    src ``[src_rows, WIDTH]`` (``n_chunks`` pieces of ``block`` rows: an equal all-gather's
+    output) -> out ``[out_rows, WIDTH]``. ``firsts`` / ``lens``: int32 ``[n_chunks]`` in
+    device memory. Each program scans the chunk table once for its rows.
+    """
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
+    src_row = tl.full((BLOCK_R,), -1, tl.int64)
+    for r in range(0, n_chunks):
+        first = tl.load(firsts_ptr + r).to(tl.int64)
+        length = tl.minimum(tl.load(lens_ptr + r).to(tl.int64), block)
+        hit = (rows >= first) & (rows < first + length)
+        src_row = tl.where(hit, r * block + rows - first, src_row)
+    row_real = (src_row >= 0) & (src_row < src_rows) & (rows < out_rows)
+    col_ok = cols < WIDTH
+    vals = tl.load(src_ptr + src_row[:, None] * WIDTH + cols[None, :],
+                   mask=row_real[:, None] & col_ok[None, :], other=0)
+    tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], vals,
+             mask=(rows < out_rows)[:, None] & col_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["n_chunks", "block"])
+def pack_rows_kernel(src_ptr, firsts_ptr, lens_ptr, src_rows, out_rows, n_chunks, block,
+                     out_ptr, WIDTH: tl.constexpr, BLOCK_R: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+    """``out[r*block + j] = src[firsts[r] + j]`` for ``j < lens[r]``; every other row of
+    ``out`` is 0. The adjoint of :func:`unpack_rows_kernel`.
+
+    src ``[src_rows, WIDTH]`` -> out ``[out_rows, WIDTH]`` (``out_rows = n_chunks * block``:
+    an equal reduce-scatter's input).
+    """
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
+    in_out = rows < out_rows
+    safe_block = tl.maximum(block, 1)
+    r = rows // safe_block
+    j = rows - r * safe_block
+    chunk_ok = in_out & (r < n_chunks)
+    first = tl.load(firsts_ptr + r, mask=chunk_ok, other=0).to(tl.int64)
+    length = tl.load(lens_ptr + r, mask=chunk_ok, other=0).to(tl.int64)
+    s = first + j
+    row_real = chunk_ok & (j < length) & (s >= 0) & (s < src_rows)
+    col_ok = cols < WIDTH
+    vals = tl.load(src_ptr + s[:, None] * WIDTH + cols[None, :],
+                   mask=row_real[:, None] & col_ok[None, :], other=0)
+    tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], vals,
+             mask=in_out[:, None] & col_ok[None, :])

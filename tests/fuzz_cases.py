@@ -28,12 +28,26 @@ def counts_for(draw, dp: int, cap: int = 12):
 
 
 @st.composite
-def case_for(draw, dp: int):
+def shards_for(draw, counts, cp: int):
+    """A CP shard table for ``counts``: each replica's rows split over its ``cp`` CP ranks
+    (empty shards included)."""
+    out = []
+    for n in counts:
+        cuts = sorted(draw(st.lists(st.integers(0, n), min_size=cp - 1, max_size=cp - 1)))
+        out.append([b - a for a, b in zip([0, *cuts], [*cuts, n])])
+    return out
+
+
+@st.composite
+def case_for(draw, dp: int, cp: int = 1):
     """A check_cases() case: counts, mode (None: a policy picks), partial, dtype, or a
-    capacity plan (every mode) with run-time counts at and below its edges."""
+    capacity plan (every mode) with run-time counts at and below its edges; with ``cp > 1``
+    half the cases shard every replica's rows over its CP ranks (device shard tables for
+    capacity plans)."""
     seed = draw(st.integers(0, 2**16))
     dtype = draw(st.sampled_from(DTYPES))
     partial = draw(st.booleans())
+    sharded = cp > 1 and draw(st.booleans())
     if draw(st.integers(0, 4)) == 0:
         mode = draw(st.sampled_from(["max_len", "sum_len", "gatherv"]))
         cap = draw(st.integers(1, 10))
@@ -41,9 +55,16 @@ def case_for(draw, dp: int):
             run = draw(st.lists(st.integers(0, cap), min_size=dp, max_size=dp))
         else:
             run = draw(counts_for(dp, cap=max(cap // dp, 1)))
-            cap = max(cap, sum(run) + dp * 4)
-        return dict(counts=[0] * dp, mode=mode, capacity=cap, run_counts=run, partial=partial,
-                    dtype=dtype, seed=seed)
-    return dict(counts=draw(counts_for(dp)), mode=draw(st.sampled_from(MODES)),
+            cap = max(cap, sum(run) + dp * 4 * cp)
+        case = dict(counts=[0] * dp, mode=mode, capacity=cap, run_counts=run,
+                    partial=partial, dtype=dtype, seed=seed)
+        if sharded:
+            case.update(shards=[[0] * cp] * dp, run_counts=draw(shards_for(run, cp)))
+        return case
+    counts = draw(counts_for(dp))
+    case = dict(counts=counts, mode=draw(st.sampled_from(MODES)),
                 policy=draw(st.sampled_from(["sglang", "cost"])),
                 is_extend=draw(st.booleans()), partial=partial, dtype=dtype, seed=seed)
+    if sharded:
+        case["shards"] = draw(shards_for(counts, cp))
+    return case

@@ -35,7 +35,8 @@ def main() -> int:
     from harness import GlooWorld
 
     rng = random.Random(args.seed)
-    layouts = [(2, 2), (2, 1), (3, 3), (3, 1), (4, 4), (4, 2), (4, 1)]
+    layouts = [(2, 2), (2, 1), (3, 3), (3, 1), (4, 4), (4, 2), (4, 1), (2, 1, 2), (3, 1, 3),
+               (4, 1, 2), (4, 2, 2), (4, 1, 4)]
     per_layout = -(-args.plans // len(layouts))
     done, t0 = 0, time.time()
     tmp = Path(tempfile.mkdtemp())
@@ -46,7 +47,9 @@ def main() -> int:
                 left = per_layout
                 while left > 0:
                     n = min(100, left)
-                    cases = _draw(st.lists(case_for(layout[1]), min_size=n, max_size=n), rng)
+                    cp = layout[2] if len(layout) > 2 else 1
+                    cases = _draw(st.lists(case_for(layout[1], cp), min_size=n, max_size=n),
+                                  rng)
                     w.run("torch_jobs:check_cases", layout, cases, timeout=600)
                     left -= n
                     done += n

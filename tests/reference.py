@@ -3,6 +3,10 @@
 Every rank builds every rank's inputs from one seed, so each rank can compute the whole
 reference locally. Values are small integers, exact in every supported dtype (bfloat16
 included) and exact under summation over a few ranks, so float results compare bitwise.
+
+A rank's *rows* are its replica's ``n_d`` rows, or, when the plan shards them over CP
+ranks, its CP rank's shard. ``eff`` (what the ops run with) is the plan's counts or shards,
+or the device counts / shards a capacity plan is called with.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import numpy as np
 
 from dpx import DpLayout, DpPlan
 
-GARBAGE = 99  # rows past a replica's count hold this: a result containing it read them
+GARBAGE = 99  # rows past a rank's real rows hold this: a result containing it read them
 
 
 def _rng(*key: int) -> np.random.Generator:
@@ -24,19 +28,61 @@ def _values(rng: np.random.Generator, shape, floats: bool) -> np.ndarray:
     return rng.integers(-8, 9, size=shape).astype(np.float64)
 
 
+def counts_of(plan: DpPlan, eff=None) -> tuple[int, ...]:
+    """Per-replica counts of ``eff`` (counts, or a shard table), default the plan's."""
+    if eff is None:
+        return plan.num_tokens
+    eff = tuple(eff)
+    if eff and isinstance(eff[0], (tuple, list)):
+        return tuple(sum(s) for s in eff)
+    return eff
+
+
+def shards_of(plan: DpPlan, eff=None):
+    """The shard table of ``eff`` for a sharded plan (default the plan's), else None."""
+    if not plan.sharded:
+        return None
+    if eff is None:
+        return plan.cp_shards
+    return tuple(tuple(s) for s in eff)
+
+
+def offsets_of(plan: DpPlan, counts: tuple[int, ...]) -> tuple[int, ...]:
+    """Slot offsets for ``counts`` (a capacity plan's dynamic offsets, else the plan's)."""
+    if not plan.dynamic_offsets:
+        return plan.offsets
+    m, acc, offs = plan.layout.replica_size, 0, []
+    for n in counts:
+        offs.append(acc)
+        acc += -(-n // m) * m
+    return tuple(offs)
+
+
+def held(plan: DpPlan, rank: int, eff=None) -> tuple[int, int]:
+    """``(first global row, rows)`` of ``rank``'s real rows."""
+    c = plan.layout.coords(rank)
+    counts, shards = counts_of(plan, eff), shards_of(plan, eff)
+    off = offsets_of(plan, counts)[c.attn_dp_rank]
+    if shards is None:
+        return off, counts[c.attn_dp_rank]
+    row = shards[c.attn_dp_rank]
+    return off + sum(row[:c.attn_cp_rank]), row[c.attn_cp_rank]
+
+
 def local_inputs(seed: int, plan: DpPlan, rest: tuple[int, ...], *, partial: bool,
-                 extra_rows: int = 2, rows: int | None = None,
-                 floats: bool = False) -> list[np.ndarray]:
+                 extra_rows: int = 2, rows: int | None = None, floats: bool = False,
+                 eff=None) -> list[np.ndarray]:
     """``local`` of every rank, float64 holding small ints (or float32 values with
-    ``floats``). Replica d's ranks get ``n_d`` real rows (identical across attn-tp ranks
-    unless ``partial``) then garbage rows."""
+    ``floats``). A rank gets its real rows (identical across attn-tp ranks unless
+    ``partial``, and across CP ranks unless the plan shards) then garbage rows."""
     lay = plan.layout
     out = []
     for r in range(lay.world_size):
         c = lay.coords(r)
-        n = plan.num_tokens[c.attn_dp_rank]
+        _, n = held(plan, r, eff)
         total = rows if rows is not None else n + extra_rows
-        key = (seed, c.attn_dp_rank, c.attn_tp_rank if partial else 0)
+        key = (seed, c.attn_dp_rank, c.attn_cp_rank if plan.sharded else 0,
+               c.attn_tp_rank if partial else 0)
         x = np.full((total, *rest), GARBAGE, dtype=np.float64)
         x[:n] = _values(_rng(*key), (n, *rest), floats)
         out.append(x)
@@ -50,39 +96,41 @@ def global_inputs(seed: int, plan: DpPlan, rest: tuple[int, ...], *,
             for r in range(plan.layout.world_size)]
 
 
-def offsets_of(plan: DpPlan, counts: tuple[int, ...]) -> tuple[int, ...]:
-    """Slot offsets for ``counts`` (a capacity plan's dynamic offsets, else the plan's)."""
-    if not plan.dynamic_offsets:
-        return plan.offsets
-    tp, acc, offs = plan.layout.attn_tp_size, 0, []
-    for n in counts:
-        offs.append(acc)
-        acc += -(-n // tp) * tp
-    return tuple(offs)
-
-
 def ref_gather(locals_: list[np.ndarray], plan: DpPlan, *, partial: bool,
-               counts: tuple[int, ...] | None = None) -> np.ndarray:
-    counts = plan.num_tokens if counts is None else counts
+               counts=None) -> np.ndarray:
+    """The gathered buffer: every replica's rows (CP rank 0's copy, or every CP rank's
+    shard at its place), summed over attn-tp when ``partial``."""
     lay: DpLayout = plan.layout
-    offs = offsets_of(plan, counts)
     out = np.zeros((plan.global_rows, *locals_[0].shape[1:]), dtype=np.float64)
     for d in range(lay.dp_size):
-        n, ranks = counts[d], lay.replica_ranks(d)
-        val = sum(locals_[r][:n] for r in ranks) if partial else locals_[ranks[0]][:n]
-        out[offs[d]:offs[d] + n] = val
+        for cp in range(lay.cp_size if plan.sharded else 1):
+            ranks = [lay.rank_of(d, cp, t) for t in range(lay.attn_tp_size)]
+            first, n = held(plan, ranks[0], counts)
+            val = sum(locals_[r][:n] for r in ranks) if partial else locals_[ranks[0]][:n]
+            out[first:first + n] = val
     return out
 
 
-def ref_scatter(global_: np.ndarray, plan: DpPlan, d: int,
-                counts: tuple[int, ...] | None = None) -> np.ndarray:
-    counts = plan.num_tokens if counts is None else counts
-    off, n = offsets_of(plan, counts)[d], counts[d]
+def ref_scatter_rank(global_: np.ndarray, plan: DpPlan, rank: int, counts=None) -> np.ndarray:
+    """``[slot_rows[d]]``: the rank's real rows of the buffer, then zeros."""
+    d = plan.layout.coords(rank).attn_dp_rank
+    first, n = held(plan, rank, counts)
     out = np.zeros((plan.slot_rows[d], *global_.shape[1:]), dtype=np.float64)
-    out[:n] = global_[off:off + n]
+    out[:n] = global_[first:first + n]
     return out
+
+
+def ref_scatter(global_: np.ndarray, plan: DpPlan, d: int, counts=None) -> np.ndarray:
+    """:func:`ref_scatter_rank` for replica ``d`` of a plan whose CP ranks share rows."""
+    assert not plan.sharded
+    return ref_scatter_rank(global_, plan, plan.layout.replica_ranks(d)[0], counts)
+
+
+def ref_reduce_scatter_rank(globals_: list[np.ndarray], plan: DpPlan, rank: int,
+                            counts=None) -> np.ndarray:
+    return ref_scatter_rank(sum(globals_), plan, rank, counts)
 
 
 def ref_reduce_scatter(globals_: list[np.ndarray], plan: DpPlan, d: int,
-                       counts: tuple[int, ...] | None = None) -> np.ndarray:
+                       counts=None) -> np.ndarray:
     return ref_scatter(sum(globals_), plan, d, counts)

@@ -20,9 +20,9 @@ import numpy as np
 import dpx
 from dpx import expr as X
 from dpx.modes import Group
-from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, Copy, Place,
-                          ReduceScatter, ReduceScatterV, ReduceV, Ref, Schedule, Take,
-                          ZeroFrom)
+from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, Copy, Pack,
+                          Place, ReduceScatter, ReduceScatterV, ReduceV, Ref, Schedule, Take,
+                          Unpack, ZeroFrom)
 
 
 class NumpyValues:
@@ -52,6 +52,13 @@ class NumpyValues:
 
     def cumsum_excl(self, v):
         return np.cumsum(v) - v
+
+    def group_sum(self, v, k):
+        return np.asarray(v).reshape(-1, k).sum(axis=1)
+
+    def group_cumsum_excl(self, v, k):
+        g = np.asarray(v).reshape(-1, k)
+        return (np.cumsum(g, axis=1) - g).reshape(-1)
 
     def sum(self, v):
         return np.sum(v)
@@ -121,13 +128,31 @@ def _local(rank: _Rank, s) -> None:
         src = rank.ref(s.src)
         assert src.shape[0] == s.rows
         rank.write(s.dst, src.copy())
+    elif isinstance(s, (Pack, Unpack)):
+        src = rank.ref(s.src)
+        firsts = np.asarray(rank.val(s.firsts)).reshape(-1)
+        lens = np.asarray(rank.val(s.lens)).reshape(-1)
+        out = np.zeros((s.rows, *src.shape[1:]))
+        for r, (f, n) in enumerate(zip(firsts, lens)):
+            assert 0 <= n <= s.block, f"{s}: chunk {r} has {n} rows, block {s.block}"
+            if isinstance(s, Unpack):
+                assert src.shape[0] == len(lens) * s.block and f + n <= s.rows, str(s)
+                assert not out[f:f + n].any(), f"{s}: chunks overlap at rank {r}"
+                out[f:f + n] = src[r * s.block:r * s.block + n]
+            else:
+                assert s.rows == len(lens) * s.block and f + n <= src.shape[0], str(s)
+                out[r * s.block:r * s.block + n] = src[f:f + n]
+        rank.write(s.dst, out)
     else:
         raise AssertionError(f"unknown local step {s!r}")
 
 
 def _members(layout: dpx.DpLayout, group: Group) -> list[tuple[int, ...]]:
-    return [tuple(range(layout.world_size))] if group is Group.WORLD else \
-        list(layout.attn_tp_groups())
+    if group is Group.WORLD:
+        return [tuple(range(layout.world_size))]
+    if group is Group.ATTN_TP:
+        return list(layout.attn_tp_groups())
+    return [layout.replica_ranks(d) for d in range(layout.dp_size)]
 
 
 def _signature(rank: _Rank, s) -> tuple:

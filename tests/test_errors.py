@@ -33,13 +33,13 @@ def _jax():
     return pytest.importorskip("dpx_jax")
 
 
-def _jax_in_shard_map(fn):
+def _jax_in_shard_map(fn, layout=None):
     import jax
     import jax.numpy as jnp
 
     from jax_harness import SPEC, mesh_for, shard
 
-    lay = dpx.DpLayout(2, 2)
+    lay = layout or dpx.DpLayout(2, 2)
     mesh = mesh_for(lay)
     x = shard(mesh, [jnp.zeros((2, 3))] * 2, jnp.float32)
     return jax.shard_map(lambda l: fn(l, lay), mesh=mesh, in_specs=SPEC, out_specs=SPEC)(x)
@@ -79,6 +79,15 @@ CASES = {
     "capacity-negative": (lambda c: dpx.plan_step([1], L1, capacity=-1), DpxValueError,
                           r"capacity=-1 must be >= 0"),
     "with-counts": (lambda c: P5.with_counts([1]), DpxValueError, r"needs a capacity plan"),
+    "shards-sum": (lambda c: dpx.plan_step([5, 3], dpx.DpLayout(4, 2, 2),
+                                           cp_shards=[(2, 2), (3, 0)]), DpxValueError,
+                   r"cp_shards\[0\]=\(2, 2\) sums to 4; it must sum to num_tokens\[0\]=5"),
+    "shards-shape": (lambda c: dpx.plan_step([5, 3], dpx.DpLayout(4, 2, 2),
+                                             cp_shards=[(5,), (3, 0)]), DpxValueError,
+                     r"cp_shards\[0\]=\(5,\) must hold cp_size=2 counts"),
+    "shards-negative": (lambda c: dpx.plan_step([1, 3], dpx.DpLayout(4, 2, 2),
+                                                cp_shards=[(2, -1), (3, 0)]), DpxValueError,
+                        r"cp_shards\[0\]\[1\]=-1 must be >= 0"),
     "policy-idle": (lambda c: dpx.plan_step([1, 0], dpx.DpLayout(2, 2), is_extend=True,
                                             policy="cost", max_len_with_idle=True),
                     DpxValueError, r"max_len_with_idle=True is an option of policy='sglang'"),
@@ -102,8 +111,6 @@ CASES = {
                     DpxValueError, r"device meta is not supported"),
     "comm-group-size": (lambda c: __import__("dpx_torch").DpComm(dpx.DpLayout(2, 2)),
                         DpxValueError, r"process group has 1 ranks but layout.world_size=2"),
-    "comm-cp": (lambda c: __import__("dpx_torch").DpComm(dpx.DpLayout(2, 1, 2)), DpxValueError,
-                r"DpComm supports cp_size=1; layout has cp_size=2"),
     "comm-plan-layout": (lambda c: c.gather(_x(), dpx.plan_step([5, 1], dpx.DpLayout(2, 2)),
                                             partial=True),
                          DpxValueError, r"plan was made for layout world=2 dp=2"),
@@ -128,7 +135,8 @@ CASES = {
                          DpxValueError, r"counts= needs a capacity plan"),
     "comm-counts-dtype": (lambda c: c.gather(_x(8), dpx.plan_step([1], L1, capacity=8),
                                              partial=True, counts=torch.tensor([1])),
-                          DpxTypeError, r"counts must be an int32 tensor of shape \(1,\)"),
+                          DpxTypeError, r"counts must be a contiguous int32 tensor of shape "
+                                        r"\(1,\)"),
     "comm-async-grad": (lambda c: c.gather_async(_x().requires_grad_(), P5, partial=True),
                         DpxValueError, r"gather_async records no autograd graph and its input "
                                        r"requires grad"),
@@ -148,9 +156,12 @@ CASES = {
         DpxValueError, r"counts= needs a capacity plan"),
     "jax-mesh-devices": (lambda c: _jax().make_mesh(dpx.DpLayout(64, 8)), DpxValueError,
                          r"layout.world_size=64 needs that many devices; 8 given"),
-    "jax-cp": (lambda c: _jax_in_shard_map(
-        lambda l, lay: _jax().scatter(l, dpx.plan_step([1], dpx.DpLayout(2, 1, 2)))),
-        DpxValueError, r"dpx_jax supports cp_size=1"),
+    "jax-counts-shards": (lambda c: _jax_in_shard_map(
+        lambda l, lay: _jax().scatter(l, dpx.plan_step([0], dpx.DpLayout(2, 1, 2), capacity=8,
+                                                       cp_shards=[(0, 0)]),
+                                      counts=__import__("jax.numpy").numpy.zeros(1, "int32")),
+        layout=dpx.DpLayout(2, 1, 2)),
+        DpxTypeError, r"counts must be an integer array of shape \(1, 2\) \(shard counts"),
 }
 
 

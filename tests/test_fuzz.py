@@ -1,7 +1,8 @@
-"""Hypothesis round trips (CI-sized: a few hundred plans): for random layouts, counts (idle
-replicas, one replica with everything, capacity edges), modes and dtypes, gather, scatter
-and reduce_scatter equal the reference on gloo and on JAX CPU devices; in particular
-scatter(gather(x, replicated)) returns every real row exactly."""
+"""Hypothesis round trips (CI-sized: a few hundred plans): for random layouts (context
+parallel ones too), counts (idle replicas, one replica with everything, capacity edges),
+CP shard tables, modes and dtypes, gather, scatter and reduce_scatter equal the reference on
+gloo and on JAX CPU devices; in particular scatter(gather(x, replicated)) returns every
+real row exactly."""
 
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ SETTINGS = settings(max_examples=3, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 
 
-@pytest.mark.parametrize("layout", [(4, 4), (4, 2), (4, 1), (3, 3)],
-                         ids=lambda l: f"w{l[0]}dp{l[1]}")
+@pytest.mark.parametrize("layout", [(4, 4), (4, 2), (4, 1), (3, 3), (4, 1, 2), (4, 2, 2),
+                                    (3, 1, 3)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
 def test_torch_round_trips(gloo_worlds, layout):
+    cp = layout[2] if len(layout) > 2 else 1
+
     @SETTINGS
-    @given(st.lists(case_for(layout[1]), min_size=25, max_size=25))
+    @given(st.lists(case_for(layout[1], cp), min_size=25, max_size=25))
     def run(cases):
         gloo_worlds(layout[0]).run("torch_jobs:check_cases", layout, cases)
 
@@ -45,5 +49,29 @@ def test_jax_round_trips(layout, mode, cap):
     def run(counts, partial, seed):
         counts = [min(c, per) for c in counts]
         run_case(plan, partial, counts=counts, seed=seed)
+
+    run()
+
+
+@pytest.mark.parametrize("mode", ["max_len", "gatherv"])
+def test_jax_context_parallel_shards(mode):
+    """dp 2 x cp 2 x tp 2 on simulated devices: random device shard tables (empty shards,
+    idle replicas) through one compiled capacity plan."""
+    pytest.importorskip("jax")
+    import dpx
+    from fuzz_cases import shards_for
+    from test_jax import run_case
+
+    lay = dpx.DpLayout(8, 2, 2)
+    cap = 6 if mode == "max_len" else 16
+    plan = dpx.plan_step([0, 0], lay, capacity=cap, mode=mode, cp_shards=[(0, 0), (0, 0)])
+    per = cap if mode == "max_len" else cap // 2 // 4 * 4
+
+    @settings(max_examples=12, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(counts_for(2, cap=per), st.booleans(), st.data())
+    def run(counts, partial, data):
+        counts = [min(c, per) for c in counts]
+        run_case(plan, partial, counts=data.draw(shards_for(counts, 2)), seed=sum(counts))
 
     run()

@@ -16,8 +16,8 @@ import dpx_jax  # noqa: E402
 from conftest import jax_gpu_available  # noqa: E402
 from jax_harness import SPEC, mesh_for, shard, step_fn, unstack  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-from reference import (global_inputs, local_inputs, offsets_of, ref_gather,  # noqa: E402
-                       ref_reduce_scatter, ref_scatter)
+from reference import (global_inputs, held, local_inputs, offsets_of, ref_gather,  # noqa: E402
+                       ref_reduce_scatter_rank, ref_scatter_rank)
 
 MODES = ["max_len", "sum_len", "gatherv"]
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
@@ -32,24 +32,28 @@ def _counts(dp: int, seed: int) -> list[list[int]]:
 
 
 def run_case(plan, partial, dtype="float32", rest=(3,), seed=0, counts=None, impl="auto"):
+    """gather, scatter and reduce_scatter of ``plan`` in one jitted program against the
+    reference. ``counts``: a capacity plan's device counts (a shard table for a sharded
+    plan)."""
     lay = plan.layout
-    eff = plan.num_tokens if counts is None else tuple(counts)
-    eff_plan = plan.with_counts(eff) if plan.is_static else plan
-    locs = local_inputs(seed, eff_plan, rest, partial=partial, rows=plan.max_slot_rows)
+    eff = None
+    if counts is not None:
+        eff = tuple(tuple(x) for x in counts) if plan.sharded else tuple(counts)
+    locs = local_inputs(seed, plan, rest, partial=partial, rows=plan.max_slot_rows, eff=eff)
     globs = global_inputs(seed, plan, rest)
     mesh = mesh_for(lay)
     f = step_fn(plan, partial, impl, counts is not None)
-    c = jnp.asarray(eff, jnp.int32)
+    c = jnp.asarray(plan.num_tokens if eff is None else eff, jnp.int32)
     g, sc, rs = f(shard(mesh, locs, DTYPES[dtype]), shard(mesh, globs, DTYPES[dtype]), c)
     g, sc, rs = (unstack(a, lay.world_size) for a in (g, sc, rs))
     want = ref_gather(locs, plan, partial=partial, counts=eff)
     for r in range(lay.world_size):
-        d = lay.coords(r).attn_dp_rank
-        rows = plan.slot_rows[d]
+        rows = plan.slot_rows[lay.coords(r).attn_dp_rank]
         np.testing.assert_array_equal(g[r], want, err_msg=f"gather rank {r}")
-        np.testing.assert_array_equal(sc[r][:rows], ref_scatter(want, plan, d, eff),
+        np.testing.assert_array_equal(sc[r][:rows], ref_scatter_rank(want, plan, r, eff),
                                       err_msg=f"scatter rank {r}")
-        np.testing.assert_array_equal(rs[r][:rows], ref_reduce_scatter(globs, plan, d, eff),
+        np.testing.assert_array_equal(rs[r][:rows],
+                                      ref_reduce_scatter_rank(globs, plan, r, eff),
                                       err_msg=f"reduce_scatter rank {r}")
         assert not np.any(sc[r][rows:]) and not np.any(rs[r][rows:]), "rows past the slot"
     return f
@@ -242,6 +246,18 @@ def test_triton_matches_xla_bitwise_on_gpu():
                 a = fn(x, jnp.int32(s), jnp.int32(c), rows, impl="triton")
                 b = fn(x, jnp.int32(s), jnp.int32(c), rows, impl="xla")
                 assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    for firsts, lens, block, rows in [([0, 2, 2, 4], [2, 0, 2, 2], 2, 8),
+                                      ([1, 7], [4, 0], 5, 9), ([0, 9], [9, 3], 9, 20)]:
+        f, ln = jnp.asarray(firsts, jnp.int32), jnp.asarray(lens, jnp.int32)
+        for dtype in (jnp.float32, jnp.bfloat16, jnp.int32):
+            x = jnp.asarray(rng.integers(-100, 100, (len(firsts) * block, 1029)), dtype)
+            a = dpx_jax.unpack_rows(x, f, ln, rows, impl="triton")
+            b = dpx_jax.unpack_rows(x, f, ln, rows, impl="xla")
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+            y = jnp.asarray(rng.integers(-100, 100, (rows, 130)), dtype)
+            a = dpx_jax.pack_rows(y, f, ln, block, impl="triton")
+            b = dpx_jax.pack_rows(y, f, ln, block, impl="xla")
+            assert np.array_equal(np.asarray(a), np.asarray(b))
     lay = dpx.DpLayout(1, 1)
     for mode in MODES:
         for partial in (True, False):
@@ -309,3 +325,88 @@ def test_adjoint_identity_and_device_count_gradients(mode):
         np.testing.assert_array_equal(np.asarray(got).reshape(W, L, 3), want_g)
     np.testing.assert_array_equal(np.asarray(g_sc).reshape(W, G, 3), want_adj)
     np.testing.assert_array_equal(np.asarray(g_rs).reshape(W, G, 3), want_rs)
+
+
+# ---------------------------------------------------------------- context parallel
+CP_LAYOUTS = [(8, 2, 2), (8, 1, 4), (4, 2, 2)]
+
+
+@pytest.mark.parametrize("layout", CP_LAYOUTS, ids=lambda l: f"w{l[0]}dp{l[1]}cp{l[2]}")
+def test_context_parallel(layout):
+    """Both CP cases in every mode: CP ranks holding the same rows and CP ranks holding
+    shards (random splits, all on one CP rank, empty shards, idle replicas); capacity
+    plans with device counts and device shard tables compile once."""
+    lay = dpx.DpLayout(*layout)
+    rng = random.Random(sum(layout))
+
+    def split(n):
+        cuts = sorted(rng.randint(0, n) for _ in range(lay.cp_size - 1))
+        return tuple(b - a for a, b in zip([0, *cuts], [*cuts, n]))
+
+    for i, counts in enumerate(_counts(lay.dp_size, sum(layout))[:2]):
+        for mode in MODES:
+            partial = i % 2 == 0
+            run_case(dpx.plan_step(counts, lay, mode=mode), partial, seed=i)
+            shards = [split(n) if i else (0,) * (lay.cp_size - 1) + (n,) for n in counts]
+            run_case(dpx.plan_step(counts, lay, mode=mode, cp_shards=shards), not partial,
+                     seed=i, dtype=("float32", "bfloat16", "int32")[i % 3])
+    for mode in MODES:
+        cap = 8 if mode == "max_len" else 8 * lay.dp_size
+        per = min(8, cap // lay.dp_size)
+        plan = dpx.plan_step([0] * lay.dp_size, lay, mode=mode, capacity=cap,
+                             cp_shards=[(0,) * lay.cp_size] * lay.dp_size)
+        f = None
+        for k in range(2):
+            run = [rng.randint(0, per) for _ in range(lay.dp_size)]
+            f = run_case(plan, k == 0, counts=[split(n) for n in run], seed=k)
+        assert f._cache_size() == 1, "new shard tables must not recompile"
+        run_case(dpx.plan_step([0] * lay.dp_size, lay, mode=mode, capacity=cap), True,
+                 counts=[rng.randint(0, per) for _ in range(lay.dp_size)])
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["copies", "shards"])
+def test_context_parallel_gradients(sharded):
+    """dp 2 x cp 2 x tp 2: gradients of gather (both partial values), scatter and
+    reduce_scatter equal the reference adjoints (CP copies each receive the whole gradient
+    of the one value they hold), in one jitted program per mode."""
+    lay = dpx.DpLayout(8, 2, 2)
+    mesh = mesh_for(lay)
+    W = lay.world_size
+    for mode in MODES:
+        shards = [(2, 3), (0, 4)] if sharded else None
+        plan = dpx.plan_step([5, 4], lay, mode=mode, cp_shards=shards)
+        L, G = plan.max_slot_rows, plan.global_rows
+        rng = np.random.default_rng(3)
+        X = jnp.asarray(rng.integers(-4, 5, (W * L, 3)), jnp.float32)
+        Wi = jnp.asarray(rng.integers(-4, 5, (W * G, 3)), jnp.float32)
+        Ws = jnp.asarray(rng.integers(-4, 5, (W * L, 3)), jnp.float32)
+
+        def sm(fn):
+            return jax.shard_map(fn, mesh=mesh, in_specs=SPEC, out_specs=SPEC)
+
+        @jax.jit
+        def grads(X, Wi, Ws):
+            out = [jax.grad(lambda a, p=p: jnp.sum(sm(lambda l: dpx_jax.gather(
+                l, plan, partial=p))(a) * Wi))(X) for p in (True, False)]
+            out.append(jax.grad(lambda a: jnp.sum(sm(lambda g: dpx_jax.scatter(g, plan))(a)
+                                                  * Ws))(Wi))
+            out.append(jax.grad(lambda a: jnp.sum(sm(
+                lambda g: dpx_jax.reduce_scatter(g, plan))(a) * Ws))(Wi))
+            return out
+
+        g_p, g_r, g_sc, g_rs = (np.asarray(a) for a in grads(X, Wi, Ws))
+        wi, ws = np.asarray(Wi).reshape(W, G, 3), np.asarray(Ws).reshape(W, L, 3)
+        total = wi.sum(0)
+        want_g = np.zeros((W, L, 3), np.float32)
+        want_sc = np.zeros((W, G, 3), np.float32)
+        want_rs = np.zeros((G, 3), np.float32)
+        for r in range(W):
+            first, n = held(plan, r)
+            want_g[r, :n] = total[first:first + n]
+            want_sc[r, first:first + n] = ws[r, :n]
+            want_rs[first:first + n] += ws[r, :n]
+        for got in (g_p, g_r):
+            np.testing.assert_array_equal(got.reshape(W, L, 3), want_g, err_msg=mode)
+        np.testing.assert_array_equal(g_sc.reshape(W, G, 3), want_sc, err_msg=mode)
+        np.testing.assert_array_equal(g_rs.reshape(W, G, 3), np.broadcast_to(want_rs, (W, G, 3)),
+                                      err_msg=mode)

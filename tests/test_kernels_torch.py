@@ -152,3 +152,90 @@ def test_launcher_errors():
         take_rows(x, 0, 1, 2, out=x[2:])
     with pytest.raises(DpxValueError, match="rows=-2"):
         take_rows(x, 0, 0, -2)
+
+
+# ---------------------------------------------------------------- chunk tables
+def _ref_unpack(src, firsts, lens, rows):
+    n = len(firsts)
+    block = src.shape[0] // n
+    out = torch.zeros((rows, *src.shape[1:]), dtype=src.dtype, device=src.device)
+    for r, (f, ln) in enumerate(zip(firsts, lens)):
+        out[f:f + ln] = src[r * block:r * block + ln]
+    return out
+
+
+def _ref_pack(src, firsts, lens, block):
+    out = torch.zeros((len(firsts) * block, *src.shape[1:]), dtype=src.dtype, device=src.device)
+    for r, (f, ln) in enumerate(zip(firsts, lens)):
+        out[r * block:r * block + ln] = src[f:f + ln]
+    return out
+
+
+CHUNK_CASES = [  # (firsts, lens, block, rows, rest): chunks in rank order, gaps and empties
+    ([0, 2, 2, 4], [2, 0, 2, 2], 2, 8, (5,)),
+    ([0, 3, 9], [3, 3, 1], 3, 12, (2, 3)),
+    ([1, 7], [4, 0], 5, 9, (1029,)),
+    ([0], [0], 0, 4, (7,)),
+    ([0, 4, 8, 12, 16, 20, 24, 28], [4] * 8, 4, 32, (130,)),
+]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.int64])
+@pytest.mark.parametrize("case", CHUNK_CASES)
+def test_pack_and_unpack_match_indexing(device, dtype, case):
+    from dpx_torch import pack_rows, unpack_rows
+
+    firsts, lens, block, rows, rest = case
+    gen = torch.Generator().manual_seed(len(firsts) * 31 + rows)
+    f = torch.tensor(firsts, dtype=torch.int32, device=device)
+    ln = torch.tensor(lens, dtype=torch.int32, device=device)
+    src = _rand((len(firsts) * block, *rest), dtype, gen, device)
+    assert torch.equal(unpack_rows(src, f, ln, rows), _ref_unpack(src, firsts, lens, rows))
+    glob = _rand((rows, *rest), dtype, gen, device)
+    assert torch.equal(pack_rows(glob, f, ln, block), _ref_pack(glob, firsts, lens, block))
+    from dpx_torch.rows import pack_into, unpack_into  # the interpreter's: writes only out
+
+    big, out = _poisoned(rows, rest, dtype, device)
+    unpack_into(src, f, ln, block, out)
+    _check_guards(big)
+    assert torch.equal(out, _ref_unpack(src, firsts, lens, rows))
+    big, out = _poisoned(len(firsts) * block, rest, dtype, device)
+    pack_into(glob, f, ln, block, out)
+    _check_guards(big)
+    assert torch.equal(out, _ref_pack(glob, firsts, lens, block))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_chunk_tables_out_of_range_stay_in_bounds(device):
+    """A wrong device table (chunks longer than the block, past the buffers) is clipped by
+    the masks: no stray write, no stray read."""
+    from dpx_torch.rows import pack_into, unpack_into
+
+    src = torch.arange(24, dtype=torch.float32, device=device).reshape(6, 4) + 1
+    f = torch.tensor([0, 5], dtype=torch.int32, device=device)
+    ln = torch.tensor([100, 100], dtype=torch.int32, device=device)
+    big, out = _poisoned(7, (4,), torch.float32, device)
+    unpack_into(src, f, ln, 3, out)
+    _check_guards(big)
+    assert torch.equal(out[:3], src[:3]) and torch.equal(out[5:], src[3:5])
+    big, out = _poisoned(6, (4,), torch.float32, device)
+    pack_into(src, f, ln, 3, out)
+    _check_guards(big)
+    assert torch.equal(out[:3], src[:3]) and torch.equal(out[3], src[5]) and not out[4:].any()
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_pack_and_unpack_are_adjoint(device):
+    from dpx_torch import pack_rows, unpack_rows
+
+    f = torch.tensor([0, 3, 4], dtype=torch.int32, device=device)
+    ln = torch.tensor([3, 0, 2], dtype=torch.int32, device=device)
+    x = torch.randn(9, 3, device=device, requires_grad=True)
+    w = torch.randn(8, 3, device=device)
+    (unpack_rows(x, f, ln, 8) * w).sum().backward()
+    assert torch.equal(x.grad, _ref_pack(w, [0, 3, 4], [3, 0, 2], 3))
+    y = torch.randn(8, 3, device=device, requires_grad=True)
+    w2 = torch.randn(9, 3, device=device)
+    (pack_rows(y, f, ln, 3) * w2).sum().backward()
+    assert torch.equal(y.grad, _ref_unpack(w2, [0, 3, 4], [3, 0, 2], 8))

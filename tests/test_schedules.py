@@ -16,14 +16,21 @@ import dpx
 from dpx import Op, PaddingMode, Transport, build_schedule
 from dpx import expr as X
 from dpx.schedule import Place, Take, ZeroFrom
-from reference import global_inputs, local_inputs, ref_gather, ref_reduce_scatter, ref_scatter
+from reference import (global_inputs, held, local_inputs, ref_gather, ref_reduce_scatter_rank,
+                       ref_scatter_rank)
 from schedule_sim import simulate
 
 LAYOUTS = [(1, 1), (2, 2), (2, 1), (3, 3), (3, 1), (4, 4), (4, 2), (4, 1), (6, 3), (6, 2),
            (8, 2), (8, 4), (8, 8)]
+#: (world, dp, cp): context parallel inside the replicas
+CP_LAYOUTS = [(4, 1, 2), (4, 2, 2), (3, 1, 3), (8, 2, 2), (8, 1, 4), (8, 2, 4), (6, 1, 3)]
 MODES = list(PaddingMode)
 TRANSPORTS = list(Transport)
 REST = (2,)
+
+
+def _ids(layout) -> str:
+    return f"w{layout[0]}dp{layout[1]}" + (f"cp{layout[2]}" if len(layout) > 2 else "")
 
 
 def _count_sets(dp: int, seed: int) -> list[list[int]]:
@@ -33,6 +40,22 @@ def _count_sets(dp: int, seed: int) -> list[list[int]]:
             [13] + [0] * (dp - 1),
             [0] * dp,
             [rng.choice([0, 1, 4, 8]) for _ in range(dp)]]
+
+
+def _shards_for(counts, cp: int, rng: random.Random, kind: int) -> list[tuple[int, ...]]:
+    """A shard table for ``counts``: random splits, everything on the last CP rank, or
+    an even split (empty shards and idle replicas come from the counts)."""
+    out = []
+    for n in counts:
+        if kind == 0:
+            cuts = sorted(rng.randint(0, n) for _ in range(cp - 1))
+            row = [b - a for a, b in zip([0, *cuts], [*cuts, n])]
+        elif kind == 1:
+            row = [0] * (cp - 1) + [n]
+        else:
+            row = [n // cp + (c < n % cp) for c in range(cp)]
+        out.append(tuple(row))
+    return out
 
 
 def _schedules(plan, op, *, partial, transport, symbolic, device, in_rows):
@@ -45,69 +68,70 @@ def _schedules(plan, op, *, partial, transport, symbolic, device, in_rows):
                            device_counts=device, in_rows=in_rows[r]) for r in range(W)]
 
 
-def check_plan(plan, *, run_counts=None, seed=0) -> int:
+def check_plan(plan, *, run=None, seed=0) -> int:
     """Simulate every op of ``plan`` on every transport, known and symbolic rank; compare
-    with the reference. ``run_counts``: device counts for a capacity plan."""
+    with the reference. ``run``: the device counts (a shard table for a sharded plan)
+    a capacity plan is called with."""
     lay = plan.layout
     W = lay.world_size
-    device = run_counts is not None
-    eff = tuple(run_counts) if device else plan.num_tokens
-    eff_plan = plan.with_counts(eff) if plan.is_static else plan
+    device = run is not None
+    eff = (tuple(tuple(x) for x in run) if plan.sharded else tuple(run)) if device else None
+    dev_vec = None
+    if device:
+        dev_vec = [x for row in eff for x in row] if plan.sharded else list(eff)
     checks = 0
     for partial, exact in itertools.product((True, False), (True, False)):
         # exact: every rank's input has as many rows as it needs (the no-pass shortcuts)
         if plan.is_static:
             rows = [plan.slot_rows[lay.coords(r).attn_dp_rank] for r in range(W)]
         else:
-            rows = [eff[lay.coords(r).attn_dp_rank] + (0 if exact else 2) for r in range(W)]
+            rows = [held(plan, r, eff)[1] + (0 if exact else 2) for r in range(W)]
         locs = [x[:n] for x, n in zip(
-            local_inputs(seed, eff_plan, REST, partial=partial, extra_rows=2 + max(rows)),
-            rows)]
+            local_inputs(seed, plan, REST, partial=partial, extra_rows=2 + max(rows),
+                         eff=eff), rows)]
         want_g = ref_gather(locs, plan, partial=partial, counts=eff)
         globs = global_inputs(seed, plan, REST)
         for transport, symbolic in itertools.product(TRANSPORTS, (False, True)):
             kw = dict(transport=transport, symbolic=symbolic, device=device)
             sched = _schedules(plan, Op.GATHER, partial=partial, in_rows=rows, **kw)
-            for r, got in enumerate(simulate(sched, locs, eff if device else None)):
+            for r, got in enumerate(simulate(sched, locs, dev_vec)):
                 np.testing.assert_array_equal(got, want_g, err_msg=f"gather rank {r} {kw}")
             if not partial or not exact:
                 continue  # the ops below take no partial flag and no local rows
+            # gather_sum: every rank of a replica adds its rows (the CP copies of these
+            # inputs are equal, so that is cp times the gather)
+            copies = 1 if plan.sharded else lay.cp_size
+            sched = _schedules(plan, Op.GATHER_SUM, partial=True, in_rows=rows, **kw)
+            for r, got in enumerate(simulate(sched, locs, dev_vec)):
+                np.testing.assert_array_equal(got, copies * want_g, err_msg=f"gather_sum r{r}")
             g_rows = [plan.global_rows] * W
             sc = simulate(_schedules(plan, Op.SCATTER, partial=True, in_rows=g_rows, **kw),
-                          [want_g] * W, eff if device else None)
+                          [want_g] * W, dev_vec)
             rs = simulate(_schedules(plan, Op.REDUCE_SCATTER, partial=True, in_rows=g_rows,
-                                     **kw), globs, eff if device else None)
+                                     **kw), globs, dev_vec)
             for r in range(W):
-                d = lay.coords(r).attn_dp_rank
-                k = plan.slot_rows[d]
-                for name, got, want in (("scatter", sc[r], ref_scatter(want_g, plan, d, eff)),
-                                        ("reduce_scatter", rs[r],
-                                         ref_reduce_scatter(globs, plan, d, eff))):
+                k = plan.slot_rows[lay.coords(r).attn_dp_rank]
+                for name, got, want in (
+                        ("scatter", sc[r], ref_scatter_rank(want_g, plan, r, eff)),
+                        ("reduce_scatter", rs[r], ref_reduce_scatter_rank(globs, plan, r, eff))):
                     np.testing.assert_array_equal(got[:k], want, err_msg=f"{name} r{r} {kw}")
                     assert not got[k:].any(), f"{name} rank {r}: rows past the slot"
-            # scatter's adjoint: the slot back at its offset, zeros elsewhere
+            # scatter's adjoint: the rank's rows back at their place, zeros elsewhere
             slots = [s[:plan.slot_rows[lay.coords(r).attn_dp_rank]] if not symbolic else s
                      for r, s in enumerate(sc)]
             adj = simulate(_schedules(plan, Op.SCATTER_ADJOINT, partial=True,
                                       in_rows=[s.shape[0] for s in slots], **kw),
-                           slots, eff if device else None)
+                           slots, dev_vec)
             for r in range(W):
-                d = lay.coords(r).attn_dp_rank
                 want = np.zeros_like(want_g)
-                off = ref_offsets(plan, eff)[d]
-                want[off:off + eff[d]] = want_g[off:off + eff[d]]
+                first, n = held(plan, r, eff)
+                want[first:first + n] = want_g[first:first + n]
                 np.testing.assert_array_equal(adj[r], want, err_msg=f"scatter_adjoint r{r}")
             checks += 1
     return checks
 
 
-def ref_offsets(plan, counts):
-    from reference import offsets_of
-
-    return offsets_of(plan, counts)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"w{l[0]}dp{l[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_ids)
 def test_host_plans(layout):
     lay = dpx.DpLayout(*layout)
     for i, counts in enumerate(_count_sets(lay.dp_size, sum(layout))):
@@ -116,7 +140,7 @@ def test_host_plans(layout):
                 check_plan(dpx.plan_step(counts, lay, mode=mode, is_extend=ext), seed=i)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"w{l[0]}dp{l[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_ids)
 def test_capacity_plans_host_and_device_counts(layout):
     lay = dpx.DpLayout(*layout)
     tp = lay.attn_tp_size
@@ -130,29 +154,38 @@ def test_capacity_plans_host_and_device_counts(layout):
             check_plan(plan, seed=3)                                   # host counts
             other = [rng.randint(0, per) for _ in range(lay.dp_size)]
             check_plan(dpx.plan_step([0] * lay.dp_size, lay, mode=mode, capacity=cap),
-                       run_counts=other, seed=4)                       # device counts
+                       run=other, seed=4)                              # device counts
 
 
 def test_every_rank_issues_the_same_collectives():
     """A schedule's collectives (kind, group, sizes, chunk tables) are identical on every
     rank, whatever each rank's input looks like; local passes may differ."""
-    for layout in LAYOUTS:
+    rng = random.Random(3)
+    for layout in LAYOUTS + CP_LAYOUTS:
         lay = dpx.DpLayout(*layout)
-        for counts, mode, op, partial, transport in itertools.product(
-                _count_sets(lay.dp_size, 1), MODES, list(Op), (True, False), TRANSPORTS):
-            plan = dpx.plan_step(counts, lay, mode=mode)
-            sigs = {build_schedule(plan, op, rank=r, partial=partial, transport=transport,
-                                   in_rows=plan.num_tokens[lay.coords(r).attn_dp_rank]
-                                   ).collective_signature() for r in range(lay.world_size)}
-            assert len(sigs) == 1, (layout, counts, mode, op, partial, transport, sigs)
+        for counts, mode, sharded in itertools.product(_count_sets(lay.dp_size, 1), MODES,
+                                                       (False, True)):
+            if sharded and lay.cp_size == 1:
+                continue
+            shards = _shards_for(counts, lay.cp_size, rng, 0) if sharded else None
+            plan = dpx.plan_step(counts, lay, mode=mode, cp_shards=shards)
+            for op, partial, transport in itertools.product(list(Op), (True, False),
+                                                            TRANSPORTS):
+                sigs = {build_schedule(plan, op, rank=r, partial=partial, transport=transport,
+                                       in_rows=held(plan, r)[1]).collective_signature()
+                        for r in range(lay.world_size)}
+                assert len(sigs) == 1, (layout, counts, mode, op, partial, transport, sigs)
 
 
 def test_no_step_writes_the_input():
-    for layout in ((4, 2), (8, 2), (3, 1)):
+    rng = random.Random(4)
+    for layout in ((4, 2), (8, 2), (3, 1), (8, 2, 2)):
         lay = dpx.DpLayout(*layout)
-        for counts, mode, op, partial, transport in itertools.product(
-                _count_sets(lay.dp_size, 2), MODES, list(Op), (True, False), TRANSPORTS):
-            plan = dpx.plan_step(counts, lay, mode=mode)
+        for counts, mode, op, partial, transport, sharded in itertools.product(
+                _count_sets(lay.dp_size, 2), MODES, list(Op), (True, False), TRANSPORTS,
+                (False, True)):
+            shards = _shards_for(counts, lay.cp_size, rng, 0) if sharded else None
+            plan = dpx.plan_step(counts, lay, mode=mode, cp_shards=shards)
             for r in range(lay.world_size):
                 for step in build_schedule(plan, op, rank=r, partial=partial,
                                            transport=transport).steps:
@@ -173,17 +206,17 @@ def test_gatherv_chunks_tile_the_slots():
 
 
 def test_full_slots_need_no_pass_and_partial_slots_do():
-    """MAX_LEN, attn_tp 1: a replica whose count fills its slot and whose input is that
-    slot sends its input as is; otherwise it places its rows; reduce_scatter zeroes the pad
-    tail only where there is one."""
+    """MAX_LEN, attn_tp 1: a replica whose count fills its slot sends those rows of its
+    input as they are (a view, whatever rows follow them); otherwise it places its rows;
+    reduce_scatter zeroes the pad tail only where there is one."""
     lay = dpx.DpLayout(2, 2)
     plan = dpx.plan_step([5, 3], lay, mode="max_len")
     full = build_schedule(plan, Op.GATHER, rank=0, in_rows=5)
     assert [s.kind for s in full.steps] == ["all_gather"] and full.steps[0].src.buf == "in"
     assert [s.kind for s in build_schedule(plan, Op.GATHER, rank=1, in_rows=3).steps] == \
         ["place", "all_gather"]
-    assert [s.kind for s in build_schedule(plan, Op.GATHER, rank=0, in_rows=7).steps] == \
-        ["place", "all_gather"]
+    longer = build_schedule(plan, Op.GATHER, rank=0, in_rows=7).steps
+    assert [s.kind for s in longer] == ["all_gather"] and str(longer[0].src) == "in[0:5]"
     assert [s.kind for s in build_schedule(plan, Op.REDUCE_SCATTER, rank=0).steps] == \
         ["reduce_scatter"]
     assert [s.kind for s in build_schedule(plan, Op.REDUCE_SCATTER, rank=1).steps] == \
@@ -210,7 +243,7 @@ def test_symbolic_schedule_is_one_program():
     assert isinstance(take, Take)
     for r in range(8):
         c = lay.coords(r)
-        coords = {"rank": r, "dp": c.attn_dp_rank, "tp": c.attn_tp_rank}
+        coords = {"rank": r, "dp": c.attn_dp_rank, "cp": c.attn_cp_rank, "tp": c.attn_tp_rank}
         concrete = build_schedule(plan, Op.GATHER, rank=r, partial=False).steps[0]
         if isinstance(concrete, Take):
             assert X.host_value(take.count, plan.num_tokens, coords) == concrete.count
@@ -242,3 +275,28 @@ def test_zero_step_only_where_a_tail_exists():
     steps = build_schedule(plan, Op.GATHER, rank=0).steps
     zero = [s for s in steps if isinstance(s, ZeroFrom)]
     assert len(zero) == 1 and zero[0].start == 10  # aligned 4 + 6; rows 10..24 are zero
+
+
+@pytest.mark.parametrize("layout", CP_LAYOUTS, ids=_ids)
+def test_context_parallel_plans(layout):
+    """CP ranks holding the same rows, and CP ranks holding shards (random splits, all on
+    the last CP rank, even splits; empty shards, idle replicas), in every mode, host and
+    capacity plans (host or device counts / shards)."""
+    lay = dpx.DpLayout(*layout)
+    rng = random.Random(sum(layout))
+    m = lay.replica_size
+    for i, counts in enumerate(_count_sets(lay.dp_size, sum(layout))):
+        for mode in MODES:
+            check_plan(dpx.plan_step(counts, lay, mode=mode), seed=i)
+            check_plan(dpx.plan_step(counts, lay, mode=mode,
+                                     cp_shards=_shards_for(counts, lay.cp_size, rng, i % 3)),
+                       seed=i)
+    for mode in MODES:
+        cap = 8 if mode is PaddingMode.MAX_LEN else 8 * lay.dp_size
+        per = cap if mode is PaddingMode.MAX_LEN else (cap // lay.dp_size) // m * m
+        run = [rng.randint(0, per) for _ in range(lay.dp_size)]
+        check_plan(dpx.plan_step([0] * lay.dp_size, lay, mode=mode, capacity=cap), run=run)
+        shards = _shards_for(run, lay.cp_size, rng, 0)
+        plan = dpx.plan_step(run, lay, mode=mode, capacity=cap, cp_shards=shards)
+        check_plan(plan, seed=5)                                        # host shards
+        check_plan(plan, run=_shards_for(run[::-1], lay.cp_size, rng, 2), seed=6)  # device

@@ -38,3 +38,24 @@ def test_async_refuses_inputs_that_require_grad(gloo_worlds):
         assert "gather_async records no autograd graph" in msgs[0]
         assert "reduce_scatter_async records no autograd graph" in msgs[1]
     assert res[0] == res[1]
+
+
+@pytest.mark.parametrize("layout", [(4, 1, 2), (4, 2, 2)], ids=lambda l: f"w{l[0]}dp{l[1]}cp{l[2]}")
+def test_context_parallel_gradients(gloo_worlds, layout):
+    """With CP: CP ranks holding the same rows each receive the whole gradient (one
+    replicated value), CP ranks holding shards receive their shard's; device shard tables
+    too."""
+    _, dp, cp = layout
+    cases = []
+    for i, m in enumerate(MODES):
+        counts = [5 + i] + [3] * (dp - 1)
+        cases.append(dict(counts=counts, mode=m, seed=i))
+        cases.append(dict(counts=counts, mode=m, seed=i,
+                          shards=[(n - n // cp,) + (n // cp,) * (cp - 1) if cp == 2 else
+                                  (n,) + (0,) * (cp - 1) for n in counts]))
+        cap = 8 if m == "max_len" else 8 * dp
+        cases.append(dict(counts=[2] * dp, mode=m, capacity=cap, seed=i,
+                          shards=[(2,) + (0,) * (cp - 1)] * dp,
+                          run_counts=[[1] * (cp - 1) + [3]] * dp))
+    done = gloo_worlds(layout[0]).run("torch_jobs:check_autograd", layout, cases)
+    assert done == [len(cases)] * layout[0]

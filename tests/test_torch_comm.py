@@ -118,7 +118,8 @@ def test_full_slots_skip_the_place_and_pad_launches(gloo_worlds):
     assert [(r["place"], r["zero"]) for r in res] == [(0, 0), (1, 1)]
 
 
-@pytest.mark.parametrize("layout", [(4, 2), (4, 4), (2, 1)], ids=lambda l: f"w{l[0]}dp{l[1]}")
+@pytest.mark.parametrize("layout", [(4, 2), (4, 4), (2, 1), (4, 2, 2)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
 def test_the_interpreter_runs_exactly_the_schedule(gloo_worlds, layout):
     """Every kernel launch, copy and torch.distributed call a DpComm call makes is one step
     of its schedule, in order (per-root steps: one call per non-empty chunk), so what
@@ -129,6 +130,61 @@ def test_the_interpreter_runs_exactly_the_schedule(gloo_worlds, layout):
              for m in MODES for e in (0, 2)]
     cases += [dict(counts=[0] * dp, mode=m, capacity=16, run_counts=[1 + i for i in range(dp)])
               for m in MODES]
+    if len(layout) > 2:  # CP shards: pack / unpack steps
+        cases += [dict(counts=[5, 3], mode=m, shards=[(2, 3), (3, 0)]) for m in MODES]
     for rank_log in gloo_worlds(layout[0]).run("torch_jobs:record_primitives", layout, cases):
         for case, op, partial, want, ran in rank_log:
             assert want == ran, (case, op, partial, want, ran)
+
+
+CP_LAYOUTS = [(4, 1, 2), (4, 2, 2), (3, 1, 3)]
+
+
+def _cp_cases(layout, seed: int) -> list[dict]:
+    """CP ranks holding the same rows and CP ranks holding shards (random, all on one CP
+    rank, empty shards, idle replicas), every mode, partial and replicated, dtypes, and
+    capacity plans with device counts / device shard tables."""
+    _, dp, cp = layout
+    rng = random.Random(seed)
+
+    def split(n):
+        cuts = sorted(rng.randint(0, n) for _ in range(cp - 1))
+        return tuple(b - a for a, b in zip([0, *cuts], [*cuts, n]))
+
+    counts = [[rng.randint(1, 9) for _ in range(dp)], [0] * (dp - 1) + [7],
+              [11] + [0] * (dp - 1)]
+    out = []
+    for i, (c, m, p) in enumerate(itertools.product(counts, MODES, (True, False))):
+        dtype = ("float32", "bfloat16", "int32", "int64")[i % 4]
+        out.append(dict(counts=c, mode=m, partial=p, seed=i, dtype=dtype))
+        shards = [split(n) if i % 3 else (0,) * (cp - 1) + (n,) for n in c]
+        out.append(dict(counts=c, mode=m, partial=p, seed=i, dtype=dtype, shards=shards))
+    for m in MODES:
+        cap = 8 if m == "max_len" else 8 * dp
+        per = min(8, cap // dp)
+        run = [rng.randint(0, per) for _ in range(dp)]
+        out.append(dict(counts=[0] * dp, mode=m, capacity=cap, run_counts=run, partial=True,
+                        seed=40))
+        out.append(dict(counts=run, mode=m, capacity=cap, shards=[split(n) for n in run],
+                        run_counts=[list(split(n)) for n in run[::-1]], partial=False,
+                        seed=41))
+    return out
+
+
+@pytest.mark.parametrize("layout", CP_LAYOUTS, ids=lambda l: f"w{l[0]}dp{l[1]}cp{l[2]}")
+def test_context_parallel(gloo_worlds, layout):
+    cases = _cp_cases(layout, sum(layout))
+    done = gloo_worlds(layout[0]).run("torch_jobs:check_cases", layout, cases)
+    assert done == [4 * len(cases)] * layout[0]
+
+
+def test_validate_with_context_parallel(gloo_worlds):
+    res = gloo_worlds(4).run("torch_jobs:check_validate_cp")
+    expect = {"copies": "replica 0's attn-tp and CP ranks [0, 1, 2, 3] hold different rows",
+              "shards": "ranks disagree on plan",
+              "device": "ranks disagree on counts: [1, 4] on ranks [0]; [2, 3] on ranks [1, 2, 3]"}
+    for key, text in expect.items():
+        msgs = {r[key] for r in res}
+        assert len(msgs) == 1, f"{key}: ranks raised different errors: {msgs}"
+        assert text in msgs.pop(), f"{key}: {res[0][key]}"
+    assert all(r["ok"] for r in res)

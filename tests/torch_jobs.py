@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 import dpx
-from reference import global_inputs, local_inputs, ref_gather, ref_reduce_scatter, ref_scatter
+from reference import (global_inputs, held, local_inputs, ref_gather, ref_reduce_scatter,
+                       ref_reduce_scatter_rank, ref_scatter, ref_scatter_rank)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "int32": torch.int32, "int64": torch.int64}
@@ -25,39 +26,52 @@ def _eq(name: str, got: torch.Tensor, want: np.ndarray, dtype: torch.dtype, case
                              f"{bad.max().item() if bad.numel() and got.shape == want_t.shape else 'n/a'}")
 
 
+def _run_of(plan, case):
+    """``(device counts tensor or None, eff)`` of a case: ``run_counts`` are a capacity
+    plan's device counts (a shard table for a sharded plan)."""
+    run = case.get("run_counts")
+    if run is None:
+        return None, None
+    eff = tuple(tuple(x) for x in run) if plan.sharded else tuple(run)
+    return torch.tensor(run, dtype=torch.int32), eff
+
+
 def check_cases(ctx, layout_args, cases, *, rest=(5,)) -> int:
     """Each case: dict(counts, mode, partial, dtype, seed, is_extend, policy, capacity,
-    run_counts). Runs gather, scatter and reduce_scatter; returns checks done."""
+    shards, run_counts). Runs gather, scatter and reduce_scatter against the reference;
+    none may modify its input. Returns checks done."""
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.comm(layout)
-    d = layout.coords(ctx.rank).attn_dp_rank
+    r = ctx.rank
+    d = layout.coords(r).attn_dp_rank
     done = 0
     for case in cases:
         dtype = DTYPES[case.get("dtype", "float32")]
         partial = case.get("partial", True)
         plan = dpx.plan_step(case["counts"], layout, mode=case.get("mode"),
                              is_extend=case.get("is_extend", False),
-                             policy=case.get("policy", "sglang"), capacity=case.get("capacity"))
-        run_counts = case.get("run_counts")
-        counts_t = None if run_counts is None else torch.tensor(run_counts, dtype=torch.int32)
-        eff = plan.num_tokens if run_counts is None else tuple(run_counts)
+                             policy=case.get("policy", "sglang"), capacity=case.get("capacity"),
+                             cp_shards=case.get("shards"))
+        counts_t, eff = _run_of(plan, case)
         seed = case.get("seed", 0)
         static_rows = plan.slot_rows[d] if plan.is_static else None
-        locs = local_inputs(seed, plan.with_counts(eff) if plan.is_static else plan, rest,
-                            partial=partial, rows=static_rows)
-        got = comm.gather(_t(locs[ctx.rank], dtype), plan, partial=partial, counts=counts_t)
+        locs = local_inputs(seed, plan, rest, partial=partial, rows=static_rows, eff=eff)
+        x = _t(locs[r], dtype)
+        x_copy = x.clone()
+        got = comm.gather(x, plan, partial=partial, counts=counts_t)
         want = ref_gather(locs, plan, partial=partial, counts=eff)
         _eq("gather", got, want, dtype, case)
         out = torch.full_like(got, 5)
-        comm.gather(_t(locs[ctx.rank], dtype), plan, partial=partial, counts=counts_t, out=out)
+        comm.gather(x, plan, partial=partial, counts=counts_t, out=out)
         _eq("gather(out=)", out, want, dtype, case)
+        assert torch.equal(x, x_copy), "gather modified its input"
         sc = comm.scatter(got, plan, counts=counts_t)
-        _eq("scatter", sc, ref_scatter(want, plan, d, eff), dtype, case)
+        _eq("scatter", sc, ref_scatter_rank(want, plan, r, eff), dtype, case)
         globs = global_inputs(seed, plan, rest)
-        g_in = _t(globs[ctx.rank], dtype)
+        g_in = _t(globs[r], dtype)
         g_copy = g_in.clone()
         rs = comm.reduce_scatter(g_in, plan, counts=counts_t)
-        _eq("reduce_scatter", rs, ref_reduce_scatter(globs, plan, d, eff), dtype, case)
+        _eq("reduce_scatter", rs, ref_reduce_scatter_rank(globs, plan, r, eff), dtype, case)
         assert torch.equal(g_in, g_copy), "reduce_scatter modified its input"
         done += 4
     return done
@@ -123,15 +137,10 @@ def outputs(ctx, layout_args, cases, *, rest=(5,)) -> list[dict]:
     res = []
     for case in cases:
         dtype = DTYPES[case.get("dtype", "float32")]
-        plan = dpx.plan_step(case["counts"], layout, mode=case.get("mode"),
-                             capacity=case.get("capacity"))
-        run = case.get("run_counts")
-        ct = None if run is None else torch.tensor(run, dtype=torch.int32)
-        eff = plan.num_tokens if run is None else tuple(run)
+        plan, ct, eff = _plan_of(layout, case)
         floats = case.get("floats", False)
-        locs = local_inputs(case["seed"], plan.with_counts(eff) if plan.is_static else plan,
-                            rest, partial=case["partial"], rows=plan.max_slot_rows,
-                            floats=floats)
+        locs = local_inputs(case["seed"], plan, rest, partial=case["partial"],
+                            rows=plan.max_slot_rows, floats=floats, eff=eff)
         globs = global_inputs(case["seed"], plan, rest, floats=floats)
         x = _t(locs[ctx.rank], dtype)
         g = comm.gather(x, plan, partial=case["partial"], counts=ct)
@@ -232,18 +241,19 @@ def count_row_launches(ctx, counts) -> dict:
 
 def _plan_of(layout, case):
     plan = dpx.plan_step(case["counts"], layout, mode=case.get("mode"),
-                         capacity=case.get("capacity"))
-    run = case.get("run_counts")
-    counts_t = None if run is None else torch.tensor(run, dtype=torch.int32)
-    eff = plan.num_tokens if run is None else tuple(run)
+                         capacity=case.get("capacity"), cp_shards=case.get("shards"))
+    counts_t, eff = _run_of(plan, case)
     return plan, counts_t, eff
 
 
 def check_autograd(ctx, layout_args, cases, *, rest=(3,)) -> int:
-    """For each case (host or capacity plans, device counts too): every op's output has a
-    grad_fn and its gradient equals the adjoint computed from the reference; the adjoint
-    identity <gather(x), y> == <x, reduce_scatter(y)> (summed over ranks) holds on random
-    normal inputs; no op modifies its input (rows past the count included)."""
+    """For each case (host or capacity plans, device counts, CP shards): every op's output
+    has a grad_fn and its gradient equals the adjoint computed from the reference; the
+    adjoint identity <gather(x), y> * copies == <x, reduce_scatter(y)> (summed over ranks;
+    ``copies`` = the CP ranks holding the same rows, 1 for shards) holds on random normal
+    inputs; no op modifies its input (rows past the count included)."""
+    import torch.distributed as dist
+
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.comm(layout)
     W, r = layout.world_size, ctx.rank
@@ -252,9 +262,10 @@ def check_autograd(ctx, layout_args, cases, *, rest=(3,)) -> int:
     for case in cases:
         plan, ct, eff = _plan_of(layout, case)
         G, S = plan.global_rows, plan.slot_rows[d]
-        off = __import__("reference").offsets_of(plan, eff)
+        first, n = held(plan, r, eff)
+        regions = [held(plan, q, eff) for q in range(W)]
         rng = np.random.default_rng(case.get("seed", 0))
-        L = S if plan.is_static else eff[d] + 2
+        L = S if plan.is_static else n + 2
         # small integers: exact sums, so gradients compare bitwise
         wg = [rng.integers(-4, 5, (G, *rest)).astype(np.float64) for _ in range(W)]
         ws = [rng.integers(-4, 5, (plan.slot_rows[layout.coords(q).attn_dp_rank], *rest))
@@ -267,7 +278,7 @@ def check_autograd(ctx, layout_args, cases, *, rest=(3,)) -> int:
             assert out.grad_fn is not None, "gather output has no grad_fn"
             (out * _t(wg[r], torch.float32)).sum().backward()
             want = np.zeros((L, *rest))
-            want[:eff[d]] = sum(wg)[off[d]:off[d] + eff[d]]
+            want[:n] = sum(wg)[first:first + n]
             _eq("gather grad", xg.grad, want, torch.float32, (case, partial))
             comm.gather(x, plan, partial=partial, counts=ct)
             assert torch.equal(x, x_copy), f"gather(partial={partial}) modified its input"
@@ -279,7 +290,7 @@ def check_autograd(ctx, layout_args, cases, *, rest=(3,)) -> int:
         assert sc.grad_fn is not None, "scatter output has no grad_fn"
         (sc * _t(ws[r], torch.float32)).sum().backward()
         want = np.zeros((G, *rest))
-        want[off[d]:off[d] + eff[d]] = ws[r][:eff[d]]
+        want[first:first + n] = ws[r][:n]
         _eq("scatter grad", gg.grad, want, torch.float32, case)
         comm.scatter(g_in, plan, counts=ct)
         assert torch.equal(g_in, g_copy), "scatter modified its input"
@@ -288,24 +299,24 @@ def check_autograd(ctx, layout_args, cases, *, rest=(3,)) -> int:
         rs = comm.reduce_scatter(gg, plan, counts=ct)
         assert rs.grad_fn is not None, "reduce_scatter output has no grad_fn"
         (rs * _t(ws[r], torch.float32)).sum().backward()
-        want = np.zeros((G, *rest))
-        for e in range(layout.dp_size):
-            want[off[e]:off[e] + eff[e]] = sum(ws[q][:eff[e]] for q in layout.replica_ranks(e))
+        want = np.zeros((G, *rest))  # every rank's cotangent lands on the rows it came from
+        for q, (f, k) in enumerate(regions):
+            want[f:f + k] += ws[q][:k]
         _eq("reduce_scatter grad", gg.grad, want, torch.float32, case)
         comm.reduce_scatter(g_in, plan, counts=ct)
         assert torch.equal(g_in, g_copy), "reduce_scatter modified its input"
         # the adjoint identity on random normal inputs, summed over ranks
         xn = torch.from_numpy(rng.standard_normal((L, *rest))).float()
-        xn[eff[d]:] = 0  # rows past the count take no part in either side
+        xn[n:] = 0  # rows past the count take no part in either side
         yn = torch.from_numpy(rng.standard_normal((G, *rest))).float()
-        lhs = (comm.gather(xn, plan, partial=True, counts=ct).double()
-               * yn.double()).sum()
+        lhs = (comm.gather(xn, plan, partial=True, counts=ct).double() * yn.double()).sum()
         rhs = (xn[:S].double() * comm.reduce_scatter(yn, plan, counts=ct)[:L].double()).sum()
         both = torch.stack([lhs, rhs])
-        __import__("torch.distributed").distributed.all_reduce(both)
-        scale = float(torch.stack([xn.abs().sum(), yn.abs().sum()]).max()) * W
-        assert abs(float(both[0] - both[1])) <= 1e-5 * max(scale, 1.0), \
-            f"adjoint identity: {float(both[0])} vs {float(both[1])} for {case}"
+        dist.all_reduce(both)
+        copies = 1 if plan.sharded else layout.cp_size
+        scale = float(torch.stack([xn.abs().sum(), yn.abs().sum()]).max()) * W * copies
+        assert abs(float(both[0] * copies - both[1])) <= 1e-5 * max(scale, 1.0), \
+            f"adjoint identity: {float(both[0])} x {copies} vs {float(both[1])} for {case}"
         done += 1
     return done
 
@@ -343,8 +354,8 @@ def record_primitives(ctx, layout_args, cases) -> list[tuple]:
     d = layout.coords(ctx.rank).attn_dp_rank
     log: list[str] = []
     names = {"place_into": "place", "take_into": "take", "zero_from_": "zero",
-             "copy_rows": "copy", "all_gather_single": "all_gather",
-             "reduce_scatter_single": "reduce_scatter"}
+             "copy_rows": "copy", "pack_into": "pack", "unpack_into": "unpack",
+             "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
     saved = {n: getattr(it, n) for n in names}
     dist_saved = {n: getattr(it.dist, n) for n in ("all_reduce", "broadcast", "reduce")}
 
@@ -362,7 +373,8 @@ def record_primitives(ctx, layout_args, cases) -> list[tuple]:
     try:
         for case in cases:
             plan, ct, eff = _plan_of(layout, case)
-            L = plan.slot_rows[d] if plan.is_static else eff[d] + case.get("extra", 0)
+            L = (plan.slot_rows[d] if plan.is_static
+                 else held(plan, ctx.rank, eff)[1] + case.get("extra", 0))
             x = torch.ones(L, 3)
             g = torch.ones(plan.global_rows, 3)
             calls = [("gather", True, lambda: comm.gather(x, plan, partial=True, counts=ct)),
@@ -386,4 +398,30 @@ def record_primitives(ctx, layout_args, cases) -> list[tuple]:
             setattr(it, n, fn)
         for n, fn in dist_saved.items():
             setattr(it.dist, n, fn)
+    return out
+
+
+def check_validate_cp(ctx) -> dict:
+    """validate=True with context parallelism (dp 1 x cp 2 x tp 2): every rank raises the
+    same DpxMismatchError for CP copies that differ, for shard tables that differ, and for
+    device shard counts that differ; consistent calls pass."""
+    layout = dpx.DpLayout(4, 1, 2)
+    comm = ctx.comm(layout, validate=True)
+    r = ctx.rank
+    c = layout.coords(r)
+    x = torch.arange(5 * 3, dtype=torch.float32).reshape(5, 3)
+    plan = dpx.plan_step([5], layout)
+    out = {}
+    out["copies"] = _raises(lambda: comm.gather(x + (c.attn_cp_rank == 1), plan, partial=False))
+    mine = dpx.plan_step([5], layout, cp_shards=[(2, 3)] if r != 3 else [(3, 2)])
+    out["shards"] = _raises(lambda: comm.gather(x, mine, partial=True))
+    cap = dpx.plan_step([0], layout, capacity=8, cp_shards=[(0, 0)])
+    dev = torch.tensor([[2, 3]] if r != 0 else [[1, 4]], dtype=torch.int32)
+    out["device"] = _raises(lambda: comm.gather(torch.ones(8, 3), cap, partial=True,
+                                                counts=dev))
+    # shards may differ between CP ranks' rows when the plan says so: this passes
+    sharded = dpx.plan_step([5], layout, cp_shards=[(2, 3)])
+    rows = x[:2] if c.attn_cp_rank == 0 else x[2:] * 2
+    got = comm.gather(rows, sharded, partial=False)
+    out["ok"] = bool(torch.equal(got[:2], x[:2]) and torch.equal(got[2:5], x[2:] * 2))
     return out

@@ -29,9 +29,18 @@ DT = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "int32": jnp.int32}
 REST = (5,)
 
 
-def _cases(dp: int):
+def _cases(dp: int, cp: int = 1):
     counts = [[0] + [4] * (dp - 1), [9] + [0] * (dp - 1), [(2 * i + 1) % 7 for i in range(dp)]]
     out = []
+    if cp > 1:  # CP ranks holding shards: uneven, empty, all on the last CP rank
+        for i, (c, mode) in enumerate(itertools.product(counts, ["max_len", "sum_len",
+                                                                 "gatherv"])):
+            shards = [((n + 1) // 2,) + (n // 2,) if i % 2 else (0,) * (cp - 1) + (n,)
+                      for n in c] if cp == 2 else [(0,) * (cp - 1) + (n,) for n in c]
+            out.append(dict(counts=c, mode=mode, partial=i % 2 == 0, seed=60 + i,
+                            shards=shards, grads=i % 3 == 0))
+        out.append(dict(counts=[1] * dp, mode="gatherv", capacity=16, shards=[(1,) + (0,) * (cp - 1)] * dp,
+                        run_counts=[[2] + [1] * (cp - 1)] * dp, partial=True, seed=70))
     for i, (c, mode, partial) in enumerate(itertools.product(
             counts, ["max_len", "sum_len", "gatherv"], (True, False))):
         out.append(dict(counts=c, mode=mode, partial=partial, seed=i, grads=i % 3 == 0,
@@ -48,17 +57,19 @@ def _cases(dp: int):
 
 
 def _jax_outputs(layout, case):
-    plan = dpx.plan_step(case["counts"], layout, mode=case["mode"], capacity=case.get("capacity"))
+    plan = dpx.plan_step(case["counts"], layout, mode=case["mode"], capacity=case.get("capacity"),
+                         cp_shards=case.get("shards"))
     run = case.get("run_counts")
-    eff = plan.num_tokens if run is None else tuple(run)
+    eff = None if run is None else (tuple(map(tuple, run)) if plan.sharded else tuple(run))
     floats = case.get("floats", False)
-    locs = local_inputs(case["seed"], plan.with_counts(eff) if plan.is_static else plan, REST,
-                        partial=case["partial"], rows=plan.max_slot_rows, floats=floats)
+    locs = local_inputs(case["seed"], plan, REST, partial=case["partial"],
+                        rows=plan.max_slot_rows, floats=floats, eff=eff)
     globs = global_inputs(case["seed"], plan, REST, floats=floats)
     mesh = mesh_for(layout)
     dt = DT[case["dtype"]] if "dtype" in case else jnp.float32
     f = step_fn(plan, case["partial"], "auto", run is not None)
-    g, sc, rs = f(shard(mesh, locs, dt), shard(mesh, globs, dt), jnp.asarray(eff, jnp.int32))
+    c = jnp.asarray(plan.num_tokens if eff is None else eff, jnp.int32)
+    g, sc, rs = f(shard(mesh, locs, dt), shard(mesh, globs, dt), c)
     out = dict(gather=unstack(g, layout.world_size), scatter=unstack(sc, layout.world_size),
                reduce_scatter=unstack(rs, layout.world_size))
     if case.get("grads") and dt != jnp.int32 and run is None:
@@ -84,11 +95,11 @@ def _jax_outputs(layout, case):
     return plan, out
 
 
-@pytest.mark.parametrize("layout_args", [(4, 4), (4, 2), (4, 1), (2, 2)],
-                         ids=lambda l: f"w{l[0]}dp{l[1]}")
+@pytest.mark.parametrize("layout_args", [(4, 4), (4, 2), (4, 1), (2, 2), (4, 1, 2)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
 def test_torch_and_jax_agree(gloo_worlds, layout_args):
     layout = dpx.DpLayout(*layout_args)
-    cases = _cases(layout.dp_size)
+    cases = _cases(layout.dp_size, layout.cp_size)
     torch_out = gloo_worlds(layout.world_size).run("torch_jobs:outputs", layout_args, cases,
                                                    rest=REST)
     for i, case in enumerate(cases):
