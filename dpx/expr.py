@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 #: A scalar: a host int, or an expression a frontend evaluates.
 Scalar = Union[int, "Expr"]
@@ -270,24 +270,66 @@ _BINARY: dict[str, Callable[[Any, Any], Any]] = {
 
 
 # ---------------------------------------------------------------- evaluation
-class ArrayOps(Protocol):
+class ArrayOps:
     """What a frontend provides to evaluate expressions on its arrays (int32).
 
     Scalars may be 0-d or 1-element arrays, as the frontend prefers; vectors are 1-d.
+    ``+ - * //`` use the arrays' Python operators (both torch tensors and JAX arrays
+    have them, with ints too); a frontend supplies the rest.
     """
 
-    def counts(self) -> Any: ...
-    def coord(self, name: str) -> Any: ...
-    def const(self, value: int | tuple) -> Any: ...
-    def binary(self, op: str, a: Any, b: Any) -> Any: ...
-    def clip(self, a: Any, lo: int, hi: int) -> Any: ...
-    def cumsum_excl(self, v: Any) -> Any: ...
-    def group_sum(self, v: Any, k: int) -> Any: ...
-    def group_cumsum_excl(self, v: Any, k: int) -> Any: ...
-    def sum(self, v: Any) -> Any: ...
-    def gather(self, v: Any, indices: tuple[int, ...]) -> Any: ...
-    def index(self, v: Any, i: Any) -> Any: ...
-    def stack(self, values: Sequence[Any]) -> Any: ...
+    def counts(self) -> Any:
+        raise NotImplementedError
+
+    def coord(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def const(self, value: int | tuple) -> Any:
+        raise NotImplementedError
+
+    def minimum(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def maximum(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def eq(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def clip(self, a: Any, lo: int, hi: int) -> Any:
+        raise NotImplementedError
+
+    def cumsum_excl(self, v: Any) -> Any:
+        raise NotImplementedError
+
+    def group_sum(self, v: Any, k: int) -> Any:
+        raise NotImplementedError
+
+    def group_cumsum_excl(self, v: Any, k: int) -> Any:
+        raise NotImplementedError
+
+    def sum(self, v: Any) -> Any:
+        raise NotImplementedError
+
+    def gather(self, v: Any, indices: tuple[int, ...]) -> Any:
+        raise NotImplementedError
+
+    def index(self, v: Any, i: Any) -> Any:
+        raise NotImplementedError
+
+    def stack(self, values: Sequence[Any]) -> Any:
+        raise NotImplementedError
+
+    def binary(self, op: str, a: Any, b: Any) -> Any:
+        if op == "add":
+            return a + b
+        if op == "sub":
+            return a - b
+        if op == "mul":
+            return a * b
+        if op == "floordiv":
+            return a // b
+        return getattr(self, op)(a, b)
 
 
 def evaluate(value: Any, ops: ArrayOps, memo: dict[int, Any] | None = None) -> Any:
@@ -340,7 +382,7 @@ def _eval(e: Expr, ops: ArrayOps, memo: dict[int, Any]) -> Any:
     return out
 
 
-class HostOps:
+class HostOps(ArrayOps):
     """:class:`ArrayOps` on Python ints and tuples: evaluates an expression for given host
     counts and coordinates (what the cost model and the tests use)."""
 
@@ -358,7 +400,7 @@ class HostOps:
         return value
 
     def binary(self, op: str, a: Any, b: Any) -> Any:
-        return _BINARY[op](a, b)
+        return _BINARY[op](a, b)  # folds tuples elementwise too
 
     def clip(self, a: Any, lo: int, hi: int) -> Any:
         return clip(a, lo, hi)

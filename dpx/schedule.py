@@ -65,18 +65,24 @@ def _v(value: Any) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class Place(Step):
-    """``dst[:rows] = 0; dst[start + j] = src[j]`` for ``j < count`` (one pass over dst)."""
+class _RowPass(Step):
+    """A one-pass kernel over ``dst``'s ``rows`` moving ``count`` rows at ``start``."""
 
     src: Ref
     dst: Ref
     rows: int
     start: Any
     count: Any
-    kind = "place"
 
     def values(self) -> tuple:
         return (self.start, self.count)
+
+
+@dataclass(frozen=True, eq=False)
+class Place(_RowPass):
+    """``dst[:rows] = 0; dst[start + j] = src[j]`` for ``j < count`` (one pass over dst)."""
+
+    kind = "place"
 
     def __str__(self) -> str:
         return (f"place   {self.src}[0:{_v(self.count)}] -> {self.dst}[{self.rows} rows] at "
@@ -84,18 +90,10 @@ class Place(Step):
 
 
 @dataclass(frozen=True, eq=False)
-class Take(Step):
+class Take(_RowPass):
     """``dst[:rows] = 0; dst[j] = src[start + j]`` for ``j < count`` (one pass over dst)."""
 
-    src: Ref
-    dst: Ref
-    rows: int
-    start: Any
-    count: Any
     kind = "take"
-
-    def values(self) -> tuple:
-        return (self.start, self.count)
 
     def __str__(self) -> str:
         return (f"take    {self.src}[{_v(self.start)} : +{_v(self.count)}] -> "
@@ -133,10 +131,9 @@ class Copy(Step):
 
 
 @dataclass(frozen=True, eq=False)
-class Unpack(Step):
-    """``dst[:rows] = 0; dst[firsts[r] + j] = src[r*block + j]`` for ``j < lens[r]``: every
-    rank's ``block``-row piece of an equal all-gather moved to its chunk's rows (one pass
-    over dst)."""
+class _ChunkPass(Step):
+    """A one-pass kernel over ``dst``'s ``rows`` moving the chunks of a chunk table between
+    their rows and ``block``-row pieces."""
 
     src: Ref
     dst: Ref
@@ -144,10 +141,18 @@ class Unpack(Step):
     firsts: Any
     lens: Any
     block: int
-    kind = "unpack"
 
     def values(self) -> tuple:
         return (self.firsts, self.lens)
+
+
+@dataclass(frozen=True, eq=False)
+class Unpack(_ChunkPass):
+    """``dst[:rows] = 0; dst[firsts[r] + j] = src[r*block + j]`` for ``j < lens[r]``: every
+    rank's ``block``-row piece of an equal all-gather moved to its chunk's rows (one pass
+    over dst)."""
+
+    kind = "unpack"
 
     def __str__(self) -> str:
         return (f"unpack  {self.src}[{len_of(self.lens)} x {self.block}] -> {self.dst}"
@@ -155,21 +160,12 @@ class Unpack(Step):
 
 
 @dataclass(frozen=True, eq=False)
-class Pack(Step):
+class Pack(_ChunkPass):
     """``dst[r*block + j] = src[firsts[r] + j]`` for ``j < lens[r]``, zeros elsewhere:
     every rank's chunk moved to a ``block``-row piece of an equal reduce-scatter's input
     (one pass over dst; the adjoint of :class:`Unpack`)."""
 
-    src: Ref
-    dst: Ref
-    rows: int
-    firsts: Any
-    lens: Any
-    block: int
     kind = "pack"
-
-    def values(self) -> tuple:
-        return (self.firsts, self.lens)
 
     def __str__(self) -> str:
         return (f"pack    {self.src} -> {self.dst}[{len_of(self.lens)} x {self.block}], "

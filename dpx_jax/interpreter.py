@@ -28,7 +28,7 @@ GROUP_AXES = {Group.WORLD: AXES, Group.ATTN_TP: "tp", Group.REPLICA: ("cp", "tp"
 _COORD_AXES = {X.Coord.DP: "dp", X.Coord.CP: "cp", X.Coord.TP: "tp", X.Coord.RANK: AXES}
 
 
-class JaxValues:
+class JaxValues(X.ArrayOps):
     """:class:`dpx.expr.ArrayOps` on int32 JAX arrays inside ``shard_map``."""
 
     def __init__(self, counts: jax.Array | None) -> None:
@@ -45,18 +45,14 @@ class JaxValues:
     def const(self, value: int | tuple) -> Any:
         return value if isinstance(value, int) else jnp.asarray(value, jnp.int32)
 
-    def binary(self, op: str, a: Any, b: Any) -> Any:
-        if op == "add":
-            return a + b
-        if op == "sub":
-            return a - b
-        if op == "mul":
-            return a * b
-        if op == "floordiv":
-            return a // b
-        if op == "eq":
-            return (a == b).astype(jnp.int32)
-        return jnp.minimum(a, b) if op == "minimum" else jnp.maximum(a, b)
+    def eq(self, a: Any, b: Any) -> Any:
+        return (a == b).astype(jnp.int32)
+
+    def minimum(self, a: Any, b: Any) -> Any:
+        return jnp.minimum(a, b)
+
+    def maximum(self, a: Any, b: Any) -> Any:
+        return jnp.maximum(a, b)
 
     def clip(self, a: Any, lo: int, hi: int) -> Any:
         return jnp.clip(a, lo, hi)

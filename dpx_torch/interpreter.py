@@ -34,7 +34,7 @@ def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
-class DeviceValues:
+class DeviceValues(X.ArrayOps):
     """:class:`dpx.expr.ArrayOps` on an int32 device counts tensor: vectors are 1-d int32
     tensors, scalars 1-element int32 tensors (what the row kernels read), int constants
     stay Python ints. ``consts`` caches vector constants per device (made once, outside
@@ -61,22 +61,18 @@ class DeviceValues:
                                                  device=self._counts.device)
         return t
 
-    def binary(self, op: str, a: Any, b: Any) -> Any:
-        if op == "add":
-            return a + b
-        if op == "sub":
-            return a - b
-        if op == "mul":
-            return a * b
-        if op == "floordiv":
-            return a // b
-        if op == "eq":
-            return (a == b).to(torch.int32)
-        if isinstance(b, int):
-            return a.clamp(max=b) if op == "minimum" else a.clamp(min=b)
+    def eq(self, a: Any, b: Any) -> Any:
+        return (a == b).to(torch.int32)
+
+    def minimum(self, a: Any, b: Any) -> Any:
         if isinstance(a, int):
-            return b.clamp(max=a) if op == "minimum" else b.clamp(min=a)
-        return torch.minimum(a, b) if op == "minimum" else torch.maximum(a, b)
+            a, b = b, a
+        return a.clamp(max=b) if isinstance(b, int) else torch.minimum(a, b)
+
+    def maximum(self, a: Any, b: Any) -> Any:
+        if isinstance(a, int):
+            a, b = b, a
+        return a.clamp(min=b) if isinstance(b, int) else torch.maximum(a, b)
 
     def clip(self, a: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         return a.clamp(lo, hi)

@@ -25,8 +25,9 @@ from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV,
                           Unpack, ZeroFrom)
 
 
-class NumpyValues:
-    """``dpx.expr.ArrayOps`` on NumPy int64 arrays for one rank."""
+class NumpyValues(X.ArrayOps):
+    """``dpx.expr.ArrayOps`` on NumPy int64 arrays for one rank (its own table: ``+ - *
+    //`` from NumPy's operators, the rest below)."""
 
     def __init__(self, counts: Sequence[int] | None, coords: dict[str, int]) -> None:
         self._counts = None if counts is None else np.asarray(counts, np.int64)
@@ -42,10 +43,14 @@ class NumpyValues:
     def const(self, value):
         return np.asarray(value, np.int64)
 
-    def binary(self, op, a, b):
-        return {"add": np.add, "sub": np.subtract, "mul": np.multiply,
-                "floordiv": np.floor_divide, "minimum": np.minimum, "maximum": np.maximum,
-                "eq": lambda x, y: (np.asarray(x) == np.asarray(y)).astype(np.int64)}[op](a, b)
+    def minimum(self, a, b):
+        return np.minimum(a, b)
+
+    def maximum(self, a, b):
+        return np.maximum(a, b)
+
+    def eq(self, a, b):
+        return (np.asarray(a) == np.asarray(b)).astype(np.int64)
 
     def clip(self, a, lo, hi):
         return np.clip(a, lo, hi)
