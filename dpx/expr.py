@@ -218,13 +218,6 @@ def group_cumsum_excl(v: Any, k: int) -> Any:
     return Expr("group_cumsum_excl", (v, k), v.size)
 
 
-def total(v: Any) -> Any:
-    """Sum of a vector (a scalar)."""
-    if isinstance(v, tuple):
-        return sum(v)
-    return Expr("sum", (v,), None)
-
-
 def gather(v: Any, indices: Sequence[int]) -> Any:
     """``v[indices]`` for a static tuple of indices (a vector of ``len(indices)``)."""
     idx = tuple(indices)
@@ -253,14 +246,6 @@ def index(v: Any, i: Any) -> Any:
         if v.op == "clip":
             return clip(index(v.args[0], i), v.args[1], v.args[2])
     return Expr("index", (v, i), None)
-
-
-def vector(values: Sequence[Any]) -> Any:
-    """A vector from scalars: a tuple when all are ints, else a ``stack`` expression."""
-    vals = tuple(values)
-    if all(is_const(x) for x in vals):
-        return vals
-    return Expr("stack", vals, len(vals))
 
 
 _BINARY: dict[str, Callable[[Any, Any], Any]] = {
@@ -308,16 +293,10 @@ class ArrayOps:
     def group_cumsum_excl(self, v: Any, k: int) -> Any:
         raise NotImplementedError
 
-    def sum(self, v: Any) -> Any:
-        raise NotImplementedError
-
     def gather(self, v: Any, indices: tuple[int, ...]) -> Any:
         raise NotImplementedError
 
     def index(self, v: Any, i: Any) -> Any:
-        raise NotImplementedError
-
-    def stack(self, values: Sequence[Any]) -> Any:
         raise NotImplementedError
 
     def binary(self, op: str, a: Any, b: Any) -> Any:
@@ -362,8 +341,6 @@ def _eval(e: Expr, ops: ArrayOps, memo: dict[int, Any]) -> Any:
         out = ops.clip(_arg(e.args[0], ops, memo), e.args[1], e.args[2])
     elif op == "cumsum_excl":
         out = ops.cumsum_excl(_arg(e.args[0], ops, memo))
-    elif op == "sum":
-        out = ops.sum(_arg(e.args[0], ops, memo))
     elif op == "group_sum":
         out = ops.group_sum(_arg(e.args[0], ops, memo), e.args[1])
     elif op == "group_cumsum_excl":
@@ -374,8 +351,6 @@ def _eval(e: Expr, ops: ArrayOps, memo: dict[int, Any]) -> Any:
         i = e.args[1]
         out = ops.index(_arg(e.args[0], ops, memo),
                         i if isinstance(i, int) else _eval(i, ops, memo))
-    elif op == "stack":
-        out = ops.stack([_arg(a, ops, memo) for a in e.args])
     else:
         out = ops.binary(op, _arg(e.args[0], ops, memo), _arg(e.args[1], ops, memo))
     memo[id(e)] = (e, out)  # keep e alive so its id is not reused within the call
@@ -408,9 +383,6 @@ class HostOps(ArrayOps):
     def cumsum_excl(self, v: tuple) -> tuple:
         return exclusive_cumsum(v)
 
-    def sum(self, v: tuple) -> int:
-        return sum(v)
-
     def group_sum(self, v: tuple, k: int) -> tuple:
         return group_sum(v, k)
 
@@ -422,9 +394,6 @@ class HostOps(ArrayOps):
 
     def index(self, v: tuple, i: int) -> int:
         return v[i]
-
-    def stack(self, values: Sequence[int]) -> tuple:
-        return tuple(values)
 
 
 def host_value(value: Any, counts: Sequence[int], coords: dict[str, int] | None = None) -> Any:
@@ -467,16 +436,12 @@ def _render(v: Any) -> str:
         return f"clip({_render(a[0])}, {a[1]}, {a[2]})"
     if op == "cumsum_excl":
         return f"cumsum_excl({_render(a[0])})"
-    if op == "sum":
-        return f"sum({_render(a[0])})"
     if op in ("group_sum", "group_cumsum_excl"):
         return f"{op}({_render(a[0])}, {a[1]})"
     if op == "gather":
         return f"{_render(a[0])}[{list(a[1])}]"
     if op == "index":
         return f"{_render(a[0])}[{_render(a[1])}]"
-    if op == "stack":
-        return "[" + ", ".join(_render(x) for x in a) + "]"
     return f"{op}{a}"
 
 

@@ -1,7 +1,8 @@
 """What every rank does: the ordered steps of one op, derived from a plan.
 
 :func:`build_schedule` turns ``(plan, op, rank, ...)`` into a :class:`Schedule`: local passes
-(:class:`Place`, :class:`Take`, :class:`ZeroFrom`, :class:`Copy`) and collectives
+(:class:`Place`, :class:`Take`, :class:`ZeroFrom`, :class:`Copy`, :class:`Pack`,
+:class:`Unpack`) and collectives
 (:class:`AllGather`, :class:`ReduceScatter`, :class:`AllReduce`, and the variable-size
 :class:`BroadcastV` / :class:`ReduceV` / :class:`AllGatherV` / :class:`ReduceScatterV`) over
 named buffers, in the order the rank issues them. Every rank's schedule has the same
@@ -22,7 +23,7 @@ the same steps (:mod:`dpx.cost`), and ``python -m dpx plan --rank R`` prints the
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from dpx import expr as X
@@ -55,10 +56,6 @@ class Step:
     collective = False
     kind = "step"
 
-    def values(self) -> tuple:
-        """The row values of this step (ints or expressions), for evaluation."""
-        return ()
-
 
 def _v(value: Any) -> str:
     return X.render(value)
@@ -74,8 +71,6 @@ class _RowPass(Step):
     start: Any
     count: Any
 
-    def values(self) -> tuple:
-        return (self.start, self.count)
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,8 +104,6 @@ class ZeroFrom(Step):
     start: Any
     kind = "zero"
 
-    def values(self) -> tuple:
-        return (self.start,)
 
     def __str__(self) -> str:
         return f"zero    {self.buf}[{_v(self.start)}:{self.rows}]"
@@ -142,8 +135,6 @@ class _ChunkPass(Step):
     lens: Any
     block: int
 
-    def values(self) -> tuple:
-        return (self.firsts, self.lens)
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,8 +226,6 @@ class _Variable(Step):
     block: int
     collective = True
 
-    def values(self) -> tuple:
-        return (self.firsts, self.lens)
 
     def _table(self) -> str:
         return f"chunks firsts={_v(self.firsts)} lens={_v(self.lens)}"
@@ -324,10 +313,6 @@ class Schedule:
                 item += [X.render(s.firsts), X.render(s.lens), s.block]
             sig.append(tuple(item))
         return tuple(sig)
-
-    def render(self) -> list[str]:
-        """One line per step."""
-        return [str(s) for s in self.steps]
 
 
 class _Builder:
@@ -610,8 +595,3 @@ def _build(plan, op: Op, rank: int | None, partial: bool, device_counts: bool,
 
 
 _cached = functools.lru_cache(maxsize=8192)(_build)
-
-
-def step_fields(step: Step) -> dict[str, Any]:
-    """A step's fields by name (for printing and tests)."""
-    return {f.name: getattr(step, f.name) for f in fields(step)}  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ buffer name.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -67,8 +67,6 @@ class JaxValues(X.ArrayOps):
         g = v.reshape(-1, k)
         return (jnp.cumsum(g, axis=1) - g).reshape(-1).astype(jnp.int32)
 
-    def sum(self, v: jax.Array) -> jax.Array:
-        return jnp.sum(v).astype(jnp.int32)
 
     def gather(self, v: jax.Array, indices: tuple[int, ...]) -> jax.Array:
         return v[jnp.asarray(indices, jnp.int32)]
@@ -76,8 +74,6 @@ class JaxValues(X.ArrayOps):
     def index(self, v: jax.Array, i: Any) -> jax.Array:
         return v[i]
 
-    def stack(self, values: Sequence[Any]) -> jax.Array:
-        return jnp.stack([jnp.asarray(x, jnp.int32) for x in values])
 
 
 class _Run:

@@ -10,7 +10,7 @@ CUDA graph replays with new counts).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -87,8 +87,6 @@ class DeviceValues(X.ArrayOps):
         g = v.reshape(-1, k)
         return (torch.cumsum(g, 1, dtype=torch.int32) - g).reshape(-1)
 
-    def sum(self, v: torch.Tensor) -> torch.Tensor:
-        return v.sum(dtype=torch.int32).reshape(1)
 
     def gather(self, v: torch.Tensor, indices: tuple[int, ...]) -> torch.Tensor:
         return v[self.const(indices)]
@@ -98,9 +96,6 @@ class DeviceValues(X.ArrayOps):
             raise DpxValueError("a torch schedule indexes with known ints")
         return v[i:i + 1]
 
-    def stack(self, values: Sequence[Any]) -> torch.Tensor:
-        return torch.cat([self.const(x) if isinstance(x, int) else x.reshape(1)
-                          for x in values])
 
 
 Getter = Callable[[dict], torch.Tensor]

@@ -140,7 +140,6 @@ def _rank_main(rank: int, problem: DemoProblem, init_file: str, results: mp.Queu
     try:
         comm = DpComm(problem.layout)
         w1, w2 = (torch.from_numpy(a) for a in problem.shard(rank))
-        d = problem.layout.coords(rank).attn_dp_rank
         for step in range(problem.steps):
             plan = problem.plan(step)
             local = torch.from_numpy(problem.partial_states(step, rank))

@@ -65,8 +65,6 @@ class NumpyValues(X.ArrayOps):
         g = np.asarray(v).reshape(-1, k)
         return (np.cumsum(g, axis=1) - g).reshape(-1)
 
-    def sum(self, v):
-        return np.sum(v)
 
     def gather(self, v, indices):
         return v[np.asarray(indices)]
@@ -74,8 +72,6 @@ class NumpyValues(X.ArrayOps):
     def index(self, v, i):
         return v[int(i)]
 
-    def stack(self, values):
-        return np.stack([np.asarray(x, np.int64) for x in values])
 
 
 def _int(v: Any) -> int:

@@ -7,7 +7,7 @@ import torch
 
 import dpx
 from reference import (global_inputs, held, local_inputs, ref_gather, ref_reduce_scatter,
-                       ref_reduce_scatter_rank, ref_scatter, ref_scatter_rank)
+                       ref_reduce_scatter_rank, ref_scatter_rank)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "int32": torch.int32, "int64": torch.int64}
