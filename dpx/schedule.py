@@ -419,7 +419,7 @@ class _Builder:
         # otherwise each rank takes its own block from its own copy
         start, real = g.own_block(r.dp, r.cp, r.tp)
         if dst is None and self.host_is(real, B) and isinstance(start, int):
-            return Ref(IN, start, B)
+            return Ref(IN) if start == 0 and self.in_rows == B else Ref(IN, start, B)
         if dst is not None and dst_rows == 0:
             return dst
         dst = dst or self.buffer("chunk", B)

@@ -63,12 +63,14 @@ class InputChecks:
                                 f"at least {min_rows}")
         raise DpxValueError(f"{name} has {t.shape[0]} rows; the plan needs exactly {rows}")
 
-    def out(self, out: torch.Tensor | None, ref: torch.Tensor, rows: int) -> None:
+    def out(self, out: torch.Tensor | None, ref: torch.Tensor, rows: int, *,
+            compiling: bool = False) -> None:
         """``out`` must be a contiguous ``[rows, *ref.shape[1:]]`` tensor of ``ref``'s dtype
-        on ``ref``'s device (``ref`` passed :meth:`tensor`), not overlapping ``ref``."""
+        on ``ref``'s device (``ref`` passed :meth:`tensor`), not overlapping ``ref`` (not
+        checkable while torch.compile traces: ``compiling``)."""
         if out is None:
             return
-        if not (isinstance(out, torch.Tensor) and out.dtype == ref.dtype
+        if not (isinstance(out, torch.Tensor) and out.dtype is ref.dtype
                 and out.get_device() == ref.get_device() and out.is_contiguous()
                 and out.shape[0] == rows and out.dim() == ref.dim()
                 and (out.shape[1] == ref.shape[1] if out.dim() == 2
@@ -77,7 +79,7 @@ class InputChecks:
             raise DpxValueError(f"out has shape {tuple(out.shape)} {out.dtype} on "
                                 f"{out.device}; it must be {(rows, *ref.shape[1:])} "
                                 f"{ref.dtype} on {ref.device}")
-        if overlaps(out, ref):
+        if not compiling and overlaps(out, ref):
             raise DpxValueError("out overlaps the input in memory; they must not alias")
 
     def counts(self, plan: DpPlan, counts: torch.Tensor | None, ref: torch.Tensor) -> None:

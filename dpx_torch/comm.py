@@ -198,10 +198,11 @@ class DpComm:
         if not isinstance(partial, bool):
             c.partial(partial)
         c.tensor("local", local)
-        prep = self._prepare(Op.GATHER, plan, partial, counts, local.shape[0])
+        compiling = torch.compiler.is_compiling()
+        prep = self._prepare(Op.GATHER, plan, partial, counts, local.shape[0], compiling)
         if local.shape[0] < prep.need:
             c.tensor("local", local, min_rows=prep.need)
-        c.out(out, local, prep.out_rows)
+        c.out(out, local, prep.out_rows, compiling=compiling)
         if counts is not None:
             c.counts(plan, counts, local)
         return prep
@@ -209,20 +210,21 @@ class DpComm:
     def _global_checks(self, op: Op, global_, plan, counts, out) -> _Prepared:
         c = self.checks
         c.tensor("global_", global_)
-        prep = self._prepare(op, plan, True, counts, global_.shape[0])
+        compiling = torch.compiler.is_compiling()
+        prep = self._prepare(op, plan, True, counts, global_.shape[0], compiling)
         if global_.shape[0] != prep.need:
             c.tensor("global_", global_, rows=prep.need)
-        c.out(out, global_, prep.out_rows)
+        c.out(out, global_, prep.out_rows, compiling=compiling)
         if counts is not None:
             c.counts(plan, counts, global_)
         return prep
 
-    def _prepare(self, op: Op, plan, partial: bool, counts, in_rows: int) -> _Prepared:
+    def _prepare(self, op: Op, plan, partial: bool, counts, in_rows: int,
+                 compiling: bool) -> _Prepared:
         """The prepared call for these arguments: looked up, or (first time: the plan's
-        checks, then its schedule) built and kept."""
+        checks, then its schedule) built and kept (not while torch.compile traces)."""
         if not isinstance(plan, DpPlan):
             self.checks.plan(plan)
-        compiling = torch.compiler.is_compiling()
         key = (plan, op.value, partial, counts is None, in_rows)
         prep = None if compiling else self._prepared.get(key)
         if prep is not None:
