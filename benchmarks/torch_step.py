@@ -1,7 +1,12 @@
 """Host overhead of a dpx_torch gather against a bare NCCL all_gather_into_tensor, at
 world size 1 on one GPU, eager and under CUDA-graph replay (same run, same sizes).
 
-    python benchmarks/torch_step.py
+    python benchmarks/torch_step.py [--tag NAME]
+
+``--tag`` names the CSV (``torch_step_NAME.csv``): run it once more with another dpx on
+``PYTHONPATH`` (e.g. a previous release's ``dpx``, ``dpx/kernels`` and ``dpx_torch``) to
+compare releases in one session; ``dpx_python_us`` is then left out where that dpx has no
+schedule interpreter to stub.
 
 ``host_us``: wall time per call of N back-to-back calls measured before the final sync
 (what the CPU spends enqueueing). ``total_us``: wall time per call including the sync.
@@ -22,7 +27,12 @@ import torch.distributed as dist
 
 import dpx
 from common import out_dir, print_table, write_csv
-from dpx_torch import DpComm, interpreter
+from dpx_torch import DpComm
+
+try:
+    from dpx_torch import interpreter
+except ImportError:  # a dpx without schedules: no stub column
+    interpreter = None
 
 N = 200
 
@@ -62,6 +72,11 @@ def _graph(fn) -> torch.cuda.CUDAGraph:
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tag", default="", help="CSV name suffix (torch_step_TAG.csv)")
+    args = ap.parse_args()
     torch.cuda.set_device(0)
     init = os.path.join(tempfile.mkdtemp(), "rdv")
     dist.init_process_group("nccl", init_method=f"file://{init}", rank=0, world_size=1)
@@ -87,12 +102,14 @@ def main() -> None:
 
         t = _timed({"bare": bare, "ours": ours})
         (hb, tb), (ho, to) = t["bare"], t["ours"]
-        real = interpreter.all_gather_single
-        interpreter.all_gather_single = lambda *a, **k: None
-        try:
-            hp = _timed({"ours": ours}, rounds=3)["ours"][0]
-        finally:
-            interpreter.all_gather_single = real
+        hp = float("nan")
+        if interpreter is not None:
+            real = interpreter.all_gather_single
+            interpreter.all_gather_single = lambda *a, **k: None
+            try:
+                hp = _timed({"ours": ours}, rounds=3)["ours"][0]
+            finally:
+                interpreter.all_gather_single = real
         gb, go = _graph(bare), _graph(ours_dev)
         g = _timed({"bare": gb.replay, "ours": go.replay})
         tgb, tgo = g["bare"][1], g["ours"][1]
@@ -102,9 +119,9 @@ def main() -> None:
                          bare_total_us=tb, dpx_total_us=to, total_ratio=to / tb,
                          graph_bare_us=tgb, graph_dpx_us=tgo, graph_ratio=tgo / tgb))
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  NCCL world 1, "
-          f"hidden {H} bf16, {N} back-to-back calls")
+          f"hidden {H} bf16, {N} back-to-back calls  (dpx from {dpx.__file__})")
     print_table(rows, list(rows[0]))
-    write_csv(out_dir() / "torch_step.csv", rows)
+    write_csv(out_dir() / f"torch_step{'_' + args.tag if args.tag else ''}.csv", rows)
     dist.destroy_process_group()
 
 
