@@ -117,9 +117,17 @@ class Geometry:
         hold the same rows (block ``q = c*tp + t`` is rank ``(c, t)``'s), 0 in a shard."""
         return 0 if self.sharded else X.mul(c, self.tp)
 
+    @property
+    def held_bound(self) -> int:
+        """The most rows a rank's input can hold under the plan (its static capacity)."""
+        return self.tp * self.block if self.sharded else self.block * self.layout.replica_size
+
     def _local(self, held: Any, start: Any, rows: int) -> tuple[Any, Any]:
-        first = 0 if isinstance(start, int) and start == 0 else X.minimum(start, held)
-        return first, X.clip(X.sub(held, start), 0, rows)
+        if isinstance(start, int) and start == 0:
+            # from the first row: the count needs no clipping when the plan bounds it
+            # (a device count then costs no extra op, e.g. in a captured CUDA graph)
+            return 0, held if self.held_bound <= rows else X.clip(held, 0, rows)
+        return X.minimum(start, held), X.clip(X.sub(held, start), 0, rows)
 
     def own_block(self, d: Any, c: Any, t: Any) -> tuple[Any, Any]:
         """``(first local row, rows)`` of the rank's chunk taken from its own input."""
