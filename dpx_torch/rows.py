@@ -434,21 +434,22 @@ def pack_rows(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
     return out
 
 
+def _chunks_into(kernel: str, op, src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
+                 block: int, out: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        op(src, firsts, lens, block, out)
+    else:
+        _launch_chunks(kernel, src, firsts, lens, block, out)
+    return out
+
+
 def unpack_into(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
                 out: torch.Tensor) -> torch.Tensor:
     """:func:`unpack_rows` into ``out`` without checks (the interpreter's)."""
-    if torch.compiler.is_compiling():
-        _unpack_rows_out(src, firsts, lens, block, out)
-    else:
-        _launch_chunks("unpack_rows_kernel", src, firsts, lens, block, out)
-    return out
+    return _chunks_into("unpack_rows_kernel", _unpack_rows_out, src, firsts, lens, block, out)
 
 
 def pack_into(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
               out: torch.Tensor) -> torch.Tensor:
     """:func:`pack_rows` into ``out`` without checks (the interpreter's)."""
-    if torch.compiler.is_compiling():
-        _pack_rows_out(src, firsts, lens, block, out)
-    else:
-        _launch_chunks("pack_rows_kernel", src, firsts, lens, block, out)
-    return out
+    return _chunks_into("pack_rows_kernel", _pack_rows_out, src, firsts, lens, block, out)
