@@ -131,8 +131,8 @@ def _fit_and_score(rows, lay, row_bytes) -> None:
     slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var, 1e-15)
     lat = max(my - slope * mx, 0.0)
     model = dpx.CostModel(bus_bandwidth=1.0 / slope, latency=lat)
-    print(f"fitted CostModel: bus_bandwidth={model.bus_bandwidth / 1e9:.1f} GB/s, "
-          f"latency={model.latency * 1e6:.1f} us")
+    print(f"fitted CostModel: bus_bandwidth={model.bus_bandwidth / 1e9:.4g} GB/s, "
+          f"latency={model.latency * 1e6:.4g} us")
     points, within, losses = 0, 0, []
     keys = sorted({(r["scale"], r["pattern"]) for r in rows})
     for key in keys:
