@@ -11,7 +11,7 @@ from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchError, DpxTypeErr
                         DpxValueError)
 from dpx.expr import ceil_align
 from dpx.layout import DpLayout, RankCoords
-from dpx.modes import Group, Op, PaddingMode, Policy, Transport
+from dpx.modes import Group, Op, PaddingMode, Policy, Transport, Wire
 from dpx.plan import DpPlan, compare_modes, plan_step, sglang_mode
 from dpx.schedule import Schedule, build_schedule
 
@@ -21,5 +21,6 @@ __all__ = [
     "CostModel", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError", "DpxMismatchError",
     "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op", "OpEstimate",
     "PaddingMode", "Policy", "RankCoords", "Schedule", "StepCost", "Transport",
-    "build_schedule", "ceil_align", "compare_modes", "estimate", "plan_step", "sglang_mode",
+    "Wire", "build_schedule", "ceil_align", "compare_modes", "estimate", "plan_step",
+    "sglang_mode",
 ]

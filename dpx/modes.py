@@ -100,3 +100,16 @@ class Transport(_ParsableEnum):
     PER_ROOT = "per_root"
     RAGGED = "ragged"
     EQUAL = "equal"
+
+
+class Wire(_ParsableEnum):
+    """The format a gather's rows travel in.
+
+    ``NATIVE``: the input's dtype. ``FP8``: per-token-group float8 (:mod:`dpx.wire`): each
+    row's groups of 128 elements as float8_e4m3fn payload plus one float32 scale per group,
+    one byte row per token; the gathered buffer is dequantized to the input's dtype unless
+    the caller asks for the payload and scales.
+    """
+
+    NATIVE = "native"
+    FP8 = "fp8"

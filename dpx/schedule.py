@@ -13,7 +13,10 @@ symbolic rank (one SPMD program for every rank).
 
 Buffers: ``"in"`` (the caller's input), ``"out"`` (the result) and scratch buffers whose
 static row counts the schedule lists (``Schedule.scratch``); every buffer has the input's
-trailing shape and dtype. A :class:`Ref` names rows ``[first, first + rows)`` of a buffer.
+trailing shape and dtype, except those ``Schedule.wire_bufs`` names, whose rows are fp8
+wire rows (:mod:`dpx.wire`: ``wire_row_bytes(H)`` bytes each): an fp8 gather
+(``wire="fp8"``) quantizes its chunk into one (:class:`Quantize`), moves bytes, and
+dequantizes the gathered rows (:class:`Dequantize`) unless the caller keeps them. A :class:`Ref` names rows ``[first, first + rows)`` of a buffer.
 No step writes ``"in"``: no op modifies its input.
 
 The frontends interpret the steps; they hold no layout arithmetic. The cost model prices
@@ -29,7 +32,7 @@ from typing import Any
 from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.geometry import Geometry, RankRef, concrete_rank, geometry, symbolic_rank
-from dpx.modes import Group, Op, PaddingMode, Transport
+from dpx.modes import Group, Op, PaddingMode, Transport, Wire
 
 IN, OUT = "in", "out"
 
@@ -93,6 +96,33 @@ class Take(_RowPass):
     def __str__(self) -> str:
         return (f"take    {self.src}[{_v(self.start)} : +{_v(self.count)}] -> "
                 f"{self.dst}[{self.rows} rows], zeros after")
+
+
+@dataclass(frozen=True, eq=False)
+class Quantize(_RowPass):
+    """``dst[j] = fp8_wire(src[start + j])`` for ``j < count``; rows ``count..rows`` of
+    ``dst`` are zero bytes (one pass: reads the rows once, writes payload and scales;
+    ``dst`` is a wire buffer)."""
+
+    kind = "quantize"
+
+    def __str__(self) -> str:
+        return (f"quantize {self.src}[{_v(self.start)} : +{_v(self.count)}] -> "
+                f"{self.dst}[{self.rows} fp8 rows], zero rows after")
+
+
+@dataclass(frozen=True, eq=False)
+class Dequantize(Step):
+    """``dst[:rows] = dequantize(src[:rows])``: fp8 wire rows back to the input's dtype
+    (zero rows stay exact zeros)."""
+
+    src: Ref
+    dst: Ref
+    rows: int
+    kind = "dequantize"
+
+    def __str__(self) -> str:
+        return f"dequantize {self.src}[{self.rows} fp8 rows] -> {self.dst}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -301,6 +331,8 @@ class Schedule:
     steps: tuple[Step, ...]
     scratch: tuple[tuple[str, int], ...]
     notes: tuple[str, ...]
+    wire: Wire = Wire.NATIVE
+    wire_bufs: frozenset = frozenset()
 
     def collective_signature(self) -> tuple:
         """What every rank must agree on: each collective's kind, group and sizes."""
@@ -308,17 +340,30 @@ class Schedule:
         for s in self.steps:
             if not s.collective:
                 continue
-            item: list = [s.kind, s.group, s.rows]
+            item: list = [s.kind, s.group, s.rows, self.is_wire(_moved(s))]
             if isinstance(s, _Variable):
                 item += [X.render(s.firsts), X.render(s.lens), s.block]
             sig.append(tuple(item))
         return tuple(sig)
 
+    def is_wire(self, buf: str) -> bool:
+        """Whether buffer ``buf`` holds fp8 wire rows (else the input's dtype)."""
+        return buf in self.wire_bufs
+
+
+def _moved(step: Step) -> str:
+    """The buffer a collective moves (its source, or its in-place buffer)."""
+    ref = getattr(step, "src", None) or getattr(step, "buf")
+    return ref.buf
+
 
 class _Builder:
     def __init__(self, plan, op: Op, partial: bool, rank: RankRef, device_counts: bool,
-                 transport: Transport, in_rows: int | None, out_rows: int) -> None:
+                 transport: Transport, in_rows: int | None, out_rows: int,
+                 wire: Wire = Wire.NATIVE, dequantize: bool = True) -> None:
         self.plan, self.op, self.partial, self.rank = plan, op, partial, rank
+        self.wire, self.dequantize = wire, dequantize
+        self.wire_bufs: set[str] = set()
         self.device_counts, self.transport = device_counts, transport
         self.in_rows, self.out_rows = in_rows, out_rows
         self.geo: Geometry = geometry(plan, device_counts=device_counts)
@@ -331,9 +376,11 @@ class _Builder:
         self.scratch: dict[str, int] = {}
         self.notes: list[str] = []
 
-    def buffer(self, name: str, rows: int) -> Ref:
+    def buffer(self, name: str, rows: int, *, wire: bool = False) -> Ref:
         if self.scratch.setdefault(name, rows) != rows:
             raise AssertionError(f"scratch {name} sized twice")
+        if wire:
+            self.wire_bufs.add(name)
         return Ref(name)
 
     def add(self, step: Step) -> None:
@@ -342,7 +389,8 @@ class _Builder:
     def done(self) -> Schedule:
         return Schedule(self.plan, self.op, self.partial, self.rank, self.device_counts,
                         self.transport, self.in_rows, self.out_rows, tuple(self.steps),
-                        tuple(self.scratch.items()), tuple(self.notes))
+                        tuple(self.scratch.items()), tuple(self.notes), self.wire,
+                        frozenset(self.wire_bufs))
 
     # ------------------------------------------------------------ shared pieces
     def host_is(self, value: Any, target: int) -> bool:
@@ -457,6 +505,9 @@ class _Builder:
 
     # ------------------------------------------------------------ the ops
     def gather(self) -> None:
+        if self.wire is Wire.FP8:
+            self.gather_fp8()
+            return
         g, r, plan = self.geo, self.rank, self.plan
         G, B = g.global_rows, g.block
         mode = plan.mode
@@ -496,6 +547,68 @@ class _Builder:
         if contiguous and ends[-1] != G:  # rows past the last chunk are zero
             self.add(ZeroFrom(Ref(OUT), G, ends[-1]))
         self.add(BroadcastV(Group.WORLD, G, firsts, lens, B, Ref(OUT)))
+
+    def quantized_chunk(self, dst: Ref | None, dst_rows: int) -> Ref:
+        """This rank's chunk as fp8 wire rows in ``dst`` (a scratch ``"wire_chunk"`` when
+        None): partial inputs are first summed over the attn-tp group in their dtype."""
+        g, r = self.geo, self.rank
+        start, real = g.own_block(r.dp, r.cp, r.tp)
+        src = Ref(IN)
+        if self.partial and g.tp > 1:
+            src, start = self.produce_chunk(None, g.block), 0
+        if dst is None:
+            dst = self.buffer("wire_chunk", g.block, wire=True)
+        self.add(Quantize(src, dst, dst_rows, start, real))
+        return dst
+
+    def gather_fp8(self) -> None:
+        """MAX_LEN / GATHERV with fp8 rows on the world collective: each rank quantizes
+        its chunk (one pass), the bytes move as in the native schedule, and the gathered
+        rows are dequantized into ``out`` (or ``out`` keeps the wire rows)."""
+        g, r, plan = self.geo, self.rank, self.plan
+        G, B, W = g.global_rows, g.block, plan.layout.world_size
+        if plan.mode is PaddingMode.SUM_LEN:
+            raise DpxValueError("wire='fp8' needs a copy mode (max_len or gatherv): sum_len "
+                                "adds the slots in an all-reduce, and a sum cannot run on fp8")
+        if self.op is not Op.GATHER:
+            raise DpxValueError(f"wire='fp8' applies to gather, not {self.op.value}")
+        firsts, lens = g.chunk_table()
+        if self.dequantize:
+            wout = self.buffer("wire_out", G, wire=True)
+        else:
+            wout = Ref(OUT)
+            self.wire_bufs.add(OUT)
+        if plan.mode is PaddingMode.MAX_LEN and not g.sharded or self.equal_chunks(firsts,
+                                                                                     lens):
+            route = "equal"
+        elif plan.mode is PaddingMode.MAX_LEN:
+            route = "unpack"
+        elif self.transport is Transport.RAGGED:
+            route = "ragged"
+        elif (self.transport is Transport.PER_ROOT and X.is_const(lens)
+              and not self.rank.is_symbolic):
+            route = "per_root"
+        else:
+            route = "unpack"
+            self.notes.append("GATHERV fp8 moves every rank's block in an equal all-gather, "
+                              "then unpacks the chunks (no variable-size collective here)")
+        if route == "equal":
+            self.add(AllGather(Group.WORLD, self.quantized_chunk(None, B), wout, B))
+        elif route == "unpack":
+            chunk = self.quantized_chunk(None, B)
+            gathered = self.buffer("wire_gathered", W * B, wire=True)
+            self.add(AllGather(Group.WORLD, chunk, gathered, B))
+            self.add(Unpack(gathered, wout, G, firsts, lens, B))
+        elif route == "ragged":
+            chunk = self.quantized_chunk(None, B)
+            self.add(AllGatherV(Group.WORLD, G, firsts, lens, B, chunk, wout))
+        else:
+            first, length = X.index(firsts, r.rank), X.index(lens, r.rank)
+            self.add(ZeroFrom(wout, G, 0))
+            self.quantized_chunk(Ref(wout.buf, first, length), length)
+            self.add(BroadcastV(Group.WORLD, G, firsts, lens, B, wout))
+        if self.dequantize:
+            self.add(Dequantize(wout, Ref(OUT), G))
 
     def reduce_scatter(self) -> None:
         g, r, plan = self.geo, self.rank, self.plan
@@ -563,6 +676,7 @@ def default_out_rows(plan, op: Op, rank: int | None) -> int:
 def build_schedule(plan, op: Op | str, *, rank: int | None, partial: bool = True,
                    device_counts: bool = False, transport: Transport | str = Transport.PER_ROOT,
                    in_rows: int | None = None, out_rows: int | None = None,
+                   wire: Wire | str = Wire.NATIVE, dequantize: bool = True,
                    cached: bool = True) -> Schedule:
     """The schedule of ``op`` on ``rank`` (``None``: one symbolic program for every rank).
 
@@ -575,20 +689,23 @@ def build_schedule(plan, op: Op | str, *, rank: int | None, partial: bool = True
     """
     op = Op.parse(op)
     transport = Transport.parse(transport)
+    wire = Wire.parse(wire)
     if out_rows is None:
         out_rows = default_out_rows(plan, op, rank)
     build = _cached if cached else _build
     return build(plan, op, rank, bool(partial), bool(device_counts), transport, in_rows,
-                 out_rows)
+                 out_rows, wire, bool(dequantize) or wire is Wire.NATIVE)
 
 
 def _build(plan, op: Op, rank: int | None, partial: bool, device_counts: bool,
-           transport: Transport, in_rows: int | None, out_rows: int) -> Schedule:
+           transport: Transport, in_rows: int | None, out_rows: int,
+           wire: Wire = Wire.NATIVE, dequantize: bool = True) -> Schedule:
     lay = plan.layout
     if device_counts and not plan.is_static:
         raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
     ref = symbolic_rank() if rank is None else concrete_rank(lay, rank)
-    b = _Builder(plan, op, partial, ref, device_counts, transport, in_rows, out_rows)
+    b = _Builder(plan, op, partial, ref, device_counts, transport, in_rows, out_rows, wire,
+                 dequantize)
     {Op.GATHER: b.gather, Op.GATHER_SUM: b.gather, Op.REDUCE_SCATTER: b.reduce_scatter,
      Op.SCATTER: b.scatter, Op.SCATTER_ADJOINT: b.scatter_adjoint}[op]()
     return b.done()

@@ -2,7 +2,9 @@
 
 from dpx_torch.comm import DpComm, counts_tensor
 from dpx_torch.overlap import DpWork
+from dpx_torch.padrows import mask_pad_rows, pad_row_mask
 from dpx_torch.rows import pack_rows, place_rows, take_rows, unpack_rows, zero_rows_
+from dpx_torch.wire import split_wire
 
-__all__ = ["DpComm", "DpWork", "counts_tensor", "pack_rows", "place_rows", "take_rows",
-           "unpack_rows", "zero_rows_"]
+__all__ = ["DpComm", "DpWork", "counts_tensor", "mask_pad_rows", "pack_rows", "pad_row_mask",
+           "place_rows", "split_wire", "take_rows", "unpack_rows", "zero_rows_"]

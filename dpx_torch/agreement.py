@@ -41,7 +41,8 @@ class Agreement:
         host_counts = (tuple(counts.detach().cpu().reshape(-1).tolist())
                        if isinstance(counts, torch.Tensor) else None)
         digest = None
-        if err is None and op == "gather" and partial is False and lay.replica_size > 1:
+        gather = op.split("/")[0].split("#")[0] == "gather"
+        if err is None and gather and partial is False and lay.replica_size > 1:
             rows = tensor[:self._held(plan, host_counts)].detach().contiguous().cpu()
             digest = hashlib.sha1(rows.view(torch.uint8).numpy().tobytes()).hexdigest() \
                 if rows.numel() else "empty"
@@ -61,7 +62,7 @@ class Agreement:
                 problems.append(f"ranks disagree on {field}: " + "; ".join(
                     f"{list(v) if isinstance(v, tuple) else repr(v)} on ranks {rs}"
                     for v, rs in seen.items()))
-        if op == "gather" and partial is False and not problems:
+        if gather and partial is False and not problems:
             copies = lay.attn_tp_groups() if plan.sharded else tuple(
                 lay.replica_ranks(d) for d in range(lay.dp_size))
             for ranks in copies:

@@ -24,20 +24,25 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from dpx.errors import DpxError, DpxTypeError, DpxValueError
+from dpx import counts as C
+from dpx import wire as W
+from dpx.errors import DpxError, DpxMismatchError, DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
-from dpx.modes import Op, Transport
+from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.schedule import Schedule, build_schedule
 from dpx_torch.agreement import Agreement
 from dpx_torch.autograd import OpFunction
 from dpx_torch.checks import SUPPORTED_DTYPES, InputChecks
 from dpx_torch.groups import DpGroups, build_groups
-from dpx_torch.interpreter import Interpreter, Program
+from dpx_torch.interpreter import BatchProgram, Interpreter, Program, all_gather_single
 from dpx_torch.overlap import DpWork, Overlap
 from dpx_torch.pool import BufferPool
+from dpx_torch.wire import split_wire
 
 __all__ = ["DpComm", "DpWork", "SUPPORTED_DTYPES", "counts_tensor"]
+
+Tensors = tuple[torch.Tensor, ...]
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,11 +105,14 @@ class DpComm:
         self.overlap = Overlap(self.pool)
         self.interpreter = Interpreter(self.groups, self.pool)
         self._prepared: dict[tuple, _Prepared] = {}
+        self._batches: dict[tuple, BatchProgram] = {}
+        self._sources: dict[tuple, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ public ops
-    def gather(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
-               counts: torch.Tensor | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+    def gather(self, local: torch.Tensor | Sequence[torch.Tensor], plan: DpPlan, *,
+               partial: bool | Sequence[bool], counts: torch.Tensor | None = None,
+               out: torch.Tensor | None = None, wire: Wire | str | Sequence = Wire.NATIVE,
+               dequantize: bool = True):
         """``local [>= n_d, H...] -> [plan.global_rows, H...]`` on every rank.
 
         Slot ``d`` row ``j < n_d`` holds the sum over replica d's attn-tp ranks of their
@@ -115,10 +123,89 @@ class DpComm:
         ``out`` receives the result (no allocation). With context parallelism, ``local``
         holds this CP rank's rows (its replica's, or its shard).
         Differentiable: the gradient is ``reduce_scatter`` of the output gradient.
+
+        ``wire="fp8"`` (``dpx.Wire.FP8``; MAX_LEN and GATHERV plans, float ``[rows, H]``
+        input, ``H % 128 == 0``): the world collective moves the rows as fp8 wire rows
+        (:mod:`dpx.wire`); the result is dequantized to ``local``'s dtype, or with
+        ``dequantize=False`` returned as ``(payload [global_rows, H] float8_e4m3fn, scales
+        [global_rows, H/128] float32)``, views of one uint8 buffer. Not differentiable.
+
+        Several tensors: ``gather((a, b, ...), plan, partial=(pa, pb, ...))`` (``partial``,
+        ``wire`` a flag each or one for all) returns a tuple, each result as if gathered
+        alone; the tensors' collectives go out batched (:mod:`dpx.batch`: one grouped launch
+        per batch on NCCL). When a tensor requires grad, each is gathered by its own
+        differentiable call instead. ``out=`` is for one tensor.
         """
-        prep = self._checked("gather", plan, local, partial, counts, self._gather_checks,
-                             local, plan, partial, counts, out)
-        return self._dispatch(prep, counts, local, out, "local")
+        if isinstance(local, (tuple, list)):
+            return self._gather_many(tuple(local), plan, partial, counts, out, wire,
+                                     dequantize)
+        wire = Wire.parse(wire)
+        if wire is Wire.NATIVE:
+            prep = self._checked("gather", plan, local, partial, counts, self._gather_checks,
+                                 local, plan, partial, counts, out)
+            return self._dispatch(prep, counts, local, out, "local")
+        prep = self._checked("gather/fp8", plan, local, partial, counts, self._gather_checks,
+                             local, plan, partial, counts, out, wire, bool(dequantize))
+        res = self._run_plain(prep, counts, local, out)
+        return res if dequantize else split_wire(res)
+
+    def _run_plain(self, prep: _Prepared, counts: torch.Tensor | None, x: torch.Tensor,
+                   out: torch.Tensor | None) -> torch.Tensor:
+        """A call that records no autograd graph (fp8 gathers, batched calls)."""
+        if out is None:
+            out = self._new_out(prep, x)
+        key = "comm" if self.overlap.on_comm_stream else "caller"
+        return prep.program(x, out, _flat(counts), key)
+
+    @staticmethod
+    def _new_out(prep: _Prepared, x: torch.Tensor) -> torch.Tensor:
+        sched = prep.schedule
+        if sched.is_wire("out"):
+            return x.new_empty((prep.out_rows, W.wire_row_bytes(x.shape[1])), dtype=torch.uint8)
+        return x.new_empty((prep.out_rows, *x.shape[1:]))
+
+    def _gather_many(self, tensors: Tensors, plan: DpPlan, partial, counts, out, wire,
+                     dequantize: bool) -> tuple:
+        n = len(tensors)
+        if n == 0:
+            raise DpxValueError("gather of a tuple needs at least one tensor")
+        if out is not None:
+            raise DpxValueError("out= is for one tensor; gather of a tuple allocates its "
+                                "results")
+        partials = self._per_tensor("partial", partial, n)
+        wires = tuple(Wire.parse(w) for w in self._per_tensor("wire", wire, n))
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors) \
+                and torch.is_grad_enabled():
+            return tuple(self.gather(t, plan, partial=p, counts=counts, wire=w,
+                                     dequantize=dequantize)
+                         for t, p, w in zip(tensors, partials, wires))
+        preps = []
+        for i, (t, p, w) in enumerate(zip(tensors, partials, wires)):
+            extra = () if w is Wire.NATIVE else (w, bool(dequantize))
+            label = "gather" if w is Wire.NATIVE else "gather/fp8"
+            preps.append(self._checked(f"{label}#{i}", plan, t, p, counts,
+                                       self._gather_checks, t, plan, p, counts, None, *extra))
+        key = tuple(id(p) for p in preps)
+        batch = self._batches.get(key)
+        if batch is None or batch.programs != tuple(p.program for p in preps):
+            batch = BatchProgram(self.interpreter, tuple(p.program for p in preps))
+            if len(self._batches) >= self.prepared_limit:
+                del self._batches[next(iter(self._batches))]
+            self._batches[key] = batch
+        outs = [self._new_out(p, t) for p, t in zip(preps, tensors)]
+        res = batch(tensors, outs, _flat(counts),
+                    "comm" if self.overlap.on_comm_stream else "caller")
+        return tuple(split_wire(r) if p.schedule.is_wire("out") else r
+                     for r, p in zip(res, preps))
+
+    @staticmethod
+    def _per_tensor(name: str, value, n: int) -> tuple:
+        if isinstance(value, (tuple, list)):
+            if len(value) != n:
+                raise DpxValueError(f"{name} has {len(value)} entries for {n} tensors; give "
+                                    f"one per tensor or one for all")
+            return tuple(value)
+        return (value,) * n
 
     def scatter(self, global_: torch.Tensor, plan: DpPlan, *,
                 counts: torch.Tensor | None = None,
@@ -172,6 +259,38 @@ class DpComm:
         make every rank raise :class:`dpx.DpxMismatchError` naming the replica."""
         return self.agreement.sync_counts(num_tokens, is_extend=is_extend)
 
+    def exchange_counts(self, n_local: torch.Tensor, *, shards: bool = False) -> torch.Tensor:
+        """This rank's real count as a device int32 tensor of shape ``(1,)`` -> the per-
+        replica counts, a device int32 ``[dp_size]`` tensor (``shards=True``: each CP rank
+        reports its shard, the result is the ``[dp_size, cp_size]`` shard table). One tiny
+        all-gather on the world group, no host sync, capturable in a CUDA graph: the
+        ``counts=`` of a capacity plan's step and of ``mask_pad_rows``. Entry ``d`` is the
+        report of the rank of replica d with this rank's CP and attn-tp coordinates
+        (:mod:`dpx.counts`). With ``validate=True`` the reports are read back and every
+        rank raises the same :class:`dpx.DpxMismatchError` when the ranks of a replica (of
+        a CP rank, for shards) disagree."""
+        c = self.checks
+        if (not isinstance(n_local, torch.Tensor) or n_local.dtype != torch.int32
+                or tuple(n_local.shape) != (1,)):
+            raise DpxTypeError(f"n_local must be an int32 tensor of shape (1,), got "
+                               f"{getattr(n_local, 'dtype', type(n_local).__name__)} "
+                               f"{tuple(getattr(n_local, 'shape', ()))}")
+        c.tensor("n_local", n_local)
+        lay = self.layout
+        allv = n_local.new_empty(lay.world_size)
+        all_gather_single(allv, n_local, group=self.groups.world)
+        if self.validate:
+            bad = C.disagreements(lay, tuple(allv.tolist()), shards=shards)
+            if bad:
+                raise DpxMismatchError("exchange_counts: " + "; ".join(bad))
+        key = ("sources", shards)
+        idx = self._sources.get(key)
+        if idx is None or idx.device != allv.device:
+            idx = self._sources[key] = torch.tensor(C.sources(lay, self.rank, shards=shards),
+                                                    dtype=torch.long, device=allv.device)
+        picked = allv[idx]
+        return picked.view(lay.dp_size, lay.cp_size) if shards else picked
+
     def schedule(self, plan: DpPlan, op: Op | str, *, partial: bool = True,
                  device_counts: bool = False, in_rows: int | None = None) -> Schedule:
         """The steps this rank runs for ``op`` (what ``python -m dpx plan --rank`` prints)."""
@@ -193,13 +312,23 @@ class DpComm:
                 dist.destroy_process_group(pg)
 
     # ------------------------------------------------------------------ calls
-    def _gather_checks(self, local, plan, partial, counts, out) -> _Prepared:
+    def _gather_checks(self, local, plan, partial, counts, out, wire: Wire = Wire.NATIVE,
+                       dequantize: bool = True) -> _Prepared:
         c = self.checks
         if not isinstance(partial, bool):
             c.partial(partial)
         c.tensor("local", local)
         compiling = torch.compiler.is_compiling()
-        prep = self._prepare(Op.GATHER, plan, partial, counts, local.shape[0], compiling)
+        if wire is not Wire.NATIVE:
+            c.plan(plan)
+            W.check_fp8(plan.mode, tuple(local.shape), str(local.dtype).replace("torch.", ""))
+            self._no_grad("gather(wire='fp8')", local, "fp8 rounding has no gradient; "
+                          "gather in the native dtype")
+            if out is not None and not dequantize:
+                raise DpxValueError("out= takes the dequantized result; with dequantize="
+                                    "False the gather returns views of its own wire buffer")
+        prep = self._prepare(Op.GATHER, plan, partial, counts, local.shape[0], compiling,
+                             wire, dequantize)
         if local.shape[0] < prep.need:
             c.tensor("local", local, min_rows=prep.need)
         c.out(out, local, prep.out_rows, compiling=compiling)
@@ -220,12 +349,13 @@ class DpComm:
         return prep
 
     def _prepare(self, op: Op, plan, partial: bool, counts, in_rows: int,
-                 compiling: bool) -> _Prepared:
+                 compiling: bool, wire: Wire = Wire.NATIVE,
+                 dequantize: bool = True) -> _Prepared:
         """The prepared call for these arguments: looked up, or (first time: the plan's
         checks, then its schedule) built and kept (not while torch.compile traces)."""
         if not isinstance(plan, DpPlan):
             self.checks.plan(plan)
-        key = (plan, op.value, partial, counts is None, in_rows)
+        key = (plan, op.value, partial, counts is None, in_rows, wire, dequantize)
         prep = None if compiling else self._prepared.get(key)
         if prep is not None:
             return prep
@@ -242,7 +372,8 @@ class DpComm:
             need, out_rows = plan.global_rows, plan.slot_rows[d]
         sched = build_schedule(plan, op, rank=self.rank, partial=partial,
                                device_counts=counts is not None, transport=self.transport,
-                               in_rows=in_rows, out_rows=out_rows, cached=not compiling)
+                               in_rows=in_rows, out_rows=out_rows, wire=wire,
+                               dequantize=dequantize, cached=not compiling)
         prep = _Prepared(sched, need, out_rows, self.interpreter.compile(sched))
         if not compiling:
             if len(self._prepared) >= self.prepared_limit:
@@ -297,11 +428,12 @@ class DpComm:
                                         "comm" if self.overlap.on_comm_stream else "caller")
 
     @staticmethod
-    def _no_grad(name: str, x: torch.Tensor) -> None:
+    def _no_grad(name: str, x: torch.Tensor,
+                 hint: str = "call the synchronous form") -> None:
         if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
             raise DpxValueError(f"{name} records no autograd graph and its input requires "
-                                f"grad: call the synchronous form, or pass a detached tensor "
-                                f"under torch.no_grad()")
+                                f"grad: {hint}, or pass a detached tensor under "
+                                f"torch.no_grad()")
 
 
 def _flat(counts: torch.Tensor | None) -> torch.Tensor | None:

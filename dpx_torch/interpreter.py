@@ -18,11 +18,15 @@ import torch.distributed as dist
 from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.modes import Group
-from dpx.schedule import (IN, OUT, AllGather, AllReduce, BroadcastV, Copy, Pack, Place,
-                          ReduceScatter, ReduceV, Ref, Schedule, Take, Unpack, ZeroFrom)
+from dpx.batch import Stage, lockstep
+from dpx.schedule import (IN, OUT, AllGather, AllReduce, BroadcastV, Copy, Dequantize, Pack,
+                          Place, Quantize, ReduceScatter, ReduceV, Ref, Schedule, Take, Unpack,
+                          ZeroFrom)
+from dpx.wire import wire_row_bytes
 from dpx_torch.groups import DpGroups
 from dpx_torch.pool import BufferPool
 from dpx_torch.rows import pack_into, place_into, take_into, unpack_into, zero_from_
+from dpx_torch.wire import dequantize_into, quantize_into
 
 # torch >= 2.12 renamed the single-tensor collectives; older releases have only the old names
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -114,28 +118,71 @@ class Program:
     """A schedule compiled once into bound step functions: a call only looks buffers up
     and runs them (no per-step dispatch)."""
 
-    __slots__ = ("schedule", "_steps", "_scratch", "_interp")
+    __slots__ = ("schedule", "_steps", "_scratch", "_interp", "by_step")
 
     def __init__(self, interp: "Interpreter", sched: Schedule) -> None:
         self.schedule = sched
         self._interp = interp
-        self._scratch = sched.scratch
+        self._scratch = tuple((name, rows, sched.is_wire(name)) for name, rows in sched.scratch)
         self._steps = [interp._compile(step) for step in sched.steps]
+        self.by_step = dict(zip(sched.steps, self._steps))
 
-    def __call__(self, inp: torch.Tensor, out: torch.Tensor, counts: torch.Tensor | None,
-                 scratch_key: str) -> torch.Tensor:
-        """Every step with ``inp`` as ``"in"`` and ``out`` as ``"out"``. Scratch buffers come
-        from the pool under ``(name, scratch_key)``: valid until the next call with the same
-        key, which stream order makes safe."""
+    def bind(self, inp: torch.Tensor, out: torch.Tensor, counts: torch.Tensor | None,
+             scratch_key: str) -> tuple[dict, Any]:
+        """One call's buffers (``inp`` as ``"in"``, ``out`` as ``"out"``, scratch from the
+        pool under ``(name, scratch_key)``: valid until the next call with the same key,
+        which stream order makes safe) and its expression evaluator."""
         env: dict = {IN: inp, OUT: out}
         if self._scratch:
             pool, rest = self._interp.pool, inp.shape[1:]
-            for name, rows in self._scratch:
-                env[name] = pool.get((name, scratch_key), (rows, *rest), inp.dtype, inp.device)
+            for name, rows, wire in self._scratch:
+                if wire:
+                    env[name] = pool.get((name, scratch_key), (rows, wire_row_bytes(rest[0])),
+                                         torch.uint8, inp.device)
+                else:
+                    env[name] = pool.get((name, scratch_key), (rows, *rest), inp.dtype,
+                                         inp.device)
         vals = None if counts is None else _Values(DeviceValues(counts, self._interp.consts))
+        return env, vals
+
+    def __call__(self, inp: torch.Tensor, out: torch.Tensor, counts: torch.Tensor | None,
+                 scratch_key: str) -> torch.Tensor:
+        """Every step, in order (see :meth:`bind`)."""
+        env, vals = self.bind(inp, out, counts, scratch_key)
         for step in self._steps:
             step(env, vals)
         return out
+
+
+class BatchProgram:
+    """Several programs run in lockstep (:func:`dpx.batch.lockstep`): each stage's local
+    passes, then each batch of collectives as one grouped launch (NCCL coalescing)."""
+
+    __slots__ = ("programs", "stages", "_interp")
+
+    def __init__(self, interp: "Interpreter", programs: tuple[Program, ...]) -> None:
+        self._interp = interp
+        self.programs = programs
+        self.stages: tuple[Stage, ...] = lockstep([p.schedule for p in programs])
+
+    def __call__(self, inps, outs, counts: torch.Tensor | None, scratch_key: str) -> tuple:
+        bound = [p.bind(x, o, counts, f"{scratch_key}#{i}")
+                 for i, (p, x, o) in enumerate(zip(self.programs, inps, outs))]
+        progs = self.programs
+        for stage in self.stages:
+            for i, step in stage.local:
+                progs[i].by_step[step](*bound[i])
+            for batch in stage.batches:
+                items = [(progs[i].by_step[step], bound[i]) for i, step in batch.items]
+                if len(items) == 1:
+                    fn, args = items[0]
+                    fn(*args)
+                    continue
+                first = batch.items[0][1]
+                with self._interp.coalesced(first.group, inps[0].device):
+                    for fn, args in items:
+                        getattr(fn, "ungrouped", fn)(*args)
+        return tuple(outs)
 
 
 class _Values:
@@ -170,6 +217,7 @@ class Interpreter:
             Pack: self._pack, Unpack: self._unpack,
             AllGather: self._all_gather, ReduceScatter: self._reduce_scatter,
             AllReduce: self._all_reduce, BroadcastV: self._broadcast_v, ReduceV: self._reduce_v,
+            Quantize: self._quantize, Dequantize: self._dequantize,
         }
 
     def compile(self, sched: Schedule) -> Program:
@@ -196,6 +244,14 @@ class Interpreter:
     def _take(self, s: Take):
         src, dst, start, count = _getter(s.src), _getter(s.dst), _value(s.start), _value(s.count)
         return lambda env, vals: take_into(src(env), start(vals), count(vals), dst(env))
+
+    def _quantize(self, s: Quantize):
+        src, dst, start, count = _getter(s.src), _getter(s.dst), _value(s.start), _value(s.count)
+        return lambda env, vals: quantize_into(src(env), start(vals), count(vals), dst(env))
+
+    def _dequantize(self, s: Dequantize):
+        src, dst = _getter(s.src), _getter(s.dst)
+        return lambda env, vals: dequantize_into(src(env), dst(env))
 
     def _zero(self, s: ZeroFrom):
         buf, start = _getter(s.buf), _value(s.start)
@@ -254,12 +310,16 @@ class Interpreter:
         chunks = [(self.groups.global_ranks[root], f, n)
                   for root, (f, n) in enumerate(zip(s.firsts, s.lens)) if n]
 
-        def run(env, vals):
+        def ungrouped(env, vals):
             b = buf(env)
             fn = getattr(dist, fn_name)
-            with self._grouped(b.device):
-                for root, f, n in chunks:
-                    fn(b[f:f + n], **{key: root}, group=group)
+            for root, f, n in chunks:
+                fn(b[f:f + n], **{key: root}, group=group)
+
+        def run(env, vals):
+            with self._grouped(buf(env).device):
+                ungrouped(env, vals)
+        run.ungrouped = ungrouped  # type: ignore[attr-defined]
         return run
 
     def _broadcast_v(self, s: BroadcastV):
@@ -270,8 +330,13 @@ class Interpreter:
 
     def _grouped(self, device: torch.device):
         """Group per-root NCCL operations into one launch; a plain sequence elsewhere."""
+        return self.coalesced(Group.WORLD, device)
+
+    def coalesced(self, group: Group, device: torch.device):
+        """One grouped launch of the NCCL operations issued inside, on ``group``; a plain
+        sequence on other backends."""
         if self.groups.backend == "nccl":
             from torch.distributed.distributed_c10d import _coalescing_manager
 
-            return _coalescing_manager(self.groups.world, device)
+            return _coalescing_manager(self._group(group), device)
         return contextlib.nullcontext()

@@ -29,18 +29,24 @@ Index = Union[int, torch.Tensor]
 
 
 @functools.cache
-def _interpreted(kernel_name: str) -> Callable:
+def _interpreted(module, kernel_name: str) -> Callable:
     from triton.runtime.interpreter import InterpretedFunction
 
-    return InterpretedFunction(getattr(_rows, kernel_name).fn)
+    return InterpretedFunction(getattr(module, kernel_name).fn)
+
+
+def _kernel_of(module, kernel_name: str, device: torch.device):
+    """Kernel ``kernel_name`` of ``module`` (a ``dpx.kernels`` module) for ``device``:
+    compiled on CUDA, interpreted on CPU."""
+    if device.type == "cuda":
+        return getattr(module, kernel_name)
+    if device.type == "cpu":
+        return _interpreted(module, kernel_name)
+    raise DpxValueError(f"device {device} is not supported: dpx kernels run on cuda or cpu")
 
 
 def _kernel(kernel_name: str, device: torch.device):
-    if device.type == "cuda":
-        return getattr(_rows, kernel_name)
-    if device.type == "cpu":
-        return _interpreted(kernel_name)
-    raise DpxValueError(f"device {device} is not supported: dpx kernels run on cuda or cpu")
+    return _kernel_of(_rows, kernel_name, device)
 
 
 def _width(t: torch.Tensor) -> int:

@@ -27,9 +27,10 @@ except ImportError:
 #: (``test_every_test_module_is_ordered`` checks it).
 ORDER = (
     "test_planner", "test_schedules",
-    "test_kernels_torch", "test_errors",
+    "test_kernels_torch", "test_wire", "test_errors",
     "test_torch_comm", "test_torch_autograd", "test_torch_compile", "test_faults",
-    "test_jax", "test_jax_multiprocess",
+    "test_torch_serving",
+    "test_jax", "test_jax_serving", "test_jax_multiprocess",
     "test_fuzz",
     "test_torch_gpu",
     "test_parity", "test_parity_gpu",

@@ -134,3 +134,38 @@ def ref_reduce_scatter_rank(globals_: list[np.ndarray], plan: DpPlan, rank: int,
 def ref_reduce_scatter(globals_: list[np.ndarray], plan: DpPlan, d: int,
                        counts=None) -> np.ndarray:
     return ref_scatter(sum(globals_), plan, d, counts)
+
+
+def real_rows(plan: DpPlan, eff=None) -> np.ndarray:
+    """Boolean ``[global_rows]``: True at every replica's real rows."""
+    counts = counts_of(plan, eff)
+    offs = offsets_of(plan, counts)
+    out = np.zeros(plan.global_rows, dtype=bool)
+    for o, n in zip(offs, counts):
+        out[o:o + n] = True
+    return out
+
+
+def quantize_fp8(x: np.ndarray, real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fp8 wire rows of float32 ``x [rows, H]`` (docs/semantics.md): ``(payload uint8
+    [rows, H], scales float32 [rows, H/128])``; rows where ``real`` is False are zeros."""
+    import ml_dtypes
+
+    rows, h = x.shape
+    g = x.astype(np.float32).reshape(rows, h // 128, 128)
+    scale = np.maximum(np.abs(g).max(axis=-1), np.float32(1e-10)) / np.float32(448)
+    q = np.clip(g / scale[..., None], -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    payload = q.view(np.uint8).reshape(rows, h).copy()
+    payload[~real] = 0
+    scale = scale.astype(np.float32)
+    scale[~real] = 0
+    return payload, scale
+
+
+def dequantize_fp8(payload: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """float32 ``payload * scale`` per group."""
+    import ml_dtypes
+
+    rows, h = payload.shape
+    v = payload.view(ml_dtypes.float8_e4m3fn).astype(np.float32).reshape(rows, h // 128, 128)
+    return (v * scales[..., None]).reshape(rows, h)

@@ -1,0 +1,76 @@
+"""Several tensors in one call: their schedules run in lockstep, collectives batched.
+
+``gather((hidden, topk_ids, topk_weights), plan, partial=(True, False, False))`` runs one
+schedule per tensor (each with its own ``partial`` and wire format). :func:`lockstep`
+orders their steps into :class:`Stage` s: a stage's local passes run first, then its
+collectives go out as :class:`Batch` es -- collectives of one kind on one group, which a
+frontend issues as one grouped launch (NCCL coalescing) -- so the tensors never cost one
+round trip each. Schedules are aligned on their last collective (the world collective that
+every gather ends with), so e.g. the world all-gathers of a partial and a replicated tensor
+share a batch although the partial one first reduce-scatters over its attn-tp group.
+
+Every rank builds the same stages: the tensors' collective signatures are the same on
+every rank (:meth:`dpx.Schedule.collective_signature`), and the grouping depends only on
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from dpx.schedule import Schedule, Step
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Collectives of one kind over one group, issued together: ``(tensor index, step)``."""
+
+    kind: str
+    items: tuple[tuple[int, Step], ...]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Local passes ``(tensor index, step)`` in order, then the batches of collectives."""
+
+    local: tuple[tuple[int, Step], ...]
+    batches: tuple[Batch, ...]
+
+
+def _segments(sched: Schedule) -> tuple[list[list[Step]], list[Step | None]]:
+    """The schedule cut after each collective: local runs and the collective ending each
+    (the last run has none)."""
+    runs: list[list[Step]] = [[]]
+    colls: list[Step | None] = []
+    for step in sched.steps:
+        if step.collective:
+            colls.append(step)
+            runs.append([])
+        else:
+            runs[-1].append(step)
+    colls.append(None)
+    return runs, colls
+
+
+def lockstep(schedules: Sequence[Schedule]) -> tuple[Stage, ...]:
+    """The stages that run ``schedules`` together (see the module docstring)."""
+    cut = [_segments(s) for s in schedules]
+    depth = max(len(runs) for runs, _ in cut)
+    stages: list[Stage] = []
+    for level in range(depth):
+        local: list[tuple[int, Step]] = []
+        colls: list[tuple[int, Step]] = []
+        for i, (runs, cs) in enumerate(cut):
+            k = level - (depth - len(runs))  # aligned on the last segment
+            if k < 0:
+                continue
+            local += [(i, step) for step in runs[k]]
+            if cs[k] is not None:
+                colls.append((i, cs[k]))
+        batches: dict[tuple, list[tuple[int, Step]]] = {}
+        for i, step in colls:
+            batches.setdefault((step.kind, step.group), []).append((i, step))
+        stages.append(Stage(tuple(local), tuple(Batch(k[0], tuple(v))
+                                                for k, v in batches.items())))
+    return tuple(stages)

@@ -1,0 +1,140 @@
+"""Serving features on every rank of a gloo world (see harness.py), against reference.py:
+the fp8 wire gather, several tensors in one gather, pad-row masking and counts exchanged on
+the device."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import dpx
+import dpx_torch
+from reference import (dequantize_fp8, held, local_inputs, quantize_fp8, real_rows,
+                       ref_gather)
+from torch_jobs import DTYPES, _eq, _run_of, _t
+
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def _bitwise(name: str, got: torch.Tensor, want: torch.Tensor, case) -> None:
+    if got.shape != want.shape or got.dtype != want.dtype or not torch.equal(
+            got.view(_BITS.get(got.dtype, got.dtype)), want.view(_BITS.get(want.dtype,
+                                                                           want.dtype))):
+        diff = (got.double() - want.double()).abs().max().item() if got.shape == want.shape \
+            else "n/a"
+        raise AssertionError(f"{name} differs bitwise for case {case}: max abs diff {diff}")
+
+
+def _raises(fn) -> str:
+    try:
+        fn()
+    except dpx.DpxError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def fp8_reference(plan, locs, partial, dtype, eff):
+    """(input-dtype gathered rows as float32, payload, scales, dequantized in dtype)."""
+    want = _t(ref_gather(locs, plan, partial=partial, counts=eff), dtype).float().numpy()
+    payload, scales = quantize_fp8(want, real_rows(plan, eff))
+    deq = torch.from_numpy(dequantize_fp8(payload, scales)).to(dtype)
+    return want, payload, scales, deq
+
+
+def check_serving(ctx, layout_args, cases, *, width: int = 256) -> int:
+    """Each case (as torch_jobs.check_cases; float dtypes): the fp8 gather (wire rows and
+    dequantized, bitwise against the NumPy quantizer, SUM_LEN refused), a three-tensor
+    gather with a topk-ids and a topk-weights tensor (each as gathered alone), an fp8 +
+    native pair, and mask_pad_rows / pad_row_mask on the gathered ids."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    r = ctx.rank
+    d = layout.coords(r).attn_dp_rank
+    done = 0
+    for case in cases:
+        dtype = DTYPES[case.get("dtype", "float32")]
+        partial = case.get("partial", True)
+        plan = dpx.plan_step(case["counts"], layout, mode=case.get("mode"),
+                             policy=case.get("policy", "sglang"), capacity=case.get("capacity"),
+                             is_extend=case.get("is_extend", False),
+                             cp_shards=case.get("shards"))
+        counts_t, eff = _run_of(plan, case)
+        seed = case.get("seed", 0)
+        rows = plan.slot_rows[d] if plan.is_static else None
+        # partial sums of random floats depend on the order: small ints then
+        locs = local_inputs(seed, plan, (width,), partial=partial, rows=rows, eff=eff,
+                            floats=not partial)
+        x = _t(locs[r], dtype)
+        ids_l = local_inputs(seed + 1, plan, (8,), partial=False, rows=rows, eff=eff)
+        w_l = local_inputs(seed + 2, plan, (8,), partial=False, rows=rows, eff=eff,
+                           floats=True)
+        ids, wts = _t(ids_l[r], torch.int32), _t(w_l[r], torch.float32)
+        want_ids = ref_gather(ids_l, plan, partial=False, counts=eff)
+        want_w = ref_gather(w_l, plan, partial=False, counts=eff)
+        want_x = ref_gather(locs, plan, partial=partial, counts=eff)
+        # several tensors in one call
+        got = comm.gather((x, ids, wts), plan, partial=(partial, False, False),
+                          counts=counts_t)
+        assert isinstance(got, tuple) and len(got) == 3
+        _eq("gather[0]", got[0], want_x, dtype, case)
+        _eq("gather[1]", got[1], want_ids, torch.int32, case)
+        _eq("gather[2]", got[2], want_w, torch.float32, case)
+        # pad rows
+        real = real_rows(plan, eff)
+        mask = dpx_torch.pad_row_mask(plan, counts=counts_t)
+        assert mask.dtype == torch.bool and np.array_equal(mask.numpy(), ~real), case
+        masked = dpx_torch.mask_pad_rows(got[1], plan, counts=counts_t, fill=-1)
+        assert masked is got[1]
+        _eq("mask_pad_rows", masked, np.where(real[:, None], want_ids, -1), torch.int32, case)
+        wz = dpx_torch.mask_pad_rows(got[2].clone(), plan, counts=counts_t, fill=7.5)
+        _eq("mask_pad_rows(float)", wz, np.where(real[:, None], want_w, 7.5), torch.float32,
+            case)
+        done += 5
+        if plan.mode is dpx.PaddingMode.SUM_LEN:
+            err = _raises(lambda: comm.gather(x, plan, partial=partial, counts=counts_t,
+                                              wire="fp8"))
+            assert "copy mode" in err, err
+            continue
+        want, payload, scales, deq = fp8_reference(plan, locs, partial, dtype, eff)
+        p_got, s_got = comm.gather(x, plan, partial=partial, counts=counts_t, wire="fp8",
+                                   dequantize=False)
+        assert p_got.dtype == torch.float8_e4m3fn and s_got.dtype == torch.float32
+        assert np.array_equal(p_got.view(torch.uint8).numpy(), payload), case
+        assert np.array_equal(s_got.numpy().view(np.int32), scales.view(np.int32)), case
+        g = comm.gather(x, plan, partial=partial, counts=counts_t, wire=dpx.Wire.FP8)
+        _bitwise("gather(wire=fp8)", g, deq, case)
+        # the stated error bound, before rounding to the output dtype
+        err = np.abs(dequantize_fp8(payload, scales) - want)
+        bound = (2.0 ** -4 * np.abs(want) + np.repeat(scales, 128, axis=1) * 2.0 ** -10) \
+            * (1 + 1e-6)
+        assert (err <= bound).all(), case
+        pair = comm.gather((x, ids), plan, partial=(partial, False), counts=counts_t,
+                           wire=("fp8", "native"))
+        _bitwise("gather((fp8, native))[0]", pair[0], deq, case)
+        _eq("gather((fp8, native))[1]", pair[1], want_ids, torch.int32, case)
+        done += 4
+    return done
+
+
+def check_exchange_counts(ctx, layout_args, count_sets, shard_sets) -> dict:
+    """exchange_counts on every rank equals the counts (and shard tables) every rank
+    reported; a validating communicator names disagreeing replicas on every rank."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    c = layout.coords(ctx.rank)
+    for counts in count_sets:
+        got = comm.exchange_counts(torch.tensor([counts[c.attn_dp_rank]], dtype=torch.int32))
+        assert got.dtype == torch.int32 and got.tolist() == list(counts), (got, counts)
+    for table in shard_sets:
+        n = table[c.attn_dp_rank][c.attn_cp_rank]
+        got = comm.exchange_counts(torch.tensor([n], dtype=torch.int32), shards=True)
+        assert got.shape == (layout.dp_size, layout.cp_size)
+        assert got.tolist() == [list(row) for row in table], (got, table)
+    checked = ctx.comm(layout, validate=True)
+    bad = 5 + (ctx.rank == layout.world_size - 1)
+    errs = {"counts": _raises(lambda: checked.exchange_counts(
+        torch.tensor([bad], dtype=torch.int32))),
+        "dtype": _raises(lambda: comm.exchange_counts(torch.tensor([1], dtype=torch.int64)))}
+    good = checked.exchange_counts(torch.tensor([4], dtype=torch.int32))
+    errs["good"] = good.tolist()
+    return errs
