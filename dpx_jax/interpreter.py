@@ -18,10 +18,13 @@ from jax import lax
 from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.modes import Group
-from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, Copy, Pack, Place,
-                          ReduceScatter, ReduceScatterV, Ref, Schedule, Take, Unpack, ZeroFrom)
+from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, Copy, Dequantize, Pack,
+                          Place, Quantize, ReduceScatter, ReduceScatterV, Ref, Schedule, Take,
+                          Unpack, ZeroFrom)
+from dpx.wire import wire_row_bytes
 from dpx_jax.mesh import AXES
 from dpx_jax.rows import Impl, _pack, _unpack, place_rows, take_rows
+from dpx_jax.wire import dequantize, quantize_take
 
 #: mesh axes of each group (the world is all three axes: device order is rank order)
 GROUP_AXES = {Group.WORLD: AXES, Group.ATTN_TP: "tp", Group.REPLICA: ("cp", "tp")}
@@ -103,11 +106,13 @@ class _Run:
             return
         base = self.env.get(r.buf)
         if base is None:
-            base = self.zeros(self.rows[r.buf])
+            base = self.zeros(self.rows[r.buf], r.buf)
         end = base.shape[0] if r.rows is None else r.first + r.rows
         self.env[r.buf] = base.at[r.first:end].set(value)
 
-    def zeros(self, rows: int) -> jax.Array:
+    def zeros(self, rows: int, buf: str = IN) -> jax.Array:
+        if self.sched.is_wire(buf):
+            return jnp.zeros((rows, wire_row_bytes(self.rest[0])), jnp.uint8)
         return jnp.zeros((rows, *self.rest), self.dtype)
 
 
@@ -119,6 +124,15 @@ def _place(s: Place, run: _Run) -> None:
 def _take(s: Take, run: _Run) -> None:
     run.write(s.dst, take_rows(run.read(s.src), run.value(s.start), run.value(s.count),
                                s.rows, impl=run.impl))
+
+
+def _quantize(s: Quantize, run: _Run) -> None:
+    run.write(s.dst, quantize_take(run.read(s.src), run.value(s.start), run.value(s.count),
+                                   s.rows, run.impl))
+
+
+def _dequantize(s: Dequantize, run: _Run) -> None:
+    run.write(s.dst, dequantize(run.read(s.src), run.dtype, run.impl))
 
 
 def _zero(s: ZeroFrom, run: _Run) -> None:
@@ -168,7 +182,7 @@ def _all_gather_v(s: AllGatherV, run: _Run) -> None:
     firsts, lens = run.value(s.firsts), run.value(s.lens)
     me = lax.axis_index(GROUP_AXES[s.group])
     world = lens.shape[0]
-    out = run.zeros(s.rows)
+    out = run.zeros(s.rows, s.dst.buf)
     if s.rows:
         out = lax.ragged_all_to_all(
             chunk, out, jnp.zeros((world,), jnp.int32), jnp.full((world,), lens[me]),
@@ -193,7 +207,7 @@ def _reduce_scatter_v(s: ReduceScatterV, run: _Run) -> None:
 
 _HANDLERS: dict[type, Callable[[Any, _Run], None]] = {
     Place: _place, Take: _take, ZeroFrom: _zero, Copy: _copy, Pack: _pack_step,
-    Unpack: _unpack_step, AllGather: _all_gather,
+    Unpack: _unpack_step, AllGather: _all_gather, Quantize: _quantize, Dequantize: _dequantize,
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, AllGatherV: _all_gather_v,
     ReduceScatterV: _reduce_scatter_v,
 }

@@ -30,13 +30,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpx import wire as W
 from dpx.errors import DpxTypeError, DpxValueError
-from dpx.modes import Op, Transport
+from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.schedule import build_schedule
 from dpx_jax.interpreter import run_schedule
 from dpx_jax.mesh import AXES
 from dpx_jax.rows import Impl, match_vma, on_gpu, resolve_impl, vary_over
+from dpx_jax.wire import split_wire
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,19 @@ class _Spec:
     impl: Impl
     in_rows: int
     out_rows: int
+    wire: Wire = Wire.NATIVE
+    dequantize: bool = True
 
     def schedule(self):
         return build_schedule(self.plan, self.op, rank=None, partial=self.partial,
                               device_counts=self.device_counts, transport=self.transport,
-                              in_rows=self.in_rows, out_rows=self.out_rows)
+                              in_rows=self.in_rows, out_rows=self.out_rows, wire=self.wire,
+                              dequantize=self.dequantize)
 
     def adjoint(self) -> "_Spec":
+        if self.wire is not Wire.NATIVE:
+            raise DpxValueError("gather(wire='fp8') has no gradient (fp8 rounding); gather "
+                                "in the native dtype to differentiate")
         return _Spec(self.plan, self.op.adjoint, True, self.device_counts, self.transport,
                      self.impl, self.out_rows, self.in_rows)
 
@@ -115,15 +123,21 @@ def _check_rows(name: str, x, rows: int, *, exact: bool) -> None:
 
 
 def _call(x, plan: DpPlan, op: Op, partial: bool, c: jax.Array | None, impl,
-          out_rows: int) -> jax.Array:
+          out_rows: int, wire: Wire = Wire.NATIVE, dequantize: bool = True) -> jax.Array:
     impl = resolve_impl(impl)
     transport = Transport.RAGGED if on_gpu() else Transport.EQUAL
-    spec = _Spec(plan, op, partial, c is not None, transport, impl, x.shape[0], out_rows)
+    spec = _Spec(plan, op, partial, c is not None, transport, impl, x.shape[0], out_rows,
+                 wire, dequantize or wire is Wire.NATIVE)
     return _run(x, c, spec)
 
 
-def gather(local: jax.Array, plan: DpPlan, *, partial: bool, counts: jax.Array | None = None,
-           impl: Impl | str = Impl.AUTO) -> jax.Array:
+def _is_array(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
+           impl: Impl | str = Impl.AUTO, wire: Wire | str = Wire.NATIVE,
+           dequantize: bool = True):
     """Per device ``local [>= rows, H...] -> [plan.global_rows, H...]`` (see module doc).
 
     Slot d row ``j < n_d`` holds the sum over replica d's attn-tp ranks of ``local[j]``
@@ -131,10 +145,28 @@ def gather(local: jax.Array, plan: DpPlan, *, partial: bool, counts: jax.Array |
     every other row is zero. Gradients: both give every attn-tp rank the whole slot's
     gradient (``reduce_scatter`` of the cotangent): the adjoint of the partial sum, and
     the gradient of the one replicated value.
+
+    ``wire="fp8"`` (MAX_LEN / GATHERV plans, float ``[rows, H]``, ``H % 128 == 0``): the
+    world collective moves fp8 wire rows (:mod:`dpx.wire`); the result is dequantized to
+    ``local``'s dtype, or with ``dequantize=False`` is ``(payload [global_rows, H]
+    float8_e4m3fn, scales [global_rows, H/128] float32)``. Not differentiable.
+
+    ``local`` may be any pytree of arrays: ``partial`` (and ``wire``) is then a matching
+    pytree of flags, or one flag for every leaf; the result has ``local``'s structure.
     """
+    if not _is_array(local):
+        leaves, tree = jax.tree.flatten(local)
+        flags = [_per_leaf(name, v, tree, len(leaves))
+                 for name, v in (("partial", partial), ("wire", wire))]
+        return jax.tree.unflatten(tree, [
+            gather(x, plan, partial=p, counts=counts, impl=impl, wire=w, dequantize=dequantize)
+            for x, p, w in zip(leaves, *flags)])
     if not isinstance(partial, bool):
         raise DpxTypeError(f"partial={partial!r} must be a bool")
+    wire = Wire.parse(wire)
     _check_plan(plan)
+    if wire is not Wire.NATIVE:
+        W.check_fp8(plan.mode, tuple(local.shape), jnp.dtype(local.dtype).name)
     c = _counts(plan, counts)
     if plan.is_static:
         need = plan.max_slot_rows
@@ -143,7 +175,19 @@ def gather(local: jax.Array, plan: DpPlan, *, partial: bool, counts: jax.Array |
     else:
         need = max(plan.num_tokens)
     _check_rows("local", local, need, exact=False)
-    return _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows)
+    out = _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows, wire, dequantize)
+    return split_wire(out) if wire is not Wire.NATIVE and not dequantize else out
+
+
+def _per_leaf(name: str, value, tree, n: int) -> list:
+    """One flag per leaf: ``value`` itself for every leaf, or a pytree like ``local``'s."""
+    if isinstance(value, (bool, str, Wire)):
+        return [value] * n
+    leaves, vtree = jax.tree.flatten(value)
+    if vtree != tree:
+        raise DpxValueError(f"{name} must be one flag or a pytree of flags shaped like "
+                            f"local ({tree}); got {vtree}")
+    return leaves
 
 
 def scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None,

@@ -1,0 +1,40 @@
+"""Pad rows of a gathered buffer for JAX (:mod:`dpx.padrows`): ``mask_pad_rows`` returns
+the buffer with every row that is not a real token row set to ``fill``; ``pad_row_mask``
+the boolean mask. Inside or outside ``shard_map``; ``counts`` (int32 ``[dp_size]``, or a
+``[dp_size, cp_size]`` shard table; capacity plans only) are data, so new counts never
+recompile."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from dpx import expr as X
+from dpx.errors import DpxValueError
+from dpx.padrows import real_ranges
+from dpx.plan import DpPlan
+from dpx_jax.interpreter import JaxValues
+from dpx_jax.ops import _check_plan, _counts
+
+
+def pad_row_mask(plan: DpPlan, *, counts: jax.Array | None = None) -> jax.Array:
+    """Boolean ``[plan.global_rows]``: True at the rows :func:`mask_pad_rows` fills."""
+    _check_plan(plan)
+    c = _counts(plan, counts)
+    ops, memo = JaxValues(c), {}
+    firsts, lens = (jnp.asarray(X.evaluate(v, ops, memo), jnp.int32)
+                    for v in real_ranges(plan, device_counts=c is not None))
+    rows = jnp.arange(plan.global_rows, dtype=jnp.int32)[:, None]
+    return ~jnp.any((rows >= firsts) & (rows < firsts + lens), axis=1)
+
+
+def mask_pad_rows(t: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None,
+                  fill: int | float = -1) -> jax.Array:
+    """``t [plan.global_rows, ...]`` with every pad row (slot padding, alignment rows, idle
+    replicas; every mode) set to ``fill``."""
+    _check_plan(plan)
+    if not hasattr(t, "shape") or len(t.shape) < 1 or t.shape[0] != plan.global_rows:
+        raise DpxValueError(f"t must be an array of plan.global_rows={plan.global_rows} "
+                            f"rows, got shape {getattr(t, 'shape', None)}")
+    pad = pad_row_mask(plan, counts=counts).reshape((-1,) + (1,) * (t.ndim - 1))
+    return jnp.where(pad, jnp.asarray(fill, t.dtype), t)

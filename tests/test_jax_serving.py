@@ -1,0 +1,139 @@
+"""Serving features of dpx_jax on 8 simulated CPU devices, against the NumPy reference (the
+one dpx_torch is checked against, bitwise): fp8 wire gather (wire rows and dequantized),
+pytrees of tensors in one gather, pad-row masking, counts exchanged on the device; capacity
+plans compile once for new counts."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import dpx  # noqa: E402
+import dpx_jax  # noqa: E402
+from jax_harness import SPEC, mesh_for, shard, unstack  # noqa: E402
+from reference import (dequantize_fp8, local_inputs, quantize_fp8, real_rows,  # noqa: E402
+                       ref_gather)
+
+DT = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+BITS = {"float32": np.int32, "bfloat16": np.int16, "float16": np.int16}
+H = 256
+
+
+@functools.cache
+def serving_fn(plan: dpx.DpPlan, partial: bool, with_counts: bool):
+    """One jitted shard_map: fp8 gather (wire rows and dequantized), a dict of three tensors
+    in one gather, the masked ids, the pad mask, and the exchanged counts."""
+    mesh = mesh_for(plan.layout)
+    sharded = plan.sharded
+
+    def body(x, ids, w, counts, mine):
+        c = counts if with_counts else None
+        out = {}
+        if plan.mode is not dpx.PaddingMode.SUM_LEN:
+            out["payload"], out["scales"] = dpx_jax.gather(x, plan, partial=partial, counts=c,
+                                                           wire="fp8", dequantize=False)
+            out["deq"] = dpx_jax.gather(x, plan, partial=partial, counts=c, wire=dpx.Wire.FP8)
+        tree = dpx_jax.gather({"h": x, "ids": ids, "w": w}, plan, counts=c,
+                              partial={"h": partial, "ids": False, "w": False})
+        out.update(tree)
+        out["masked"] = dpx_jax.mask_pad_rows(tree["ids"], plan, counts=c, fill=-1)
+        out["pad"] = dpx_jax.pad_row_mask(plan, counts=c)[None]
+        out["exchanged"] = dpx_jax.exchange_counts(mine, shards=sharded).reshape(1, -1)
+        return out
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=(SPEC, SPEC, SPEC, P(), SPEC),
+                      out_specs=SPEC)
+    return jax.jit(f)
+
+
+def run_serving(plan, partial, dtype="bfloat16", seed=0, counts=None):
+    lay = plan.layout
+    W = lay.world_size
+    eff = None
+    if counts is not None:
+        eff = tuple(tuple(x) for x in counts) if plan.sharded else tuple(counts)
+    rows = plan.max_slot_rows
+    locs = local_inputs(seed, plan, (H,), partial=partial, rows=rows, eff=eff,
+                        floats=not partial)
+    ids_l = local_inputs(seed + 1, plan, (8,), partial=False, rows=rows, eff=eff)
+    w_l = local_inputs(seed + 2, plan, (8,), partial=False, rows=rows, eff=eff, floats=True)
+    mesh = mesh_for(lay)
+    table = eff if eff is not None else (plan.cp_shards if plan.sharded else plan.num_tokens)
+    mine = []
+    for r in range(W):
+        c = lay.coords(r)
+        mine.append(np.array([table[c.attn_dp_rank][c.attn_cp_rank] if plan.sharded
+                              else table[c.attn_dp_rank]]))
+    f = serving_fn(plan, partial, counts is not None)
+    out = f(shard(mesh, locs, DT[dtype]), shard(mesh, ids_l, jnp.int32),
+            shard(mesh, w_l, jnp.float32), jnp.asarray(table, jnp.int32),
+            shard(mesh, mine, jnp.int32))
+    real = real_rows(plan, eff)
+    want_x = np.asarray(jnp.asarray(ref_gather(locs, plan, partial=partial, counts=eff),
+                                    DT[dtype]).astype(jnp.float32))
+    want_ids = ref_gather(ids_l, plan, partial=False, counts=eff)
+    want_w = ref_gather(w_l, plan, partial=False, counts=eff)
+    got = {k: np.asarray(v) for k, v in out.items()}
+    for r in range(W):
+        blk = {k: v.reshape(W, -1, *v.shape[1:])[r] for k, v in got.items()}
+        np.testing.assert_array_equal(blk["h"].astype(np.float32), want_x)
+        np.testing.assert_array_equal(blk["ids"], want_ids)
+        np.testing.assert_array_equal(blk["w"], want_w)
+        np.testing.assert_array_equal(blk["masked"], np.where(real[:, None], want_ids, -1))
+        np.testing.assert_array_equal(blk["pad"][0], ~real)
+        np.testing.assert_array_equal(blk["exchanged"].reshape(-1),
+                                      np.asarray(table).reshape(-1))
+        if "payload" in blk:
+            payload, scales = quantize_fp8(want_x, real)
+            np.testing.assert_array_equal(blk["payload"].view(np.uint8), payload)
+            np.testing.assert_array_equal(blk["scales"].view(np.int32), scales.view(np.int32))
+            deq = np.asarray(jnp.asarray(dequantize_fp8(payload, scales)).astype(DT[dtype]))
+            np.testing.assert_array_equal(blk["deq"].view(BITS[dtype]), deq.view(BITS[dtype]))
+    return f
+
+
+@pytest.mark.parametrize("layout", [(8, 4), (8, 2, 2), (4, 1)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
+@pytest.mark.parametrize("mode", ["max_len", "gatherv", "sum_len"])
+def test_serving_features(layout, mode):
+    lay = dpx.DpLayout(*layout)
+    dp = lay.dp_size
+    idle = [0 if i % 2 else 3 + 2 * i for i in range(dp)]
+    run_serving(dpx.plan_step(idle, lay, mode=mode), True, "bfloat16", seed=1)
+    run_serving(dpx.plan_step([5] * dp, lay, mode=mode), False, "float32", seed=2)
+    if lay.cp_size > 1:
+        shards = [(n, 0) if i % 2 else (1, n - 1) for i, n in enumerate([4, 7][:dp])]
+        run_serving(dpx.plan_step([4, 7][:dp], lay, mode=mode, cp_shards=shards), True,
+                    "float16", seed=3)
+    cap = 12 if mode == "max_len" else 12 * dp
+    plan = dpx.plan_step([0] * dp, lay, mode=mode, capacity=cap)
+    f = None
+    for i, run in enumerate(([5] + [0] * (dp - 1), [min(12, 2 + i) for i in range(dp)])):
+        f = run_serving(plan, i == 0, "bfloat16", seed=4 + i, counts=run)
+    assert f._cache_size() == 1, "new counts must not recompile"
+
+
+def test_fp8_rules():
+    lay = dpx.DpLayout(4, 2)
+    mesh = mesh_for(lay)
+    x = jnp.zeros((4 * 8, 256), jnp.bfloat16)
+
+    def call(plan, arr, **kw):
+        return jax.shard_map(lambda v: dpx_jax.gather(v, plan, partial=True, **kw), mesh=mesh,
+                             in_specs=SPEC, out_specs=SPEC)(arr)
+
+    with pytest.raises(dpx.DpxValueError, match="copy mode"):
+        call(dpx.plan_step([3, 1], lay, mode="sum_len"), x, wire="fp8")
+    with pytest.raises(dpx.DpxValueError, match="multiple of 128"):
+        call(dpx.plan_step([3, 1], lay, mode="max_len"), x[:, :100], wire="fp8")
+    with pytest.raises(dpx.DpxTypeError, match="quantizes"):
+        call(dpx.plan_step([3, 1], lay, mode="max_len"), x.astype(jnp.int32), wire="fp8")
+    with pytest.raises(dpx.DpxValueError, match="no gradient"):
+        plan = dpx.plan_step([3, 1], lay, mode="max_len")
+        jax.grad(lambda v: call(plan, v, wire="fp8").astype(jnp.float32).sum())(x)
