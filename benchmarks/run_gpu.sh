@@ -17,3 +17,4 @@ cd benchmarks
 python3 kernels.py "$@" 2>&1 | tee "$OUT/kernels.log"
 python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"
 python3 torch_step.py 2>&1 | tee "$OUT/torch_step.log"
+python3 serving.py --gpu 2>&1 | tee "$OUT/serving.log"

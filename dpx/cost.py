@@ -21,8 +21,9 @@ from typing import Any
 from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.modes import Group, Op, Transport
-from dpx.schedule import (AllGather, AllReduce, Copy, Pack, Place, ReduceScatter, Schedule,
-                          Step, Take, Unpack, ZeroFrom, _Variable, build_schedule)
+from dpx.schedule import (AllGather, AllReduce, Copy, Dequantize, Pack, Place, Quantize,
+                          ReduceScatter, Schedule, Step, Take, Unpack, ZeroFrom, _Variable,
+                          build_schedule)
 
 
 @dataclass(frozen=True)
@@ -87,14 +88,25 @@ def _group_size(schedule: Schedule, group: Group) -> int:
 
 
 def price_step(step: Step, schedule: Schedule, *, row_bytes: int, model: CostModel,
-               counts: tuple[int, ...]) -> StepCost:
-    """The cost of one step; expressions are evaluated for host ``counts``."""
+               counts: tuple[int, ...], wire_row_bytes: int | None = None) -> StepCost:
+    """The cost of one step; expressions are evaluated for host ``counts``. Steps on fp8
+    wire buffers (``schedule.wire_bufs``) count ``wire_row_bytes`` per row (default
+    ``row_bytes``); a quantize reads input rows and writes wire rows, a dequantize the
+    reverse."""
     coords = _coords(schedule)
 
     def val(v: Any) -> Any:
         return X.host_value(v, counts, coords)
 
+    wrb = row_bytes if wire_row_bytes is None else wire_row_bytes
     name = str(step)
+    if isinstance(step, Quantize):
+        return model.local_pass(name, max(val(step.count), 0) * row_bytes + step.rows * wrb)
+    if isinstance(step, Dequantize):
+        return model.local_pass(name, step.rows * (wrb + row_bytes))
+    moved_buf = getattr(step, "src", None) or getattr(step, "buf", None)
+    if moved_buf is not None and schedule.is_wire(moved_buf.buf):
+        row_bytes = wrb
     if isinstance(step, (Place, Take)):
         return model.local_pass(name, (step.rows + max(val(step.count), 0)) * row_bytes)
     if isinstance(step, ZeroFrom):
@@ -125,11 +137,13 @@ def _coords(schedule: Schedule) -> dict[str, int]:
 
 
 def price(schedule: Schedule, *, row_bytes: int, cost_model: CostModel,
-          counts: tuple[int, ...] | None = None) -> tuple[StepCost, ...]:
+          counts: tuple[int, ...] | None = None,
+          wire_row_bytes: int | None = None) -> tuple[StepCost, ...]:
     """Every step of ``schedule`` priced; device-count expressions are evaluated for
     ``counts`` (default: the plan's ``num_tokens``)."""
     c = schedule.plan.num_tokens if counts is None else tuple(counts)
-    return tuple(price_step(s, schedule, row_bytes=row_bytes, model=cost_model, counts=c)
+    return tuple(price_step(s, schedule, row_bytes=row_bytes, model=cost_model, counts=c,
+                            wire_row_bytes=wire_row_bytes)
                  for s in schedule.steps)
 
 

@@ -130,3 +130,116 @@ def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
     # tensors of the checks); the pool's own buffers (8+ MiB each) must never regrow
     assert max(reserved) - min(reserved) <= 2 * 2**20, \
         f"reserved memory moved: {min(reserved)}..{max(reserved)}"
+
+
+# ---------------------------------------------------------------- serving features
+@pytest.mark.parametrize("mode", ["max_len", "gatherv"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_nccl_world1_fp8_gather_matches_reference(nccl1, mode, dtype):
+    import numpy as np
+
+    from reference import dequantize_fp8, quantize_fp8, real_rows
+
+    plan = dpx.plan_step([37], nccl1.layout, mode=mode)
+    locs = local_inputs(5, plan, (512,), partial=False, floats=True)
+    x = _t(locs[0], dtype)
+    payload, scales = nccl1.gather(x, plan, partial=True, wire="fp8", dequantize=False)
+    want = torch.from_numpy(ref_gather(locs, plan, partial=False)).to(dtype).float().numpy()
+    rp, rs = quantize_fp8(want, real_rows(plan))
+    assert np.array_equal(payload.view(torch.uint8).cpu().numpy(), rp)
+    assert np.array_equal(scales.cpu().numpy().view(np.int32), rs.view(np.int32))
+    deq = nccl1.gather(x, plan, partial=True, wire="fp8")
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    ref = torch.from_numpy(dequantize_fp8(rp, rs)).to(dtype)
+    assert torch.equal(deq.cpu().view(bits), ref.view(bits))
+
+
+def test_captured_step_exchanges_counts_masks_and_gathers(nccl1):
+    """exchange_counts -> capacity-plan gather of (hidden, ids) -> mask_pad_rows, captured
+    once in a CUDA graph and replayed with new counts written into n_local."""
+    from dpx_torch import mask_pad_rows
+
+    H, cap = 256, 64
+    plan = dpx.plan_step([1], nccl1.layout, capacity=cap, mode="max_len")
+    n_local = torch.tensor([cap], dtype=torch.int32, device="cuda")
+    hidden = torch.randn(cap, H, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 64, (cap, 8), device="cuda", dtype=torch.int32)
+    res = {}
+
+    def step():
+        counts = nccl1.exchange_counts(n_local)
+        h, i = nccl1.gather((hidden, ids), plan, partial=(True, False), counts=counts,
+                            wire=("fp8", "native"))
+        res["h"], res["ids"] = h, mask_pad_rows(i, plan, counts=counts, fill=-1)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for n in (0, 5, 64, 17):
+        n_local.fill_(n)
+        g.replay()
+        torch.cuda.synchronize()
+        want_ids = torch.full((plan.global_rows, 8), -1, dtype=torch.int32)
+        want_ids[:n] = ids[:n].cpu()
+        assert torch.equal(res["ids"].cpu(), want_ids)
+        assert not res["h"][n:].any()
+        assert (res["h"][:n].float() - hidden[:n].float()).abs().le(
+            hidden[:n].float().abs() / 12 + 1e-3).all()
+
+
+def test_three_tensor_gather_is_one_grouped_launch(nccl1):
+    from torch.profiler import ProfilerActivity, profile
+
+    plan = dpx.plan_step([32], nccl1.layout, mode="max_len")
+    xs = (torch.randn(32, 512, device="cuda", dtype=torch.bfloat16),
+          torch.randint(0, 9, (32, 8), device="cuda", dtype=torch.int32),
+          torch.randn(32, 8, device="cuda"))
+
+    def nccl_kernels(fn) -> int:
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events()
+                   if e.device_type.name == "CUDA" and "nccl" in e.name.lower())
+
+    batched = nccl_kernels(lambda: nccl1.gather(xs, plan, partial=(True, False, False)))
+    separate = nccl_kernels(lambda: [nccl1.gather(x, plan, partial=False) for x in xs])
+    assert separate == 3 and batched == 1, (batched, separate)
+
+
+@pytest.mark.skipif(not __import__("conftest").jax_gpu_available(), reason="needs JAX on GPU")
+@pytest.mark.parametrize("impl", ["triton", "xla"])
+def test_jax_fp8_wire_rows_equal_torch_bitwise_on_gpu(nccl1, impl):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import dpx_jax
+
+    if impl == "triton":
+        from dpx_jax.triton_shim import jax_triton
+
+        if jax_triton() is None:
+            pytest.skip("needs jax-triton")
+    plan = dpx.plan_step([37], nccl1.layout, mode="max_len")
+    x = torch.randn(plan.max_slot_rows, 384, device="cuda", dtype=torch.bfloat16) * 7
+    tp, ts = nccl1.gather(x, plan, partial=True, wire="fp8", dequantize=False)
+    tdeq = nccl1.gather(x, plan, partial=True, wire="fp8")
+    mesh = dpx_jax.make_mesh(plan.layout, jax.devices("gpu"))
+    f = jax.jit(jax.shard_map(
+        lambda v: (*dpx_jax.gather(v, plan, partial=True, wire="fp8", dequantize=False,
+                                   impl=impl),
+                   dpx_jax.gather(v, plan, partial=True, wire="fp8", impl=impl)),
+        mesh=mesh, in_specs=P(dpx_jax.AXES), out_specs=P(dpx_jax.AXES)))
+    jp, js, jdeq = f(jnp.asarray(x.float().cpu().numpy(), jnp.bfloat16))
+    assert np.array_equal(np.asarray(jp).view(np.uint8), tp.view(torch.uint8).cpu().numpy())
+    assert np.array_equal(np.asarray(js).view(np.int32), ts.cpu().numpy().view(np.int32))
+    assert np.array_equal(np.asarray(jdeq).view(np.int16), tdeq.view(torch.int16).cpu().numpy())

@@ -1,0 +1,186 @@
+"""Serving features: bytes on the wire (bf16 vs fp8, from the schedules), and on a GPU the
+fused quantize-and-place kernel, pad-row masking, a three-tensor gather and the device
+count exchange, each against its baseline measured in the same run.
+
+    python benchmarks/serving.py            # the wire-bytes table only (no GPU needed)
+    python benchmarks/serving.py --gpu      # plus the GPU tables (one H200: world size 1)
+
+GPU tables (hidden 7168 bf16; device times from one CUDA graph of 50 calls, median of 7):
+  quantize : the fused quantize-and-place pass (reads ``n`` bf16 rows once, writes ``n``
+             fp8 wire rows) vs a device-to-device copy of as many bytes (read + written)
+             and vs two launches (quantize into a scratch, then place the wire rows);
+  decode   : mask_pad_rows at decode (8 replicas x 32 rows x 8 ids, device counts); a
+             three-tensor gather (hidden, top-k ids, top-k weights) vs three gathers, and
+             its NCCL kernel launches; exchange_counts replayed in a graph vs sync_counts
+             eager (host wall time per call).
+Writes serving_wire.csv, serving_quantize.csv, serving_decode.csv and serving.png to $OUT
+or benchmarks/out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import dpx
+from common import out_dir, print_table, write_csv
+from dpx.cost import CostModel, price
+from dpx.schedule import build_schedule
+from dpx.wire import wire_row_bytes
+
+H = 7168
+SIZES = (("decode", 32), ("mid", 512), ("prefill", 4096))
+
+
+def wire_table() -> list[dict]:
+    """Bytes each rank sends in one gather, per mode, bf16 vs fp8 (the slowest rank of the
+    schedules dpx_torch runs; attn-tp 1 and 2, every replica busy or half of them idle)."""
+    rows = []
+    model = CostModel()
+    for world, dp in ((8, 8), (8, 4)):
+        lay = dpx.DpLayout(world, dp)
+        for size, n in SIZES:
+            for pattern, counts in (("busy", [n] * dp),
+                                    ("half idle", [n if i % 2 == 0 else 0 for i in range(dp)])):
+                for mode in ("max_len", "gatherv"):
+                    plan = dpx.plan_step(counts, lay, mode=mode)
+                    sent = {}
+                    for wire in ("native", "fp8"):
+                        sent[wire] = max(
+                            sum(s.moved for s in price(
+                                build_schedule(plan, "gather", rank=r, partial=True, wire=wire),
+                                row_bytes=2 * H, cost_model=model,
+                                wire_row_bytes=wire_row_bytes(H)))
+                            for r in range(world))
+                    rows.append(dict(layout=lay.describe(), size=size, pattern=pattern,
+                                     mode=mode, bf16_MiB=sent["native"] / 2**20,
+                                     fp8_MiB=sent["fp8"] / 2**20,
+                                     fp8_vs_bf16=sent["fp8"] / sent["native"]))
+    return rows
+
+
+def gpu_tables() -> tuple[list[dict], list[dict]]:
+    import torch
+    import torch.distributed as dist
+
+    from common import cuda_time_us
+    from dpx_torch import DpComm, mask_pad_rows
+    from dpx_torch.rows import take_into
+    from dpx_torch.wire import quantize_into
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{tempfile.mkdtemp()}/rdv", rank=0,
+                            world_size=1)
+    wrb = wire_row_bytes(H)
+    quant = []
+    for n in (256, 2048, 4096, 8192, 16384):
+        x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(n, wrb, device="cuda", dtype=torch.uint8)
+        tmp = torch.empty_like(out)
+        moved = n * H * 2 + n * wrb
+        a = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
+        b = torch.empty_like(a)
+        t_copy = cuda_time_us(lambda: b.copy_(a))
+        t_fused = cuda_time_us(lambda: quantize_into(x, 0, n, out))
+        t_two = cuda_time_us(lambda: (quantize_into(x, 0, n, tmp), take_into(tmp, 0, n, out)))
+        quant.append(dict(rows=n, MiB=moved / 2**20, fused_us=t_fused, copy_us=t_copy,
+                          two_launch_us=t_two, vs_copy=t_copy / t_fused,
+                          vs_two_launch=t_two / t_fused,
+                          fused_GBs=moved / t_fused / 1e3))
+    comm = DpComm(dpx.DpLayout(1, 1))
+    dec = []
+    lay8 = dpx.DpLayout(8, 8)
+    plan8 = dpx.plan_step([0] * 8, lay8, mode="max_len", capacity=32)
+    counts8 = torch.tensor([32, 0, 5, 32, 1, 0, 17, 9], dtype=torch.int32, device="cuda")
+    ids8 = torch.zeros(plan8.global_rows, 8, dtype=torch.int32, device="cuda")
+    dec.append(dict(what="mask_pad_rows 8x32 rows x 8 ids", us=cuda_time_us(
+        lambda: mask_pad_rows(ids8, plan8, counts=counts8)), baseline="-", baseline_us=0.0,
+        ratio=0.0))
+    n = 32
+    plan = dpx.plan_step([n], comm.layout, mode="max_len")
+    xs = (torch.randn(n, H, device="cuda", dtype=torch.bfloat16),
+          torch.randint(0, 256, (n, 8), device="cuda", dtype=torch.int32),
+          torch.rand(n, 8, device="cuda"))
+    t_batch = cuda_time_us(lambda: comm.gather(xs, plan, partial=(True, False, False)))
+    t_three = cuda_time_us(lambda: [comm.gather(x, plan, partial=False) for x in xs])
+    dec.append(dict(what="gather((hidden, ids, weights)) decode", us=t_batch,
+                    baseline="three gathers", baseline_us=t_three, ratio=t_three / t_batch))
+    launches = {}
+    from torch.profiler import ProfilerActivity, profile
+    for name, fn in (("one call", lambda: comm.gather(xs, plan, partial=(True, False, False))),
+                     ("three calls", lambda: [comm.gather(x, plan, partial=False)
+                                              for x in xs])):
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        launches[name] = sum(1 for e in prof.events() if e.device_type.name == "CUDA"
+                             and "nccl" in e.name.lower())
+    print(f"NCCL kernels per three-tensor gather: one call {launches['one call']}, "
+          f"three calls {launches['three calls']}")
+    n_local = torch.tensor([n], dtype=torch.int32, device="cuda")
+    t_ex = cuda_time_us(lambda: comm.exchange_counts(n_local))
+    for _ in range(20):
+        comm.sync_counts(n)
+    reps = 200
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        comm.sync_counts(n)
+    t_sync = (time.perf_counter() - t0) / reps * 1e6
+    dec.append(dict(what="exchange_counts (graph replay, device us)", us=t_ex,
+                    baseline="sync_counts eager (host us)", baseline_us=t_sync,
+                    ratio=t_sync / t_ex))
+    dist.destroy_process_group()
+    return quant, dec
+
+
+def _plot(quant: list[dict], path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    x = [r["MiB"] for r in quant]
+    ax.plot(x, [r["vs_copy"] for r in quant], "o-", label="fused / copy ceiling")
+    ax.plot(x, [r["vs_two_launch"] for r in quant], "s-", label="fused vs two launches")
+    ax.axhline(0.9, ls=":", c="gray")
+    ax.axhline(1.5, ls="--", c="gray")
+    ax.set_xscale("log")
+    ax.set_xlabel("MiB read + written")
+    ax.set_ylabel("speed ratio (same run)")
+    ax.set_title(f"fp8 quantize-and-place, hidden {H} bf16")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpu", action="store_true", help="also run the GPU tables")
+    args = ap.parse_args()
+    od = out_dir()
+    wire = wire_table()
+    print_table(wire, ["layout", "size", "pattern", "mode", "bf16_MiB", "fp8_MiB",
+                       "fp8_vs_bf16"])
+    write_csv(od / "serving_wire.csv", wire)
+    if not args.gpu:
+        return
+    quant, dec = gpu_tables()
+    print_table(quant, ["rows", "MiB", "fused_us", "copy_us", "two_launch_us", "vs_copy",
+                        "vs_two_launch", "fused_GBs"])
+    print_table(dec, ["what", "us", "baseline", "baseline_us", "ratio"])
+    write_csv(od / "serving_quantize.csv", quant)
+    write_csv(od / "serving_decode.csv", dec)
+    _plot(quant, od / "serving.png")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
