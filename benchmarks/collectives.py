@@ -116,7 +116,7 @@ def main() -> None:
                            "rs_vs_plain", "gather_us", "rs_us"])
         _fit_and_score(rows, lay, H * item)
         write_csv(out_dir() / "collectives.csv", rows)
-    dist.barrier()
+    comm.destroy()
     dist.destroy_process_group()
 
 

@@ -304,12 +304,17 @@ class DpComm:
         return self.overlap.stream
 
     def destroy(self) -> None:
-        """Destroy the subgroups this communicator created."""
+        """Destroy the subgroups this communicator created. Collective: every rank calls
+        it. Each subgroup is drained with a barrier before it is destroyed, and the world
+        group after, so no rank tears a group down while a peer still uses it (gloo aborts
+        the process then: "terminate called without an active exception")."""
         g = self.groups
         for pg in {id(g.attn_tp): g.attn_tp, id(g.replica): g.replica,
                    id(g.cpu): g.cpu}.values():
             if pg is not None and pg is not g.world:
+                dist.barrier(group=pg)
                 dist.destroy_process_group(pg)
+        dist.barrier(group=g.world)
 
     # ------------------------------------------------------------------ calls
     def _gather_checks(self, local, plan, partial, counts, out, wire: Wire = Wire.NATIVE,

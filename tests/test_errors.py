@@ -51,8 +51,39 @@ def _torch_rows():
     return dpx_torch
 
 
+P5_SUM = dpx.plan_step([5], L1, mode="sum_len")
+P5_MAX = dpx.plan_step([5], L1, mode="max_len")
+
+
+def _mask(t, plan=P5, **kw):
+    import dpx_torch
+
+    return dpx_torch.mask_pad_rows(t, plan, **kw)
+
+
 # id -> (callable(comm), error type, message regex)
 CASES = {
+    "wire-sum-len": (lambda c: c.gather(_x(6, 128), P5_SUM, partial=True, wire="fp8"),
+                     DpxValueError, r"wire='fp8' needs a copy mode \(max_len or gatherv\)"),
+    "wire-width": (lambda c: c.gather(_x(6, 100), P5_MAX, partial=True, wire="fp8"),
+                   DpxValueError, r"H=100 must be a positive multiple of 128"),
+    "wire-dtype": (lambda c: c.gather(_x(6, 128, torch.int32), P5_MAX, partial=True,
+                                      wire="fp8"),
+                   DpxTypeError, r"wire='fp8' quantizes float32, bfloat16, float16; local has "
+                                 r"dtype int32"),
+    "wire-name": (lambda c: c.gather(_x(6, 128), P5_MAX, partial=True, wire="fp4"),
+                  DpxValueError, r"unknown Wire 'fp4': expected one of 'native', 'fp8'"),
+    "wire-grad": (lambda c: c.gather(_x(6, 128).requires_grad_(), P5_MAX, partial=True,
+                                     wire="fp8"),
+                  DpxValueError, r"gather\(wire='fp8'\) records no autograd graph"),
+    "many-flags": (lambda c: c.gather((_x(), _x()), P5, partial=(True,)), DpxValueError,
+                   r"partial has 1 entries for 2 tensors"),
+    "mask-rows": (lambda c: _mask(_x(4)), DpxValueError,
+                  r"t must be a tensor of plan.global_rows=5 rows, got shape \(4, 4\)"),
+    "mask-counts": (lambda c: _mask(_x(5), counts=torch.tensor([5], dtype=torch.int32)),
+                    DpxValueError, r"counts= needs a capacity plan"),
+    "exchange-dtype": (lambda c: c.exchange_counts(torch.tensor([5])), DpxTypeError,
+                       r"n_local must be an int32 tensor of shape \(1,\), got torch.int64"),
     "layout-divisible": (lambda c: dpx.DpLayout(6, 4), DpxValueError,
                          r"world_size=6 must be divisible by dp_size\*cp_size=4\*1=4"),
     "layout-positive": (lambda c: dpx.DpLayout(0, 1), DpxValueError, r"world_size=0 must be >= 1"),
