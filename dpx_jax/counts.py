@@ -7,20 +7,27 @@ import jax.numpy as jnp
 from jax import lax
 
 from dpx.errors import DpxTypeError
+from dpx_jax.mesh import DEFAULT_AXES, Axes
 
 
-def exchange_counts(n_local: jax.Array, *, shards: bool = False) -> jax.Array:
+def exchange_counts(n_local: jax.Array, *, shards: bool = False,
+                    axes: Axes = DEFAULT_AXES) -> jax.Array:
     """This device's real count (int32, shape ``(1,)`` or scalar) -> the per-replica counts
     int32 ``[dp]`` (``shards=True``: the ``[dp, cp]`` shard table): an all-gather over the
     ``dp`` axis (``dp`` and ``cp``), so entry d is the report of replica d's device with
     this device's CP and attn-tp coordinates, as in ``DpComm.exchange_counts``. Call it
-    inside ``shard_map`` over a :func:`dpx_jax.make_mesh` mesh."""
+    inside ``shard_map``; ``axes`` names the mesh's dp / cp / tp axes."""
     if not hasattr(n_local, "dtype") or not jnp.issubdtype(n_local.dtype, jnp.integer) \
             or n_local.size != 1:
         raise DpxTypeError(f"n_local must be one integer per device, got "
                            f"{getattr(n_local, 'shape', n_local)!r}")
     n = jnp.reshape(n_local, (1,)).astype(jnp.int32)
-    if shards:
-        got = lax.all_gather(n, ("dp", "cp"), axis=0, tiled=True)
-        return got.reshape(lax.axis_size("dp"), lax.axis_size("cp"))
-    return lax.all_gather(n, "dp", axis=0, tiled=True)
+    dp, cp = axes.of("dp"), axes.of("cp")
+    names = dp + cp if shards else dp
+    got = lax.all_gather(n, names, axis=0, tiled=True) if names else n
+    if not shards:
+        return got
+    size = 1
+    for a in cp:
+        size *= lax.axis_size(a)
+    return got.reshape(-1, size)

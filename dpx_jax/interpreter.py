@@ -22,20 +22,32 @@ from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, Copy, Dequa
                           Place, Quantize, ReduceScatter, ReduceScatterV, Ref, Schedule, Take,
                           Unpack, ZeroFrom)
 from dpx.wire import wire_row_bytes
-from dpx_jax.mesh import AXES
+from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, _pack, _unpack, place_rows, take_rows
 from dpx_jax.wire import dequantize, quantize_take
 
-#: mesh axes of each group (the world is all three axes: device order is rank order)
-GROUP_AXES = {Group.WORLD: AXES, Group.ATTN_TP: "tp", Group.REPLICA: ("cp", "tp")}
-_COORD_AXES = {X.Coord.DP: "dp", X.Coord.CP: "cp", X.Coord.TP: "tp", X.Coord.RANK: AXES}
+
+
+def group_axes(axes: Axes, group: Group) -> tuple[str, ...]:
+    """The mesh axes of a group: the world is all of them (device order is rank order),
+    the attn-tp group ``tp``'s, a replica ``cp``'s and ``tp``'s."""
+    if group is Group.WORLD:
+        return axes.world
+    if group is Group.ATTN_TP:
+        return axes.of("tp")
+    return axes.of("cp") + axes.of("tp")
+
+
+def _coord_axes(axes: Axes, name: str) -> tuple[str, ...]:
+    return axes.world if name == X.Coord.RANK else axes.of(name)
 
 
 class JaxValues(X.ArrayOps):
     """:class:`dpx.expr.ArrayOps` on int32 JAX arrays inside ``shard_map``."""
 
-    def __init__(self, counts: jax.Array | None) -> None:
+    def __init__(self, counts: jax.Array | None, axes: Axes = DEFAULT_AXES) -> None:
         self._counts = counts
+        self._axes = axes
 
     def counts(self) -> jax.Array:
         if self._counts is None:
@@ -43,7 +55,8 @@ class JaxValues(X.ArrayOps):
         return self._counts
 
     def coord(self, name: str) -> jax.Array:
-        return lax.axis_index(_COORD_AXES[name])
+        names = _coord_axes(self._axes, name)
+        return lax.axis_index(names) if names else jnp.int32(0)
 
     def const(self, value: int | tuple) -> Any:
         return value if isinstance(value, int) else jnp.asarray(value, jnp.int32)
@@ -82,13 +95,14 @@ class JaxValues(X.ArrayOps):
 class _Run:
     """One program's buffers and evaluated values."""
 
-    def __init__(self, sched: Schedule, x: jax.Array, counts: jax.Array | None, impl: Impl):
-        self.sched, self.impl = sched, impl
+    def __init__(self, sched: Schedule, x: jax.Array, counts: jax.Array | None, impl: Impl,
+                 axes: Axes = DEFAULT_AXES):
+        self.sched, self.impl, self.axes = sched, impl, axes
         self.rest, self.dtype = x.shape[1:], x.dtype
         self.env: dict[str, jax.Array] = {IN: x}
         self.rows = dict(sched.scratch)
         self.rows[OUT] = sched.out_rows
-        self.ops = JaxValues(counts)
+        self.ops = JaxValues(counts, axes)
         self.memo: dict = {}
 
     def value(self, v: Any) -> Any:
@@ -160,40 +174,51 @@ def _unpack_step(s: Unpack, run: _Run) -> None:
 
 def _all_gather(s: AllGather, run: _Run) -> None:
     x = run.read(s.src)
-    out = (lax.all_gather(x, GROUP_AXES[s.group], axis=0, tiled=True) if s.rows
-           else jnp.zeros((0, *x.shape[1:]), x.dtype))
+    names = group_axes(run.axes, s.group)
+    if not names:
+        out = x
+    else:
+        out = (lax.all_gather(x, names, axis=0, tiled=True) if s.rows
+               else jnp.zeros((0, *x.shape[1:]), x.dtype))
     run.write(s.dst, out)
 
 
 def _reduce_scatter(s: ReduceScatter, run: _Run) -> None:
     x = run.read(s.src)
-    out = (lax.psum_scatter(x, GROUP_AXES[s.group], scatter_dimension=0, tiled=True) if s.rows
-           else jnp.zeros((0, *x.shape[1:]), x.dtype))
+    names = group_axes(run.axes, s.group)
+    if not names:
+        out = x
+    else:
+        out = (lax.psum_scatter(x, names, scatter_dimension=0, tiled=True) if s.rows
+               else jnp.zeros((0, *x.shape[1:]), x.dtype))
     run.write(s.dst, out)
 
 
 def _all_reduce(s: AllReduce, run: _Run) -> None:
     x = run.read(s.buf)
-    run.write(s.buf, lax.psum(x, GROUP_AXES[s.group]) if s.rows else x)
+    names = group_axes(run.axes, s.group)
+    run.write(s.buf, lax.psum(x, names) if s.rows and names else x)
 
 
 def _all_gather_v(s: AllGatherV, run: _Run) -> None:
     chunk = run.read(s.src)
     firsts, lens = run.value(s.firsts), run.value(s.lens)
-    me = lax.axis_index(GROUP_AXES[s.group])
+    names = group_axes(run.axes, s.group)
+    me = lax.axis_index(names)
     world = lens.shape[0]
     out = run.zeros(s.rows, s.dst.buf)
     if s.rows:
         out = lax.ragged_all_to_all(
             chunk, out, jnp.zeros((world,), jnp.int32), jnp.full((world,), lens[me]),
-            jnp.full((world,), firsts[me]), lens, axis_name=GROUP_AXES[s.group])
+            jnp.full((world,), firsts[me]), lens, axis_name=names)
     run.write(s.dst, out)
 
 
 def _reduce_scatter_v(s: ReduceScatterV, run: _Run) -> None:
     x = run.read(s.src)
     firsts, lens = run.value(s.firsts), run.value(s.lens)
-    me = lax.axis_index(GROUP_AXES[s.group])
+    names = group_axes(run.axes, s.group)
+    me = lax.axis_index(names)
     world, B = lens.shape[0], s.block
     if not (s.rows and B):
         run.write(s.dst, run.zeros(B))
@@ -201,7 +226,7 @@ def _reduce_scatter_v(s: ReduceScatterV, run: _Run) -> None:
     staged = jnp.zeros((world * B, *x.shape[1:]), x.dtype)
     staged = lax.ragged_all_to_all(
         x, staged, firsts, lens, jnp.full((world,), me * B, jnp.int32),
-        jnp.full((world,), lens[me]), axis_name=GROUP_AXES[s.group])
+        jnp.full((world,), lens[me]), axis_name=names)
     run.write(s.dst, staged.reshape(world, B, *x.shape[1:]).sum(axis=0).astype(x.dtype))
 
 
@@ -214,9 +239,10 @@ _HANDLERS: dict[type, Callable[[Any, _Run], None]] = {
 
 
 def run_schedule(sched: Schedule, x: jax.Array, counts: jax.Array | None,
-                 impl: Impl) -> jax.Array:
-    """``sched`` on this device's ``x`` (``"in"``); returns ``"out"``."""
-    run = _Run(sched, x, counts, impl)
+                 impl: Impl, axes: Axes = DEFAULT_AXES) -> jax.Array:
+    """``sched`` on this device's ``x`` (``"in"``); returns ``"out"``. ``axes`` names the
+    mesh axes of the layout's dimensions."""
+    run = _Run(sched, x, counts, impl, axes)
     for step in sched.steps:
         handler = _HANDLERS.get(type(step))
         if handler is None:

@@ -36,7 +36,7 @@ from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.schedule import build_schedule
 from dpx_jax.interpreter import run_schedule
-from dpx_jax.mesh import AXES
+from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, match_vma, on_gpu, resolve_impl, vary_over
 from dpx_jax.wire import split_wire
 
@@ -55,6 +55,7 @@ class _Spec:
     out_rows: int
     wire: Wire = Wire.NATIVE
     dequantize: bool = True
+    axes: Axes = DEFAULT_AXES
 
     def schedule(self):
         return build_schedule(self.plan, self.op, rank=None, partial=self.partial,
@@ -67,7 +68,7 @@ class _Spec:
             raise DpxValueError("gather(wire='fp8') has no gradient (fp8 rounding); gather "
                                 "in the native dtype to differentiate")
         return _Spec(self.plan, self.op.adjoint, True, self.device_counts, self.transport,
-                     self.impl, self.out_rows, self.in_rows)
+                     self.impl, self.out_rows, self.in_rows, axes=self.axes)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -75,7 +76,8 @@ def _run(x: jax.Array, counts: jax.Array | None, spec: _Spec) -> jax.Array:
     # Typed as varying over the whole world: each device's output has its own cotangent,
     # which is what the adjoint schedule expects (an invariant output's cotangent would
     # arrive already summed over the devices).
-    return vary_over(run_schedule(spec.schedule(), x, counts, spec.impl), AXES)
+    return vary_over(run_schedule(spec.schedule(), x, counts, spec.impl, spec.axes),
+                     spec.axes.world)
 
 
 def _run_fwd(x, counts, spec):
@@ -85,7 +87,8 @@ def _run_fwd(x, counts, spec):
 def _run_bwd(spec, res, g):
     counts, like = res
     adj = spec.adjoint()
-    grad = match_vma(run_schedule(adj.schedule(), vary_over(g, AXES), counts, adj.impl), like)
+    grad = match_vma(run_schedule(adj.schedule(), vary_over(g, adj.axes.world), counts,
+                                  adj.impl, adj.axes), like)
     return grad, None if counts is None else np.zeros(counts.shape, jax.dtypes.float0)
 
 
@@ -122,12 +125,21 @@ def _check_rows(name: str, x, rows: int, *, exact: bool) -> None:
                             f"{rule} {rows}")
 
 
+def _axes(axes: object) -> Axes:
+    if not isinstance(axes, Axes):
+        raise DpxTypeError(f"axes={axes!r} must be a dpx_jax.Axes")
+    return axes
+
+
 def _call(x, plan: DpPlan, op: Op, partial: bool, c: jax.Array | None, impl,
-          out_rows: int, wire: Wire = Wire.NATIVE, dequantize: bool = True) -> jax.Array:
+          out_rows: int, wire: Wire = Wire.NATIVE, dequantize: bool = True,
+          axes: Axes = DEFAULT_AXES) -> jax.Array:
     impl = resolve_impl(impl)
+    axes = _axes(axes)
+    axes.check(plan.layout)
     transport = Transport.RAGGED if on_gpu() else Transport.EQUAL
     spec = _Spec(plan, op, partial, c is not None, transport, impl, x.shape[0], out_rows,
-                 wire, dequantize or wire is Wire.NATIVE)
+                 wire, dequantize or wire is Wire.NATIVE, axes)
     return _run(x, c, spec)
 
 
@@ -137,7 +149,7 @@ def _is_array(x) -> bool:
 
 def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
            impl: Impl | str = Impl.AUTO, wire: Wire | str = Wire.NATIVE,
-           dequantize: bool = True):
+           dequantize: bool = True, axes: Axes = DEFAULT_AXES):
     """Per device ``local [>= rows, H...] -> [plan.global_rows, H...]`` (see module doc).
 
     Slot d row ``j < n_d`` holds the sum over replica d's attn-tp ranks of ``local[j]``
@@ -153,13 +165,17 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
 
     ``local`` may be any pytree of arrays: ``partial`` (and ``wire``) is then a matching
     pytree of flags, or one flag for every leaf; the result has ``local``'s structure.
+
+    ``axes`` (every op takes it) names the caller's mesh axes of the dp, cp and tp
+    dimensions (:class:`dpx_jax.Axes`); other mesh axes are outside the DP-attention group.
     """
     if not _is_array(local):
         leaves, tree = jax.tree.flatten(local)
         flags = [_per_leaf(name, v, tree, len(leaves))
                  for name, v in (("partial", partial), ("wire", wire))]
         return jax.tree.unflatten(tree, [
-            gather(x, plan, partial=p, counts=counts, impl=impl, wire=w, dequantize=dequantize)
+            gather(x, plan, partial=p, counts=counts, impl=impl, wire=w, dequantize=dequantize,
+                   axes=axes)
             for x, p, w in zip(leaves, *flags)])
     if not isinstance(partial, bool):
         raise DpxTypeError(f"partial={partial!r} must be a bool")
@@ -175,7 +191,8 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
     else:
         need = max(plan.num_tokens)
     _check_rows("local", local, need, exact=False)
-    out = _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows, wire, dequantize)
+    out = _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows, wire, dequantize,
+                axes)
     return split_wire(out) if wire is not Wire.NATIVE and not dequantize else out
 
 
@@ -191,21 +208,22 @@ def _per_leaf(name: str, value, tree, n: int) -> list:
 
 
 def scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None,
-            impl: Impl | str = Impl.AUTO) -> jax.Array:
+            impl: Impl | str = Impl.AUTO, axes: Axes = DEFAULT_AXES) -> jax.Array:
     """Per device ``global_ [global_rows, H...] -> [plan.max_slot_rows, H...]``: replica d's
     real rows of an already reduced buffer, then zeros. No collective."""
     _check_plan(plan)
     c = _counts(plan, counts)
     _check_rows("global_", global_, plan.global_rows, exact=True)
-    return _call(global_, plan, Op.SCATTER, True, c, impl, plan.max_slot_rows)
+    return _call(global_, plan, Op.SCATTER, True, c, impl, plan.max_slot_rows, axes=axes)
 
 
 def reduce_scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None,
-                   impl: Impl | str = Impl.AUTO) -> jax.Array:
+                   impl: Impl | str = Impl.AUTO, axes: Axes = DEFAULT_AXES) -> jax.Array:
     """Per device ``global_ [global_rows, H...] -> [plan.max_slot_rows, H...]``: row
     ``j < n_d`` is the sum over every device of ``global_[off_d + j]``; other rows are 0.
     The adjoint of ``gather(partial=True)``."""
     _check_plan(plan)
     c = _counts(plan, counts)
     _check_rows("global_", global_, plan.global_rows, exact=True)
-    return _call(global_, plan, Op.REDUCE_SCATTER, True, c, impl, plan.max_slot_rows)
+    return _call(global_, plan, Op.REDUCE_SCATTER, True, c, impl, plan.max_slot_rows,
+                 axes=axes)

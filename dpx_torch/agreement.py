@@ -51,7 +51,7 @@ class Agreement:
                     error=None if err is None else f"{type(err).__name__}: {err}",
                     digest=digest)
         everyone: list = [None] * lay.world_size
-        dist.all_gather_object(everyone, mine, group=self.groups.cpu)
+        dist.all_gather_object(everyone, mine, group=self._cpu("validate=True"))
         problems = [f"rank {r} rejected its input ({info['error']})"
                     for r, info in enumerate(everyone) if info["error"]]
         for field in ("plan", "op", "dtype", "width", "partial", "counts"):
@@ -74,6 +74,13 @@ class Agreement:
                                     f"for partial sums)")
         if problems:
             raise DpxMismatchError("validate: " + " | ".join(problems)) from err
+
+    def _cpu(self, what: str) -> dist.ProcessGroup:
+        if self.groups.cpu is None:
+            raise DpxValueError(f"{what} exchanges on the host: give DpComm a gloo "
+                                f"cpu_group= over the world (the {self.groups.backend} "
+                                f"world cannot carry CPU tensors)")
+        return self.groups.cpu
 
     def _held(self, plan: DpPlan, counts: tuple[int, ...] | None) -> int:
         """Real rows of this rank's input (its replica's, or its shard)."""
@@ -99,7 +106,7 @@ class Agreement:
         lay = self.layout
         mine = torch.tensor([num_tokens, int(bool(is_extend))], dtype=torch.int64)
         allv = torch.empty(lay.world_size * 2, dtype=torch.int64)
-        all_gather_single(allv, mine, group=self.groups.cpu)
+        all_gather_single(allv, mine, group=self._cpu("sync_counts"))
         rows = allv.view(-1, 2).tolist()
         problems = [f"rank {r} passed an invalid count" for r, (n, _) in enumerate(rows) if n < 0]
         counts = []

@@ -34,7 +34,7 @@ from dpx.schedule import Schedule, build_schedule
 from dpx_torch.agreement import Agreement
 from dpx_torch.autograd import OpFunction
 from dpx_torch.checks import SUPPORTED_DTYPES, InputChecks
-from dpx_torch.groups import DpGroups, build_groups
+from dpx_torch.groups import DpGroups, adopt_groups, build_groups
 from dpx_torch.interpreter import BatchProgram, Interpreter, Program, all_gather_single
 from dpx_torch.overlap import DpWork, Overlap
 from dpx_torch.pool import BufferPool
@@ -71,10 +71,14 @@ class DpComm:
     """The communicator of one DP-attention layout over one process group.
 
     ``group`` (default: the default process group) must have ``layout.world_size`` ranks.
-    Construction creates the attn-tp subgroups (and, on NCCL, a gloo group for host
-    exchanges) with ``new_group``, so like ``new_group`` it is collective over the default
-    process group: every rank builds its communicators in the same order. It holds all
-    state (groups, scratch pool, comm stream, events), so several communicators coexist.
+    Given only ``group``, construction creates the attn-tp (and replica) subgroups, and on
+    NCCL a gloo group for host exchanges, with ``new_group``, so like ``new_group`` it is
+    collective over the default process group: every rank builds its communicators in the
+    same order. Given the groups a stack already has (``attn_tp_group``, ``replica_group``
+    when ``cp_size > 1``, optionally a gloo ``cpu_group``), or through :meth:`from_mesh`, it
+    creates none and checks that they match the layout (sizes and rank order). It holds
+    all state (groups, scratch pool, comm stream, events), so several communicators
+    coexist.
 
     ``validate=True`` adds one small host exchange before every collective call: all ranks
     compare plan fingerprint, op, dtype, width and ``partial`` (and, for a replicated
@@ -90,11 +94,17 @@ class DpComm:
     prepared_limit = 4096
 
     def __init__(self, layout: DpLayout, *, group: dist.ProcessGroup | None = None,
+                 attn_tp_group: dist.ProcessGroup | None = None,
+                 replica_group: dist.ProcessGroup | None = None,
+                 cpu_group: dist.ProcessGroup | None = None,
                  validate: bool = False) -> None:
         if not isinstance(layout, DpLayout):
             raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
         self.layout = layout
-        self.groups: DpGroups = build_groups(layout, group)
+        adopt = any(g is not None for g in (attn_tp_group, replica_group, cpu_group))
+        self.groups: DpGroups = (adopt_groups(layout, group, attn_tp_group, replica_group,
+                                              cpu_group) if adopt
+                                 else build_groups(layout, group))
         self.rank = self.groups.rank
         coords = layout.coords(self.rank)
         self.dp_rank, self.cp_rank = coords.attn_dp_rank, coords.attn_cp_rank
@@ -107,6 +117,40 @@ class DpComm:
         self._prepared: dict[tuple, _Prepared] = {}
         self._batches: dict[tuple, BatchProgram] = {}
         self._sources: dict[tuple, torch.Tensor] = {}
+
+    @classmethod
+    def from_mesh(cls, layout: DpLayout, mesh, *, group: dist.ProcessGroup | None = None,
+                  replica_group: dist.ProcessGroup | None = None,
+                  cpu_group: dist.ProcessGroup | None = None,
+                  validate: bool = False) -> "DpComm":
+        """A communicator over a ``torch.distributed.DeviceMesh`` whose dims are (dp, cp,
+        tp) in that order (or (dp, tp) when ``cp_size == 1``), named as the caller chose:
+        its last dim's group is the attn-tp group; creates no group. ``group`` (the world
+        in layout rank order) defaults to the default group when the mesh spans it in
+        order; ``replica_group`` is needed when ``cp_size > 1`` (a mesh has no group
+        spanning two dims without creating one)."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if not isinstance(mesh, DeviceMesh):
+            raise DpxTypeError(f"mesh must be a torch.distributed.DeviceMesh, got "
+                               f"{type(mesh).__name__}")
+        want = ((layout.dp_size, layout.cp_size, layout.attn_tp_size) if mesh.ndim == 3
+                else (layout.dp_size, layout.attn_tp_size))
+        if mesh.ndim not in (2, 3) or (mesh.ndim == 2 and layout.cp_size > 1) \
+                or tuple(mesh.shape) != want:
+            raise DpxValueError(f"mesh of shape {tuple(mesh.shape)} does not match layout "
+                                f"{layout.describe()}: its dims must be (dp, cp, tp) = "
+                                f"{(layout.dp_size, layout.cp_size, layout.attn_tp_size)}"
+                                + (" or (dp, tp)" if layout.cp_size == 1 else ""))
+        ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
+        world = group if group is not None else dist.group.WORLD
+        if dist.get_process_group_ranks(world) != ranks:
+            raise DpxValueError(f"the mesh orders global ranks {ranks}; group= must be the "
+                                f"world group in that order (got "
+                                f"{dist.get_process_group_ranks(world)})")
+        tp_group = mesh.get_group(mesh.ndim - 1)
+        return cls(layout, group=world, attn_tp_group=tp_group, replica_group=replica_group,
+                   cpu_group=cpu_group, validate=validate)
 
     # ------------------------------------------------------------------ public ops
     def gather(self, local: torch.Tensor | Sequence[torch.Tensor], plan: DpPlan, *,
@@ -304,11 +348,14 @@ class DpComm:
         return self.overlap.stream
 
     def destroy(self) -> None:
-        """Destroy the subgroups this communicator created. Collective: every rank calls
+        """Destroy the subgroups this communicator created (none when it was given the
+        caller's groups). Collective: every rank calls
         it. Each subgroup is drained with a barrier before it is destroyed, and the world
         group after, so no rank tears a group down while a peer still uses it (gloo aborts
         the process then: "terminate called without an active exception")."""
         g = self.groups
+        if not g.owned:
+            return  # the caller's groups stay the caller's
         for pg in {id(g.attn_tp): g.attn_tp, id(g.replica): g.replica,
                    id(g.cpu): g.cpu}.values():
             if pg is not None and pg is not g.world:

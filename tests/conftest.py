@@ -29,12 +29,12 @@ ORDER = (
     "test_planner", "test_schedules",
     "test_kernels_torch", "test_wire", "test_errors",
     "test_torch_comm", "test_torch_autograd", "test_torch_compile", "test_faults",
-    "test_torch_serving",
-    "test_jax", "test_jax_serving", "test_jax_multiprocess",
+    "test_torch_serving", "test_torch_groups",
+    "test_jax", "test_jax_serving", "test_jax_axes", "test_jax_multiprocess",
     "test_fuzz",
     "test_torch_gpu",
     "test_parity", "test_parity_gpu",
-    "test_docs", "test_benchmark_smoke",
+    "test_docs", "test_examples", "test_benchmark_smoke",
 )
 
 
