@@ -24,7 +24,7 @@ collective moves fp8. ``reduce_scatter`` always runs in the input's dtype.
 from __future__ import annotations
 
 from dpx.errors import DpxTypeError, DpxValueError
-from dpx.modes import PaddingMode, Wire
+from dpx.modes import PaddingMode
 
 GROUP = 128
 FP8_MAX = 448.0
@@ -36,10 +36,6 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 def wire_row_bytes(width: int) -> int:
     """Bytes of one token row of ``width`` elements on the fp8 wire."""
     return width + 4 * (width // GROUP)
-
-
-def scale_groups(width: int) -> int:
-    return width // GROUP
 
 
 def check_fp8(mode: PaddingMode, shape: tuple, dtype_name: str, name: str = "local") -> None:
@@ -58,7 +54,3 @@ def check_fp8(mode: PaddingMode, shape: tuple, dtype_name: str, name: str = "loc
     if shape[1] % GROUP or shape[1] == 0:
         raise DpxValueError(f"wire='fp8' quantizes groups of {GROUP} elements: H="
                             f"{shape[1]} must be a positive multiple of {GROUP}")
-
-
-def parse(wire: object) -> Wire:
-    return Wire.parse(wire)  # type: ignore[return-value]

@@ -83,16 +83,22 @@ class InputChecks:
             raise DpxValueError("out overlaps the input in memory; they must not alias")
 
     def counts(self, plan: DpPlan, counts: torch.Tensor | None, ref: torch.Tensor) -> None:
-        if counts is None:
-            return
-        if not plan.is_static:
-            raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
-        lay = self.layout
-        shape = (lay.dp_size, lay.cp_size) if plan.sharded else (lay.dp_size,)
-        if (not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32
-                or tuple(counts.shape) != shape or not counts.is_contiguous()):
-            what = "shard counts" if plan.sharded else "counts"
-            raise DpxTypeError(f"counts must be a contiguous int32 tensor of shape {shape} "
-                               f"({what} of this step)")
-        if counts.device != ref.device:
-            raise DpxValueError(f"counts is on {counts.device}, the data on {ref.device}")
+        check_counts(plan, counts, ref.device)
+
+
+def check_counts(plan: DpPlan, counts: torch.Tensor | None, device: torch.device) -> None:
+    """Device counts of a step: a capacity plan's, a contiguous int32 ``[dp_size]`` tensor
+    (``[dp_size, cp_size]`` shard counts for a sharded plan) on ``device``."""
+    if counts is None:
+        return
+    if not plan.is_static:
+        raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
+    lay = plan.layout
+    shape = (lay.dp_size, lay.cp_size) if plan.sharded else (lay.dp_size,)
+    if (not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32
+            or tuple(counts.shape) != shape or not counts.is_contiguous()):
+        what = "shard counts" if plan.sharded else "counts"
+        raise DpxTypeError(f"counts must be a contiguous int32 tensor of shape {shape} "
+                           f"({what} of this step)")
+    if counts.device != device:
+        raise DpxValueError(f"counts is on {counts.device}, the data on {device}")

@@ -20,6 +20,7 @@ from dpx.kernels import launch as _launch
 from dpx.kernels import mask as _mask
 from dpx.padrows import real_ranges
 from dpx.plan import DpPlan
+from dpx_torch.checks import check_counts
 from dpx_torch.interpreter import DeviceValues
 from dpx_torch.rows import _kernel_of, _width
 
@@ -34,19 +35,7 @@ def _host_tables(plan: DpPlan) -> tuple[tuple, tuple]:
 def _check(plan: object, counts: torch.Tensor | None, device: torch.device) -> None:
     if not isinstance(plan, DpPlan):
         raise DpxTypeError(f"plan must be a dpx.DpPlan, got {type(plan).__name__}")
-    if counts is None:
-        return
-    if not plan.is_static:
-        raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
-    lay = plan.layout
-    shape = (lay.dp_size, lay.cp_size) if plan.sharded else (lay.dp_size,)
-    if (not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32
-            or tuple(counts.shape) != shape):
-        raise DpxTypeError(f"counts must be an int32 tensor of shape {shape}, got "
-                           f"{getattr(counts, 'dtype', type(counts).__name__)} "
-                           f"{tuple(getattr(counts, 'shape', ()))}")
-    if counts.device != device:
-        raise DpxValueError(f"counts is on {counts.device}, the data on {device}")
+    check_counts(plan, counts, device)
 
 
 def _tables(plan: DpPlan, counts: torch.Tensor | None,
@@ -71,12 +60,13 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
     becomes ``fill`` (slot padding, alignment rows, idle replicas; every mode). Returns
     ``t``. One kernel launch for host counts and for MAX_LEN plans with device counts
     (other capacity plans first add the counts into offsets on the device)."""
-    _check(plan, counts, t.device if isinstance(t, torch.Tensor) else None)
+    _check(plan, None, torch.device("cpu"))
     if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != plan.global_rows:
         raise DpxValueError(f"t must be a tensor of plan.global_rows={plan.global_rows} rows, "
                             f"got shape {tuple(getattr(t, 'shape', ()))}")
     if not t.is_contiguous():
         raise DpxValueError(f"t of shape {tuple(t.shape)} must be contiguous")
+    check_counts(plan, counts, t.device)
     if t.numel() == 0:
         return t
     firsts, lens = _tables(plan, counts, t.device)
