@@ -18,3 +18,6 @@ python3 kernels.py "$@" 2>&1 | tee "$OUT/kernels.log"
 python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"
 python3 torch_step.py 2>&1 | tee "$OUT/torch_step.log"
 python3 serving.py --gpu 2>&1 | tee "$OUT/serving.log"
+cd ..
+python3 -m torch.distributed.run --standalone --nproc-per-node 1 examples/torch_serving.py \
+  --attn-tp 1 --time 2>&1 | tee "$OUT/torch_serving.log"

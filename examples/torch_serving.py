@@ -63,11 +63,20 @@ def route(g: torch.Tensor, w: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.to(torch.int32), torch.softmax(vals, -1)
 
 
-def moe(g, ids, wts, w: dict, cols: slice) -> torch.Tensor:
+def moe(g, ids, wts, w: dict, cols: slice, dense: bool | None = None) -> torch.Tensor:
     """The MoE on the intermediate columns ``cols`` of every expert (a partial sum over
-    column slices); rows whose ids are -1 (pad rows) cost no expert work."""
+    column slices); rows whose ids are -1 (pad rows) get no expert. Eagerly each expert
+    runs on its routed rows only, so pad rows cost no expert work; while a CUDA graph is
+    captured (no data-dependent shapes there) every expert runs on every row, weighted
+    by its gate, which is 0 for pad rows (``dense`` forces one form)."""
     out = torch.zeros_like(g)
+    capturing = (g.is_cuda and torch.cuda.is_current_stream_capturing()) if dense is None \
+        else dense
     for e in range(E):
+        if capturing:
+            gate = (wts * (ids == e)).sum(-1, keepdim=True)
+            out += gate * (torch.relu(g @ w["w1"][e][:, cols]) @ w["w2"][e][cols])
+            continue
         rows, slot = (ids == e).nonzero(as_tuple=True)
         if rows.numel():
             h = torch.relu(g[rows] @ w["w1"][e][:, cols]) @ w["w2"][e][cols]
@@ -152,6 +161,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--attn-tp", type=int, default=2)
     ap.add_argument("--decode-steps", type=int, default=3)
+    ap.add_argument("--time", action="store_true",
+                    help="also time each decode bucket's step: eager, and (GPU) graph replay")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -208,6 +219,9 @@ def main() -> None:
         worst = max(worst, err)
         assert ok, f"rank {rank} step {step}: error {err}"
         assert not out[mine.shape[0]:].any(), "rows past the real ones must be zero"
+    if args.time:
+        decode = {cap: plans[cap] for _, cap, fp8 in schedule if not fp8}
+        _time_decode(server, decode, graphs, dev, rank)
     if rank == 0:
         print(f"{lay.describe()}, {1 + args.decode_steps} steps "
               f"({'NCCL, CUDA graphs for decode' if cuda else 'gloo, eager'}); worst error "
@@ -215,6 +229,38 @@ def main() -> None:
         print("RESULT: serving steps match the dense reference")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _time_decode(server: Server, plans: dict, graphs: dict, dev, rank: int,
+                 reps: int = 20) -> None:
+    """Per decode bucket: the step's time eagerly and, on GPUs, as a graph replay (the same
+    inputs; CUDA events on GPUs, wall clock on CPU)."""
+    import time
+
+    for cap, plan in sorted(plans.items()):
+        if cap not in graphs and dev.type == "cuda":
+            continue
+        x = torch.randn(plan.slot_rows[server.d], H, device=dev)
+        n = torch.tensor([cap], dtype=torch.int32, device=dev)
+        timed = {"eager": lambda: server.decode(x, n, plan)}
+        if cap in graphs:
+            timed["graph replay"] = graphs[cap][0].replay
+        for name, fn in timed.items():
+            fn()
+            dist.barrier()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                torch.cuda.synchronize()
+            else:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+            us = (time.perf_counter() - t0) / reps * 1e6
+            if rank == 0:
+                print(f"decode bucket {cap} rows/replica: {name} {us:.0f} us per step")
 
 
 if __name__ == "__main__":

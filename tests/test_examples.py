@@ -15,6 +15,25 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
 
 
+def test_serving_moe_forms_agree():
+    """The example's MoE under graph capture (every expert on every row, gated) equals its
+    eager form (experts on their routed rows), pad rows (ids -1) included."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import torch_serving as ex
+    finally:
+        sys.path.pop(0)
+    w = ex.weights(2)
+    g = torch.randn(12, ex.H)
+    ids, wts = ex.route(g, w)
+    ids[7:] = -1
+    cols = slice(0, ex.FFN)
+    eager, gated = (ex.moe(g, ids, wts, w, cols, dense=d) for d in (False, True))
+    assert torch.allclose(eager, gated, rtol=1e-5, atol=1e-5) and not eager[7:].any()
+
+
 @pytest.mark.multiproc
 @pytest.mark.parametrize("ranks,tp", [(4, 2), (3, 1)])
 def test_torch_serving_example(ranks, tp):
