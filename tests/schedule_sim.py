@@ -21,7 +21,8 @@ import dpx
 from dpx import expr as X
 from dpx.modes import Group
 from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, Copy, Pack,
-                          Place, ReduceScatter, ReduceScatterV, ReduceV, Ref, Schedule, Take,
+                          Place, Quantize, Dequantize, ReduceScatter, ReduceScatterV, ReduceV,
+                          Ref, Schedule, Take,
                           Unpack, ZeroFrom)
 
 
@@ -108,8 +109,26 @@ class _Rank:
         return self.sched.steps[self.pc] if self.pc < len(self.sched.steps) else None
 
 
+def _fp8_round_trip(x: np.ndarray) -> np.ndarray:
+    """Wire rows as values: each real row quantized and dequantized (docs/semantics.md)."""
+    from reference import dequantize_fp8, quantize_fp8
+
+    if not x.shape[0]:
+        return x.copy()
+    payload, scales = quantize_fp8(x.astype(np.float32), np.ones(x.shape[0], bool))
+    return dequantize_fp8(payload, scales).astype(np.float64)
+
+
 def _local(rank: _Rank, s) -> None:
-    if isinstance(s, (Place, Take)):
+    if isinstance(s, Quantize):  # a take whose rows travel as fp8 (values: the round trip)
+        src, start, count = rank.ref(s.src), _int(rank.val(s.start)), _int(rank.val(s.count))
+        assert 0 <= count <= s.rows and 0 <= start and start + count <= src.shape[0], str(s)
+        out = np.zeros((s.rows, *src.shape[1:]))
+        out[:count] = _fp8_round_trip(src[start:start + count])
+        rank.write(s.dst, out)
+    elif isinstance(s, Dequantize):
+        rank.write(s.dst, rank.ref(s.src).copy())
+    elif isinstance(s, (Place, Take)):
         src, start, count = rank.ref(s.src), _int(rank.val(s.start)), _int(rank.val(s.count))
         out = np.zeros((s.rows, *src.shape[1:]))
         if isinstance(s, Place):

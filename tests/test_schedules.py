@@ -16,7 +16,8 @@ import dpx
 from dpx import Op, PaddingMode, Transport, build_schedule
 from dpx import expr as X
 from dpx.schedule import Place, Take, ZeroFrom
-from reference import (global_inputs, held, local_inputs, ref_gather, ref_reduce_scatter_rank,
+from reference import (dequantize_fp8, global_inputs, held, local_inputs, quantize_fp8,
+                       real_rows, ref_gather, ref_reduce_scatter_rank,
                        ref_scatter_rank)
 from schedule_sim import simulate
 
@@ -58,14 +59,15 @@ def _shards_for(counts, cp: int, rng: random.Random, kind: int) -> list[tuple[in
     return out
 
 
-def _schedules(plan, op, *, partial, transport, symbolic, device, in_rows):
+def _schedules(plan, op, *, partial, transport, symbolic, device, in_rows, wire="native"):
     W = plan.layout.world_size
     if symbolic:
         s = build_schedule(plan, op, rank=None, partial=partial, transport=transport,
-                           device_counts=device, in_rows=in_rows[0])
+                           device_counts=device, in_rows=in_rows[0], wire=wire)
         return [s] * W
     return [build_schedule(plan, op, rank=r, partial=partial, transport=transport,
-                           device_counts=device, in_rows=in_rows[r]) for r in range(W)]
+                           device_counts=device, in_rows=in_rows[r], wire=wire)
+            for r in range(W)]
 
 
 def check_plan(plan, *, run=None, seed=0) -> int:
@@ -96,6 +98,18 @@ def check_plan(plan, *, run=None, seed=0) -> int:
             sched = _schedules(plan, Op.GATHER, partial=partial, in_rows=rows, **kw)
             for r, got in enumerate(simulate(sched, locs, dev_vec)):
                 np.testing.assert_array_equal(got, want_g, err_msg=f"gather rank {r} {kw}")
+            if exact and plan.mode is not dpx.PaddingMode.SUM_LEN:
+                # the fp8 wire: every real row arrives as its quantize round trip
+                locs8 = [x[:n] for x, n in zip(local_inputs(
+                    seed, plan, (128,), partial=partial, extra_rows=2 + max(rows), eff=eff,
+                    floats=not partial), rows)]
+                want8 = ref_gather(locs8, plan, partial=partial, counts=eff)
+                payload, scales = quantize_fp8(want8.astype(np.float32), real_rows(plan, eff))
+                sched = _schedules(plan, Op.GATHER, partial=partial, in_rows=rows, wire="fp8",
+                                   **kw)
+                for r, got in enumerate(simulate(sched, locs8, dev_vec)):
+                    np.testing.assert_array_equal(got, dequantize_fp8(payload, scales),
+                                                  err_msg=f"fp8 gather rank {r} {kw}")
             if not partial or not exact:
                 continue  # the ops below take no partial flag and no local rows
             # gather_sum: every rank of a replica adds its rows (the CP copies of these
