@@ -172,26 +172,24 @@ def _unpack_step(s: Unpack, run: _Run) -> None:
                              s.rows, run.impl))
 
 
-def _all_gather(s: AllGather, run: _Run) -> None:
+def _equal(collective, s: AllGather | ReduceScatter, run: _Run) -> None:
+    """An equal all-gather / reduce-scatter over the group's mesh axes (none: the group is
+    this device alone, and the rows stay as they are)."""
     x = run.read(s.src)
     names = group_axes(run.axes, s.group)
-    if not names:
-        out = x
-    else:
-        out = (lax.all_gather(x, names, axis=0, tiled=True) if s.rows
-               else jnp.zeros((0, *x.shape[1:]), x.dtype))
-    run.write(s.dst, out)
+    if names and s.rows:
+        x = collective(x, names)
+    elif names:
+        x = jnp.zeros((0, *x.shape[1:]), x.dtype)
+    run.write(s.dst, x)
+
+
+def _all_gather(s: AllGather, run: _Run) -> None:
+    _equal(lambda x, n: lax.all_gather(x, n, axis=0, tiled=True), s, run)
 
 
 def _reduce_scatter(s: ReduceScatter, run: _Run) -> None:
-    x = run.read(s.src)
-    names = group_axes(run.axes, s.group)
-    if not names:
-        out = x
-    else:
-        out = (lax.psum_scatter(x, names, scatter_dimension=0, tiled=True) if s.rows
-               else jnp.zeros((0, *x.shape[1:]), x.dtype))
-    run.write(s.dst, out)
+    _equal(lambda x, n: lax.psum_scatter(x, n, scatter_dimension=0, tiled=True), s, run)
 
 
 def _all_reduce(s: AllReduce, run: _Run) -> None:

@@ -11,7 +11,7 @@ import dpx
 import dpx_torch
 from reference import (dequantize_fp8, held, local_inputs, quantize_fp8, real_rows,
                        ref_gather)
-from torch_jobs import DTYPES, _eq, _run_of, _t
+from torch_jobs import DTYPES, _eq, _plan_of, _t
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -54,11 +54,7 @@ def check_serving(ctx, layout_args, cases, *, width: int = 256) -> int:
     for case in cases:
         dtype = DTYPES[case.get("dtype", "float32")]
         partial = case.get("partial", True)
-        plan = dpx.plan_step(case["counts"], layout, mode=case.get("mode"),
-                             policy=case.get("policy", "sglang"), capacity=case.get("capacity"),
-                             is_extend=case.get("is_extend", False),
-                             cp_shards=case.get("shards"))
-        counts_t, eff = _run_of(plan, case)
+        plan, counts_t, eff = _plan_of(layout, case)
         seed = case.get("seed", 0)
         rows = plan.slot_rows[d] if plan.is_static else None
         # partial sums of random floats depend on the order: small ints then

@@ -48,11 +48,7 @@ def check_cases(ctx, layout_args, cases, *, rest=(5,)) -> int:
     for case in cases:
         dtype = DTYPES[case.get("dtype", "float32")]
         partial = case.get("partial", True)
-        plan = dpx.plan_step(case["counts"], layout, mode=case.get("mode"),
-                             is_extend=case.get("is_extend", False),
-                             policy=case.get("policy", "sglang"), capacity=case.get("capacity"),
-                             cp_shards=case.get("shards"))
-        counts_t, eff = _run_of(plan, case)
+        plan, counts_t, eff = _plan_of(layout, case)
         seed = case.get("seed", 0)
         static_rows = plan.slot_rows[d] if plan.is_static else None
         locs = local_inputs(seed, plan, rest, partial=partial, rows=static_rows, eff=eff)
@@ -240,8 +236,11 @@ def count_row_launches(ctx, counts) -> dict:
 
 
 def _plan_of(layout, case):
+    """``(plan, device counts tensor or None, eff)`` of a case (see :func:`_run_of`)."""
     plan = dpx.plan_step(case["counts"], layout, mode=case.get("mode"),
-                         capacity=case.get("capacity"), cp_shards=case.get("shards"))
+                         is_extend=case.get("is_extend", False),
+                         policy=case.get("policy", "sglang"), capacity=case.get("capacity"),
+                         cp_shards=case.get("shards"))
     counts_t, eff = _run_of(plan, case)
     return plan, counts_t, eff
 
