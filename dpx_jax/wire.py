@@ -1,7 +1,8 @@
 """The fp8 wire format (:mod:`dpx.wire`) for JAX: quantize rows while taking them into wire
 rows, and dequantize wire rows. On GPU with jax-triton: the ``dpx.kernels.wire`` Triton
 kernels (the ones ``dpx_torch`` runs); elsewhere an XLA implementation of the same
-definition (IEEE division, round-to-nearest-even conversions).
+definition (IEEE-rounded divisions and round-to-nearest-even conversions, written with
+integer operations so that every XLA backend gives the kernels' bits).
 
 ``quantize_take(src [m, H], start, count, rows) -> uint8 [rows, wire_row_bytes(H)]``
 ``dequantize(src uint8 [rows, wire_row_bytes(H)], dtype) -> [rows, H] dtype``
@@ -25,10 +26,51 @@ def _width_of(row_bytes: int) -> int:
     return row_bytes * W.GROUP // (W.GROUP + 4)
 
 
-def _opaque(divisor):
-    """A divisor XLA cannot see through: it rewrites ``a / broadcast(b)`` into ``a *
-    broadcast(1 / b)``, which is not IEEE division (bits would differ from the kernels')."""
-    return lax.optimization_barrier(divisor)
+def _div_rn(a, b):
+    """``a / b`` rounded to nearest even, by integer operations (float32 ``a`` finite,
+    ``b`` positive and normal, broadcast against ``a``): XLA divides float32 approximately
+    on GPUs (up to 2 ulp) and rewrites divisions by a broadcast into products with its
+    reciprocal; these quotients must be the kernels' (correctly rounded). A quotient below
+    float32's normal range comes out as a zero of ``a``'s sign (such a quotient is an
+    e4m3fn zero either way)."""
+    ua = lax.bitcast_convert_type(a, jnp.uint32)
+    ub = lax.bitcast_convert_type(jnp.broadcast_to(b, a.shape), jnp.uint32)
+    sign = ua & jnp.uint32(0x80000000)
+    ua = ua & jnp.uint32(0x7FFFFFFF)
+    ea, eb = (ua >> 23).astype(jnp.int32), (ub >> 23).astype(jnp.int32)
+    ma = (ua & jnp.uint32(0x7FFFFF)) | jnp.uint32(0x800000)
+    mb = (ub & jnp.uint32(0x7FFFFF)) | jnp.uint32(0x800000)
+    low = ma < mb                      # quotient of the mantissas in [1/2, 1): one more bit
+    r = jnp.where(low, ma << 1, ma)
+    e = ea - eb + 127 - low.astype(jnp.int32)
+    q = jnp.zeros_like(r)
+    for _ in range(24):                # restoring division: 24 quotient bits
+        take = r >= mb
+        q = (q << 1) | take.astype(jnp.uint32)
+        r = jnp.where(take, r - mb, r) << 1
+    half = r >= mb                     # the next bit, and whether anything follows it
+    rest = jnp.where(half, r - mb, r) != 0
+    q = q + (half & (rest | ((q & 1) == 1))).astype(jnp.uint32)
+    carry = q >> 24                    # rounded up to 2.0: mantissa 1.0, exponent + 1
+    q, e = q >> carry, e + carry.astype(jnp.int32)
+    bits = sign | (jnp.clip(e, 0, 255).astype(jnp.uint32) << 23) | (q & jnp.uint32(0x7FFFFF))
+    bits = jnp.where(e >= 255, sign | jnp.uint32(0x7F800000), bits)
+    bits = jnp.where((ea == 0) | (e <= 0), sign, bits)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _e4m3_bits(y):
+    """float32 ``y`` (|y| <= 448) -> its float8_e4m3fn bits (uint8), round to nearest even,
+    by integer operations: XLA's own conversion is not round-to-nearest-even on every
+    backend (on GPUs it can round twice), and these bits must be the kernels'."""
+    u = lax.bitcast_convert_type(y, jnp.int32)
+    sign = (u >> 31) & 1
+    a = jnp.abs(y)
+    ua = lax.bitcast_convert_type(a, jnp.int32)
+    normal = ((ua + 0x7FFFF + ((ua >> 20) & 1)) >> 20) - (120 << 3)
+    sub = lax.round(a * 512.0, lax.RoundingMethod.TO_NEAREST_EVEN).astype(jnp.int32)
+    code = jnp.where(a < 0.015625, sub, normal) | (sign << 7)
+    return code.astype(jnp.uint8)
 
 
 def _quantize_xla(src, start, count, rows: int):
@@ -37,10 +79,9 @@ def _quantize_xla(src, start, count, rows: int):
     real = jnp.arange(rows, dtype=jnp.int32) < count
     g = x.reshape(rows, h // W.GROUP, W.GROUP)
     amax = jnp.maximum(jnp.max(jnp.abs(g), axis=-1), jnp.float32(W.EPS))
-    scale = amax / _opaque(jnp.full(amax.shape, W.FP8_MAX, jnp.float32))
-    y = g / _opaque(jnp.broadcast_to(scale[..., None], g.shape))
-    q = jnp.clip(y, -W.FP8_MAX, W.FP8_MAX).astype(jnp.float8_e4m3fn)
-    payload = lax.bitcast_convert_type(q, jnp.uint8).reshape(rows, h)
+    scale = _div_rn(amax, jnp.float32(W.FP8_MAX))
+    y = _div_rn(g, scale[..., None])
+    payload = _e4m3_bits(jnp.clip(y, -W.FP8_MAX, W.FP8_MAX)).reshape(rows, h)
     payload = jnp.where(real[:, None], payload, jnp.uint8(0))
     scale = jnp.where(real[:, None], scale, jnp.float32(0))
     scale_bytes = lax.bitcast_convert_type(scale, jnp.uint8).reshape(rows, -1)
@@ -67,8 +108,10 @@ def quantize_take(src, start, count, rows: int, impl: Impl):
     out = triton_call(
         src, start.reshape(1), count.reshape(1), 0, 0, src.shape[0], rows,
         kernel=kernels.quantize_rows_kernel, out=jax.ShapeDtypeStruct((rows, rb), jnp.uint8),
-        grid=(-(-rows // _BLOCK_R), h // W.GROUP), num_warps=4, H=h, ROW_BYTES=rb,
-        START_PTR=True, COUNT_PTR=True, BLOCK_R=_BLOCK_R)
+        grid=(-(-rows // kernels.QUANTIZE_BLOCK_R),
+              -(-(h // W.GROUP) // kernels.QUANTIZE_BLOCK_G)),
+        num_warps=kernels.QUANTIZE_WARPS, H=h, ROW_BYTES=rb, START_PTR=True, COUNT_PTR=True,
+        BLOCK_R=kernels.QUANTIZE_BLOCK_R, BLOCK_G=kernels.QUANTIZE_BLOCK_G, COMPILED=True)
     return vary_like(out, src, start, count)
 
 

@@ -154,6 +154,9 @@ class Program:
         return out
 
 
+_COLLECTED = (AllGather, ReduceScatter, AllReduce)
+
+
 class BatchProgram:
     """Several programs run in lockstep (:func:`dpx.batch.lockstep`): each stage's local
     passes, then each batch of collectives as one grouped launch (NCCL coalescing)."""
@@ -179,7 +182,8 @@ class BatchProgram:
                     fn(*args)
                     continue
                 first = batch.items[0][1]
-                with self._interp.coalesced(first.group, inps[0].device):
+                with self._interp.coalesced(first.group, inps[0].device,
+                                            collected=isinstance(first, _COLLECTED)):
                     for fn, args in items:
                         getattr(fn, "ungrouped", fn)(*args)
         return tuple(outs)
@@ -332,11 +336,14 @@ class Interpreter:
         """Group per-root NCCL operations into one launch; a plain sequence elsewhere."""
         return self.coalesced(Group.WORLD, device)
 
-    def coalesced(self, group: Group, device: torch.device):
+    def coalesced(self, group: Group, device: torch.device, *, collected: bool = False):
         """One grouped launch of the NCCL operations issued inside, on ``group``; a plain
-        sequence on other backends."""
+        sequence on other backends. ``collected``: every operation inside is an
+        all-gather, a reduce-scatter or an all-reduce (one kind), which torch collects
+        and issues as one ``*_coalesced`` collective; other operations are grouped by the
+        backend between its start and end of coalescing."""
         if self.groups.backend == "nccl":
             from torch.distributed.distributed_c10d import _coalescing_manager
 
-            return _coalescing_manager(self._group(group), device)
+            return _coalescing_manager(self._group(group), None if collected else device)
         return contextlib.nullcontext()

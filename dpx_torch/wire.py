@@ -33,11 +33,12 @@ def _quantize(src, start, count, start_val, count_val, out) -> None:
         return
     anchor = src
     kern = _kernel_of(_wire, "quantize_rows_kernel", out.device)
-    kern[(-(-rows // _BLOCK_R), H // W.GROUP)](
+    br, bg = _wire.QUANTIZE_BLOCK_R, _wire.QUANTIZE_BLOCK_G
+    kern[(-(-rows // br), -(-(H // W.GROUP) // bg))](
         src, anchor if start is None else start, anchor if count is None else count,
         start_val, count_val, src.shape[0], rows, out, H=H, ROW_BYTES=out.shape[1],
-        START_PTR=start is not None, COUNT_PTR=count is not None, BLOCK_R=_BLOCK_R,
-        num_warps=4)
+        START_PTR=start is not None, COUNT_PTR=count is not None, BLOCK_R=br, BLOCK_G=bg,
+        COMPILED=out.device.type == "cuda", num_warps=_wire.QUANTIZE_WARPS)
 
 
 def _dequantize(src, out) -> None:

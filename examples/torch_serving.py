@@ -53,7 +53,7 @@ def attention(x: torch.Tensor, w: dict, heads: slice) -> torch.Tensor:
     q, k, v = (x @ w[n][:, cols] for n in ("wq", "wk", "wv"))
     n, nh = x.shape[0], heads.stop - heads.start
     q, k, v = (t.view(n, nh, d).transpose(0, 1) for t in (q, k, v))
-    mask = torch.ones(n, n, dtype=torch.bool).tril()
+    mask = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
     a = torch.softmax((q @ k.transpose(1, 2) / math.sqrt(d)).masked_fill(~mask, -1e9), -1)
     return (a @ v).transpose(0, 1).reshape(n, nh * d) @ w["wo"][cols]
 

@@ -2,29 +2,46 @@
 wire buffer, and dequantize wire rows.
 
 A wire row is ``H`` float8_e4m3fn payload bytes then ``H / 128`` float32 scales; the
-buffers are uint8 ``[rows, ROW_BYTES]``. Conversions are written with integer bit
-operations and IEEE-rounded divisions (``div_rn``), so the compiled kernel and Triton's
-interpreter give the same bits, equal to round-to-nearest-even conversions (what torch's
-``.to(torch.float8_e4m3fn)`` and JAX's ``astype`` do). Like every dpx kernel they call no
-other ``@triton.jit`` function, read ``start`` / ``count`` from device memory or plain
-ints, and mask every access.
+buffers are uint8 ``[rows, ROW_BYTES]``. Divisions are IEEE-rounded and conversions round
+to nearest even: written with ``div_rn`` and integer bit operations where the hardware
+instruction is not there (Triton's interpreter truncates these conversions), with
+quantize's ``COMPILED`` arithmetic on GPUs, so the compiled kernel and the interpreter give
+the same bits, those of torch's division and ``.to(torch.float8_e4m3fn)``. Like every
+dpx kernel they call no other ``@triton.jit`` function, read ``start`` / ``count`` from
+device memory or plain ints, and mask every access.
 
-Grid for both: ``(cdiv(out_rows, BLOCK_R), H // 128)``: one program per block of rows and
-one 128-element group.
+Grids: quantize ``(cdiv(out_rows, BLOCK_R), cdiv(H // 128, BLOCK_G))``, one program per
+block of rows and block of 128-element groups; dequantize ``(cdiv(rows, BLOCK_R), H //
+128)``.
 """
 
 import triton
 import triton.language as tl
+
+# quantize's launch shape: rows x 128-element groups per program, and warps
+QUANTIZE_BLOCK_R = 8
+QUANTIZE_BLOCK_G = 4
+QUANTIZE_WARPS = 4
 
 
 @triton.jit(do_not_specialize=["start_val", "count_val"])
 def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_rows,
                          out_rows, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
                          START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
-                         BLOCK_R: tl.constexpr):
+                         BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
+                         COMPILED: tl.constexpr):
     """``out[j] = fp8_wire(src[start + j])`` for ``j < count``; rows ``count..out_rows`` of
     ``out`` are zero bytes. src ``[src_rows, H]`` (float32 / bfloat16 / float16) -> out
-    uint8 ``[out_rows, ROW_BYTES]``."""
+    uint8 ``[out_rows, ROW_BYTES]``. One program: ``BLOCK_R`` rows x ``BLOCK_G`` groups.
+
+    ``COMPILED`` (a GPU build; Triton's interpreter has no exact fused multiply-add and
+    truncates float8 conversions): ``x / scale`` as ``q = x * r`` with ``r = div_rn(1,
+    scale)`` and two corrections ``q += fma(-q, scale, x) * r`` (fused); after the first,
+    ``q`` is within one ulp, so the second gives the correctly rounded quotient
+    (Markstein) when its residual is exact. It is unless it underflows, which takes a
+    quotient far below ``2**-10`` (``scale >= 2**-43``), an e4m3fn zero either way. Zeros
+    keep their sign. Then the hardware's round-to-nearest-even conversion. Otherwise
+    ``div_rn`` and the conversion by bits. Both give the same bits."""
     if START_PTR:
         start = tl.load(start_ptr).to(tl.int64)
     else:
@@ -34,29 +51,45 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
     else:
         count = count_val.to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    grp = tl.program_id(1).to(tl.int64)
-    cols = grp * 128 + tl.arange(0, 128).to(tl.int64)
+    grps = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    g_ok = grps < H // 128
+    cols = grps[:, None] * 128 + tl.arange(0, 128)[None, :]            # [G, 128]
     src_row = start + rows
     real = (rows < count) & (src_row < src_rows) & (src_row >= 0) & (rows < out_rows)
-    x = tl.load(src_ptr + src_row[:, None] * H + cols[None, :], mask=real[:, None],
-                other=0).to(tl.float32)
-    amax = tl.reduce(tl.abs(x), 1, tl.standard._elementwise_max)
+    load_ok = real[:, None, None] & g_ok[None, :, None]
+    x = tl.load(src_ptr + src_row[:, None, None] * H + cols[None, :, :], mask=load_ok,
+                other=0).to(tl.float32)                                 # [R, G, 128]
+    amax = tl.reduce(tl.abs(x), 2, tl.standard._elementwise_max)       # [R, G]
     scale = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
-    y = tl.math.div_rn(x, scale[:, None])
+    if COMPILED:
+        s = scale[:, :, None]
+        r = tl.math.div_rn(1.0, scale)[:, :, None]
+        q = x * r
+        q = tl.fma(tl.fma(-q, s, x), r, q)
+        q = tl.fma(tl.fma(-q, s, x), r, q)
+        y = tl.where(x == 0.0, x, q)        # a zero's quotient keeps its sign
+    else:
+        y = tl.math.div_rn(x, scale[:, :, None])
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    # float32 -> e4m3fn, round to nearest even, by bits
-    bits = y.to(tl.int32, bitcast=True)
-    sign = (bits >> 31) & 1
-    a = tl.abs(y)
-    u = a.to(tl.int32, bitcast=True)
-    normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
-    sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # exact: a * 512 < 8
-    code = tl.where(a < 0.015625, sub, normal) | (sign << 7)
-    code = tl.where(real[:, None], code, 0)
-    ok = (rows < out_rows)[:, None]
-    tl.store(out_ptr + rows[:, None] * ROW_BYTES + cols[None, :], code.to(tl.uint8), mask=ok)
-    scale_ptr = (out_ptr + rows * ROW_BYTES + H + grp * 4).to(tl.pointer_type(tl.float32))
-    tl.store(scale_ptr, tl.where(real, scale, 0.0), mask=rows < out_rows)
+    if COMPILED:
+        code = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        # float32 -> e4m3fn, round to nearest even, by bits
+        bits = y.to(tl.int32, bitcast=True)
+        sign = (bits >> 31) & 1
+        a = tl.abs(y)
+        u = a.to(tl.int32, bitcast=True)
+        normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
+        sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # exact: a * 512 < 8
+        code = (tl.where(a < 0.015625, sub, normal) | (sign << 7)).to(tl.uint8)
+    code = tl.where(load_ok, code, 0).to(tl.uint8)
+    row_ok = rows < out_rows
+    row_base = out_ptr + rows * ROW_BYTES
+    tl.store(row_base[:, None, None] + cols[None, :, :], code,
+             mask=row_ok[:, None, None] & g_ok[None, :, None])
+    scale_ptr = (row_base[:, None] + H + grps[None, :] * 4).to(tl.pointer_type(tl.float32))
+    tl.store(scale_ptr, tl.where(real[:, None], scale, 0.0),
+             mask=row_ok[:, None] & g_ok[None, :])
 
 
 @triton.jit
@@ -78,7 +111,8 @@ def dequantize_rows_kernel(src_ptr, rows_n, out_ptr, H: tl.constexpr, ROW_BYTES:
     m = c & 7
     normal = ((sign << 31) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
     sub = m.to(tl.float32) * 0.001953125
-    sub = tl.where(sign == 1, -sub, sub)
+    # the sign by its bit: a compiled negation of +0.0 can give +0.0
+    sub = (sub.to(tl.int32, bitcast=True) | (sign << 31)).to(tl.float32, bitcast=True)
     v = tl.where(e == 0, sub, normal) * scale[:, None]
     offs = rows[:, None] * H + cols[None, :]
     if OUT_KIND == 0:

@@ -51,3 +51,34 @@ def test_collectives_benchmark_smoke(tmp_path):
                                                 abs=1e-3)
     # nothing is written beside the scripts when $OUT is set
     assert not (bench / "benchmarks").exists()
+
+
+def test_serving_wire_bytes_table(tmp_path):
+    """The bytes-on-the-wire table of ``benchmarks/serving.py`` (no GPU): with attn-tp 1
+    every byte sent is an fp8 wire row, so fp8/bf16 is exactly the row-size ratio; with
+    attn-tp 2 the bf16 reduce-scatter stays, so the ratio lies between that and 1; MAX_LEN
+    sends as much with idle replicas as without, GATHERV half as much with half of them."""
+    from dpx.wire import wire_row_bytes
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    res = subprocess.run([sys.executable, "serving.py"], cwd=bench, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "OUT": str(tmp_path)})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "serving_wire.csv").open()))
+    assert len(rows) == 2 * 3 * 2 * 2
+    row_ratio = wire_row_bytes(7168) / (2 * 7168)
+    sent = {}
+    for r in rows:
+        bf16, fp8, ratio = float(r["bf16_MiB"]), float(r["fp8_MiB"]), float(r["fp8_vs_bf16"])
+        assert bf16 > 0 and ratio == pytest.approx(fp8 / bf16)
+        if "attn_tp=1" in r["layout"]:
+            assert ratio == pytest.approx(row_ratio, rel=1e-12)
+        else:
+            assert row_ratio < ratio < 1
+        sent[r["layout"], r["size"], r["pattern"], r["mode"]] = bf16
+    for (lay, size, pattern, mode), bf16 in sent.items():
+        if pattern == "busy":
+            idle = sent[lay, size, "half idle", mode]
+            assert idle == pytest.approx(bf16) if mode == "max_len" else idle < bf16
+            if mode == "gatherv" and "attn_tp=1" in lay:
+                assert idle == pytest.approx(bf16 / 2)

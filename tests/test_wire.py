@@ -20,7 +20,10 @@ BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: 
 def _ref_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows, h = x.shape
     g = x.float().view(rows, h // 128, 128)
-    scale = g.abs().amax(-1).clamp(min=1e-10) / 448.0
+    amax = g.abs().amax(-1).clamp(min=1e-10)
+    # a tensor divisor: torch on CUDA divides by a Python scalar as a product with its
+    # reciprocal, which is not IEEE division
+    scale = amax / torch.full_like(amax, 448.0)
     q = (g / scale[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(rows, h)
     return q, scale
 
@@ -58,6 +61,40 @@ def test_quantize_take_and_dequantize_match_stock_ops(device, dtype):
     want = (q.float().view(count, 2, 128) * s[..., None]).view(count, h).to(dtype)
     assert torch.equal(y[:count].view(BITS[dtype]), want.view(BITS[dtype]))
     assert torch.equal(y[count:].view(BITS[dtype]), torch.zeros_like(y[count:]).view(BITS[dtype]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compiled_quantize_matches_ieee_division_on_many_rows(dtype):
+    """The compiled kernel divides by a reciprocal with two corrections: bitwise equal to
+    IEEE division then the round-to-nearest-even conversion, over magnitudes spanning the
+    dtype, signed zeros and exact e4m3fn ties at power-of-two scales."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    rows, h = 6144, 1024
+    lo, hi = {torch.float32: (-100, 100), torch.bfloat16: (-100, 100),
+              torch.float16: (-14, 12)}[dtype]
+    x = torch.randn(rows, h, device="cuda", generator=gen)
+    x *= torch.exp2(torch.randint(lo, hi, (rows, h // 128, 1), device="cuda",
+                                  generator=gen).float()).repeat_interleave(128, 1)[..., 0]
+    # rows 0..1023: amax 448 * 2**k, so scale = 2**k and the other elements are e4m3fn
+    # midpoints (ties) or grid points times 2**k
+    k = torch.randint(lo // 2, hi // 2, (1024, 1), device="cuda", generator=gen).float()
+    m = torch.randint(0, 2 ** 8, (1024, h), device="cuda", generator=gen).float()
+    ties = (8 + (m % 8) + 0.5 * (m >= 128)) * torch.exp2(torch.floor(m / 16) % 8 - 9)
+    x[:1024] = torch.where(m % 2 == 0, ties, -ties) * torch.exp2(k)
+    x[:1024, ::128] = 448 * torch.exp2(k)
+    x[1024:1100] = -0.0
+    x[1100:1200, 5::7] = 0.0
+    x = x.to(dtype)
+    assert torch.isfinite(x).all()
+    out = torch.empty(rows, wire_row_bytes(h), dtype=torch.uint8, device="cuda")
+    quantize_into(x, 0, rows, out)
+    payload, scales = split_wire(out)
+    q, s = _ref_quantize(x)
+    assert torch.equal(scales.view(torch.int32), s.view(torch.int32))
+    bad = (payload.view(torch.uint8) != q.view(torch.uint8)).nonzero()
+    assert bad.numel() == 0, (bad[:5], x[bad[:5, 0], bad[:5, 1]])
 
 
 @pytest.mark.parametrize("device", device_params())
