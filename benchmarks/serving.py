@@ -15,8 +15,8 @@ GPU tables (hidden 7168 bf16; device times from one CUDA graph of 50 calls, medi
              the NCCL collectives each issues (ProcessGroupNCCL's ``nccl:*`` profiler
              ranges); exchange_counts replayed in a graph vs sync_counts eager (host wall
              time per call).
-Writes serving_wire.csv, serving_quantize.csv, serving_decode.csv and serving.png to $OUT
-or benchmarks/out.
+Writes serving_wire.csv, serving_quantize.csv, serving_decode.csv and serving.png (the
+sweep: serving_quantize_sweep.csv) to $OUT or benchmarks/out.
 """
 
 from __future__ import annotations
@@ -63,6 +63,18 @@ def wire_table() -> list[dict]:
     return rows
 
 
+def _copy_ceiling_us(moved: int) -> float:
+    """Device time of a device-to-device ``copy_`` that reads and writes ``moved`` bytes
+    in all."""
+    import torch
+
+    from common import cuda_time_us
+
+    a = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return cuda_time_us(lambda: b.copy_(a))
+
+
 def gpu_tables() -> tuple[list[dict], list[dict]]:
     import torch
     import torch.distributed as dist
@@ -82,9 +94,7 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
         out = torch.empty(n, wrb, device="cuda", dtype=torch.uint8)
         tmp = torch.empty_like(out)
         moved = n * H * 2 + n * wrb
-        a = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
-        b = torch.empty_like(a)
-        t_copy = cuda_time_us(lambda: b.copy_(a))
+        t_copy = _copy_ceiling_us(moved)
         t_fused = cuda_time_us(lambda: quantize_into(x, 0, n, out))
         t_two = cuda_time_us(lambda: (quantize_into(x, 0, n, tmp), take_into(tmp, 0, n, out)))
         quant.append(dict(rows=n, MiB=moved / 2**20, fused_us=t_fused, copy_us=t_copy,
@@ -161,9 +171,7 @@ def quantize_sweep() -> list[dict]:
     for n in (2048, 16384):
         x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
         moved = n * H * 2 + n * wrb
-        a = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
-        b = torch.empty_like(a)
-        t_copy = cuda_time_us(lambda: b.copy_(a))
+        t_copy = _copy_ceiling_us(moved)
 
         def launch(out, br, bg, warps, compiled):
             K.quantize_rows_kernel[(triton.cdiv(n, br), triton.cdiv(H // 128, bg))](
