@@ -10,17 +10,20 @@ from dpx.cost import CostModel, ModeEstimate, OpEstimate, StepCost, estimate
 from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError,
                         DpxValueError)
 from dpx.expr import ceil_align
+from dpx.extents import OpRows, local_rows, op_rows
 from dpx.layout import DpLayout, RankCoords
 from dpx.modes import Group, Op, PaddingMode, Policy, Transport, Wire
-from dpx.plan import DpPlan, compare_modes, plan_step, sglang_mode
-from dpx.schedule import Schedule, build_schedule
+from dpx.plan import DpPlan, plan_step
+from dpx.policy import compare_modes, sglang_mode
+from dpx.routes import Route
+from dpx.schedule import Schedule, ScheduleCache, build_schedule
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "CostModel", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError", "DpxMismatchError",
-    "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op", "OpEstimate",
-    "PaddingMode", "Policy", "RankCoords", "Schedule", "StepCost", "Transport",
-    "Wire", "build_schedule", "ceil_align", "compare_modes", "estimate", "plan_step",
-    "sglang_mode",
+    "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op", "OpEstimate", "OpRows",
+    "PaddingMode", "Policy", "RankCoords", "Route", "Schedule", "ScheduleCache", "StepCost",
+    "Transport", "Wire", "build_schedule", "ceil_align", "compare_modes", "estimate",
+    "local_rows", "op_rows", "plan_step", "sglang_mode",
 ]

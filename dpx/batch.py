@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from dpx.schedule import Schedule, Step
+from dpx.schedule import Schedule
+from dpx.steps import Step
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,50 @@
-"""Command line: ``python -m dpx plan ...`` and ``python -m dpx demo ...``."""
+"""Command line: ``python -m dpx plan ...`` explains a plan; ``python -m dpx demo ...`` runs
+the main job (examples/dp_moe_demo.py)."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+from pathlib import Path
 from typing import Sequence
 
+from dpx.cost import CostModel
+from dpx.errors import DpxError
 from dpx.layout import DpLayout
+from dpx.modes import Wire
 from dpx.plan import plan_step
 
+__all__ = ["build_parser", "main"]
+
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int64": 8}
+#: The counts --tokens defaults to, cycled over --dp replicas.
+DEFAULT_TOKENS = (3, 0, 7, 5)
+
+_DESCRIPTION = """\
+Explain one step's plan: the layout, the slots of the global buffer as a picture, every
+padding mode's estimated cost (the chosen one marked, and why), and the schedules --
+partial gather, replicated gather, reduce_scatter -- of the ranks you ask for, each step
+priced. Prices use the cost model's defaults (dpx.CostModel) for rows of --hidden
+elements of --dtype."""
+
+
+class _Error(Exception):
+    """A command-line value that breaks a rule: printed as ``dpx: error: ...``."""
 
 
 def _ints(text: str) -> list[int]:
     try:
         return [int(t) for t in text.split(",") if t.strip() != ""]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--tokens {text!r}: {exc}") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def _shards(text: str) -> list[list[int]]:
     try:
         return [[int(t) for t in part.split(",")] for part in text.split(";") if part.strip()]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--shards {text!r}: {exc}") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def _ranks(text: str) -> str | int:
@@ -31,56 +53,87 @@ def _ranks(text: str) -> str | int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--rank {text!r}: an int or 'all'") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: an int or 'all'") from None
+
+
+def _positive(flag: str, value: int | None, *, zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not zero)):
+        raise _Error(f"{flag} {value}: must be {'>= 0' if zero else '> 0'}")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    for flag, value, zero in (("--world", args.world, False), ("--dp", args.dp, False),
+                              ("--cp", args.cp, False), ("--hidden", args.hidden, False),
+                              ("--capacity", args.capacity, True)):
+        _positive(flag, value, zero=zero)
+    if args.device_counts and args.capacity is None:
+        raise _Error("--device-counts prints a capacity plan's schedules for device counts: "
+                     "give --capacity N too")
+    wire = Wire.parse(args.wire)
+    if wire is Wire.FP8 and args.dtype not in ("float32", "bfloat16", "float16"):
+        raise _Error(f"--wire fp8 quantizes float rows; --dtype {args.dtype} is not one")
     layout = DpLayout(args.world, args.dp, args.cp)
-    args.tokens_given = args.tokens is not None
-    if args.tokens is None:
-        args.tokens = [3, 0, 7, 5]
-    tokens = [sum(s) for s in args.shards] if args.shards and not args.tokens_given \
-        else args.tokens
-    plan = plan_step(tokens, layout, is_extend=args.extend, mode=args.mode,
-                     policy=args.policy, max_len_with_idle=args.max_len_with_idle,
-                     capacity=args.capacity, row_bytes=args.hidden * _ITEMSIZE[args.dtype],
-                     transport=args.transport, cp_shards=args.shards)
+    if args.tokens is not None:
+        tokens = args.tokens
+    elif args.shards:
+        tokens = [sum(s) for s in args.shards]
+    else:
+        tokens = [DEFAULT_TOKENS[d % len(DEFAULT_TOKENS)] for d in range(layout.dp_size)]
     if args.rank != "all":
         layout.coords(args.rank)  # a rank outside the world is a clear error
-    print(plan.explain(hidden=args.hidden, itemsize=_ITEMSIZE[args.dtype],
+    itemsize = _ITEMSIZE[args.dtype]
+    plan = plan_step(tokens, layout, is_extend=args.extend, mode=args.mode,
+                     policy=args.policy, max_len_with_idle=args.max_len_with_idle,
+                     capacity=args.capacity, row_bytes=args.hidden * itemsize,
+                     transport=args.transport, cp_shards=args.shards)
+    m = CostModel()
+    print(f"pricing: rows of {args.hidden} x {args.dtype} = {args.hidden * itemsize} B; "
+          f"CostModel(bus_bandwidth={m.bus_bandwidth:.3g} B/s, latency={m.latency:.3g} s, "
+          f"per_root_latency={m.per_root_latency:.3g} s, memory_bandwidth="
+          f"{m.memory_bandwidth:.3g} B/s)")
+    print(plan.explain(hidden=args.hidden, itemsize=itemsize,
                        ranks=None if args.rank == "all" else (args.rank,),
-                       transport=args.transport, device_counts=args.device_counts))
+                       transport=args.transport, device_counts=args.device_counts,
+                       wire=wire))
     print(f"fingerprint: {plan.fingerprint()}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dpx", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m dpx",
+                                     description="dpx: DP-attention gather/scatter planning.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("plan", help="explain the plan for one step")
-    p.add_argument("--world", type=int, default=8)
-    p.add_argument("--dp", type=int, default=4)
-    p.add_argument("--cp", type=int, default=1)
+    p = sub.add_parser("plan", help="explain the plan for one step", description=_DESCRIPTION,
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--world", type=int, default=8, help="ranks in the world")
+    p.add_argument("--dp", type=int, default=4, help="DP attention replicas")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks per replica")
     p.add_argument("--tokens", type=_ints, default=None,
-                   help="comma-separated real token count per DP replica (default 3,0,7,5)")
+                   help="comma-separated real token count per DP replica (default: 3,0,7,5 "
+                        "cycled over the --dp replicas, or the sums of --shards)")
     p.add_argument("--shards", type=_shards, default=None,
                    help="CP shards per replica, e.g. '2,1;0,0;4,3;3,2' (each replica's rows "
-                        "split over its CP ranks; --tokens defaults to their sums)")
+                        "split over its CP ranks)")
     p.add_argument("--extend", action="store_true", help="the batch is an extend (prefill)")
     p.add_argument("--mode", default=None, help="force max_len | sum_len | gatherv")
     p.add_argument("--policy", default="sglang", help="sglang | cost")
     p.add_argument("--max-len-with-idle", action="store_true",
                    help="sglang policy: an extend batch with an idle replica takes MAX_LEN")
-    p.add_argument("--capacity", type=int, default=None)
+    p.add_argument("--capacity", type=int, default=None,
+                   help="static capacity (a MAX_LEN slot, or a SUM_LEN / GATHERV global "
+                        "buffer): a plan for CUDA graphs and jax.jit")
     p.add_argument("--rank", type=_ranks, default=0,
-                   help="whose schedules to print: a rank or 'all' (default 0)")
+                   help="whose schedules to print: a rank or 'all'")
     p.add_argument("--transport", default="per_root",
                    help="per_root (torch.distributed) | ragged (JAX GPU) | equal (JAX CPU)")
     p.add_argument("--device-counts", action="store_true",
-                   help="capacity plans: the schedules for counts passed as device data")
-    p.add_argument("--hidden", type=int, default=7168)
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(_ITEMSIZE))
+                   help="with --capacity: the schedules for counts passed as device data")
+    p.add_argument("--wire", default="native",
+                   help="native | fp8: the format a gather's rows travel in")
+    p.add_argument("--hidden", type=int, default=7168, help="elements of a row (pricing)")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(_ITEMSIZE),
+                   help="element type of a row (pricing)")
     p.set_defaults(func=_cmd_plan)
 
     # `demo ARGS...` is handed to examples/dp_moe_demo.py as is (see main)
@@ -90,27 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_demo(demo_args: list[str]) -> int:
-    """Runs ``examples/dp_moe_demo.py`` of the source checkout dpx is imported from (the
-    demo drives both frontends, so it lives outside the dpx package)."""
-    import importlib
-    import sys
-    from pathlib import Path
-
-    examples = Path(__file__).resolve().parent.parent / "examples"
-    if not (examples / "dp_moe_demo.py").is_file():
+    """Runs ``examples/dp_moe_demo.py`` of the source checkout dpx is imported from, in its
+    own process (the demo drives both frontends, so it lives outside the dpx package)."""
+    demo = Path(__file__).resolve().parent.parent / "examples" / "dp_moe_demo.py"
+    if not demo.is_file():
         print("dpx: the demo ships with the source tree (examples/dp_moe_demo.py); this dpx "
               "is installed without it", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(examples))  # spawned ranks import the demo module by name
-    demo = importlib.import_module("dp_moe_demo")
-    return demo.main(demo_args)
+    return subprocess.run([sys.executable, str(demo), *demo_args]).returncode
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import sys
-
-    from dpx.errors import DpxError
-
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["demo"]:
         return _run_demo(args_list[1:])
@@ -118,6 +161,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
     try:
         return args.func(args)
-    except DpxError as exc:
+    except (DpxError, _Error) as exc:
         parser.exit(2, f"dpx: error: {exc}\n")
         return 2

@@ -6,24 +6,33 @@ all-reduce, the rows the chunks cover for a variable-size one) on ``g`` ranks, t
 is ``latency + S * factor / bus_bandwidth`` where ``factor`` is ``(g-1)/g`` for
 all-gather and reduce-scatter and ``2(g-1)/g`` for all-reduce. A variable-size collective
 made of grouped per-root operations (or a ragged all-to-all) pays ``per_root_latency`` for
-every rank whose chunk is not empty. A local pass (place, take, zero, copy) costs the
-bytes it reads plus the bytes it writes over ``memory_bandwidth``.
+every rank whose chunk is not empty. A local pass (move, zero, pack, quantize, ...) costs
+the bytes it reads plus the bytes it writes over ``memory_bandwidth``.
 
-:func:`estimate` prices the schedules that :mod:`dpx.schedule` emits, so the estimate is
-of exactly the steps the frontends run. Every parameter is an argument.
+An op's estimate is its collectives' times (the same on every rank) plus the local bytes
+of its slowest rank (the most, an exact integer) over ``memory_bandwidth``.
+:func:`price` prices one schedule step by step (what ``explain`` prints);
+:func:`estimate_op` prices every rank's schedule; :mod:`dpx.pricing` computes the same
+estimate in closed form from the plan (what the cost policy uses, tested equal).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from dpx import expr as X
 from dpx.errors import DpxValueError
-from dpx.modes import Group, Op, Transport
-from dpx.schedule import (AllGather, AllReduce, Copy, Dequantize, Pack, Place, Quantize,
-                          ReduceScatter, Schedule, Step, Take, Unpack, ZeroFrom, _Variable,
-                          build_schedule)
+from dpx.extents import op_rows
+from dpx.geometry import host_counts
+from dpx.modes import Group, Op, PaddingMode, Transport
+from dpx.schedule import Schedule, ScheduleCache, build_schedule
+from dpx.steps import (AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts,
+                       Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
+                       ReduceV, Step, Unpack, Zero, moved_buffer)
+
+if TYPE_CHECKING:
+    from dpx.plan import DpPlan
 
 
 @dataclass(frozen=True)
@@ -39,10 +48,11 @@ class StepCost:
     size: int
     moved: int
     seconds: float
+    collective: bool = False
 
     @property
     def is_local(self) -> bool:
-        return self.ranks == 1 and self.moved == 0
+        return not self.collective
 
 
 @dataclass(frozen=True)
@@ -68,101 +78,140 @@ class CostModel:
             if not getattr(self, name) >= 0:
                 raise DpxValueError(f"CostModel.{name}={getattr(self, name)} must be >= 0")
 
+    def collective_seconds(self, size: int, ranks: int, factor: float,
+                           roots: int = 0) -> tuple[int, float]:
+        """``(moved bytes, seconds)`` of one collective (0 and 0.0 on one rank)."""
+        if ranks <= 1:
+            return 0, 0.0
+        moved = round(size * factor)
+        return moved, self.latency + roots * self.per_root_latency + moved / self.bus_bandwidth
+
     def collective(self, name: str, size: int, ranks: int, factor: float,
                    roots: int = 0) -> StepCost:
-        if ranks <= 1:
-            return StepCost(name, ranks, size, 0, 0.0)
-        moved = round(size * factor)
-        seconds = self.latency + roots * self.per_root_latency + moved / self.bus_bandwidth
-        return StepCost(name, ranks, size, moved, seconds)
+        moved, seconds = self.collective_seconds(size, ranks, factor, roots)
+        return StepCost(name, ranks, size, moved, seconds, True)
 
     def local_pass(self, name: str, nbytes: int) -> StepCost:
         """A kernel pass that reads and writes ``nbytes`` in total."""
         return StepCost(name, 1, nbytes, 0, nbytes / self.memory_bandwidth)
 
 
-def _group_size(schedule: Schedule, group: Group) -> int:
-    lay = schedule.plan.layout
-    return {Group.WORLD: lay.world_size, Group.ATTN_TP: lay.attn_tp_size,
-            Group.REPLICA: lay.replica_size}[group]
+def group_size(layout: Any, group: Group) -> int:
+    return {Group.WORLD: layout.world_size, Group.ATTN_TP: layout.attn_tp_size,
+            Group.REPLICA: layout.replica_size}[group]
 
 
-def price_step(step: Step, schedule: Schedule, *, row_bytes: int, model: CostModel,
-               counts: tuple[int, ...], wire_row_bytes: int | None = None) -> StepCost:
-    """The cost of one step; expressions are evaluated for host ``counts``. Steps on fp8
-    wire buffers (``schedule.wire_bufs``) count ``wire_row_bytes`` per row (default
-    ``row_bytes``); a quantize reads input rows and writes wire rows, a dequantize the
-    reverse."""
-    coords = _coords(schedule)
+class _Pricing:
+    """One schedule's pricing context: values of its expressions, row bytes per buffer."""
 
-    def val(v: Any) -> Any:
-        return X.host_value(v, counts, coords)
+    def __init__(self, schedule: Schedule, row_bytes: int, wire_row_bytes: int,
+                 model: CostModel, counts: tuple[int, ...]) -> None:
+        self.schedule, self.model = schedule, model
+        self.row_bytes, self.wire_row_bytes = row_bytes, wire_row_bytes
+        r = schedule.rank
+        coords = ({X.Coord.RANK: 0, X.Coord.DP: 0, X.Coord.CP: 0, X.Coord.TP: 0}
+                  if r.is_symbolic else
+                  {X.Coord.RANK: r.rank, X.Coord.DP: r.dp, X.Coord.CP: r.cp, X.Coord.TP: r.tp})
+        self.ops = X.HostOps(counts, coords)
 
-    wrb = row_bytes if wire_row_bytes is None else wire_row_bytes
-    name = str(step)
-    if isinstance(step, Quantize):
-        return model.local_pass(name, max(val(step.count), 0) * row_bytes + step.rows * wrb)
-    if isinstance(step, Dequantize):
-        return model.local_pass(name, step.rows * (wrb + row_bytes))
-    moved_buf = getattr(step, "src", None) or getattr(step, "buf", None)
-    if moved_buf is not None and schedule.is_wire(moved_buf.buf):
-        row_bytes = wrb
-    if isinstance(step, (Place, Take)):
-        return model.local_pass(name, (step.rows + max(val(step.count), 0)) * row_bytes)
-    if isinstance(step, ZeroFrom):
-        return model.local_pass(name, max(step.rows - val(step.start), 0) * row_bytes)
-    if isinstance(step, Copy):
-        return model.local_pass(name, 2 * step.rows * row_bytes)
-    if isinstance(step, (Pack, Unpack)):
-        return model.local_pass(name, (step.rows + sum(val(step.lens))) * row_bytes)
-    g = _group_size(schedule, step.group)
-    if isinstance(step, AllGather):
-        return model.collective(name, g * step.rows * row_bytes, g, (g - 1) / g)
-    if isinstance(step, ReduceScatter):
-        return model.collective(name, g * step.rows * row_bytes, g, (g - 1) / g)
-    if isinstance(step, AllReduce):
-        return model.collective(name, step.rows * row_bytes, g, 2 * (g - 1) / g)
-    if isinstance(step, _Variable):
-        lens = val(step.lens)
-        return model.collective(name, sum(lens) * row_bytes, g, (g - 1) / g,
-                                roots=sum(1 for x in lens if x > 0))
-    raise TypeError(f"no price for step {step!r}")
+    def val(self, v: Any) -> Any:
+        return v if type(v) is int else X.evaluate(v, self.ops)
+
+    def rb(self, buf: str) -> int:
+        return self.wire_row_bytes if self.schedule.is_wire(buf) else self.row_bytes
+
+    def group(self, g: Group) -> int:
+        return group_size(self.schedule.plan.layout, g)
 
 
-def _coords(schedule: Schedule) -> dict[str, int]:
-    r = schedule.rank
-    if r.is_symbolic:
-        return {X.Coord.RANK: 0, X.Coord.DP: 0, X.Coord.CP: 0, X.Coord.TP: 0}
-    return {X.Coord.RANK: r.rank, X.Coord.DP: r.dp, X.Coord.CP: r.cp, X.Coord.TP: r.tp}
+def _move(s: Move, p: _Pricing) -> StepCost:
+    rows, count = p.val(s.rows), max(p.val(s.count), 0)
+    return p.model.local_pass(str(s), (rows + count) * p.rb(s.dst.buf))
+
+
+def _zero(s: Zero, p: _Pricing) -> StepCost:
+    rows, first, n = p.val(s.rows), p.val(s.keep_start), max(p.val(s.keep_count), 0)
+    kept = max(min(first + n, rows) - max(first, 0), 0)
+    return p.model.local_pass(str(s), (rows - kept) * p.rb(s.buf.buf))
+
+
+def _quantize(s: Quantize, p: _Pricing) -> StepCost:
+    return p.model.local_pass(str(s), max(p.val(s.count), 0) * p.row_bytes
+                              + p.val(s.rows) * p.wire_row_bytes)
+
+
+def _dequantize(s: Dequantize, p: _Pricing) -> StepCost:
+    return p.model.local_pass(str(s), p.val(s.rows) * (p.wire_row_bytes + p.row_bytes))
+
+
+def _chunks(s: Pack | Unpack, p: _Pricing) -> StepCost:
+    return p.model.local_pass(str(s), (p.val(s.rows) + sum(p.val(s.lens))) * p.rb(s.dst.buf))
+
+
+def _check(s: CheckCounts, p: _Pricing) -> StepCost:
+    return p.model.local_pass(str(s), 0)
+
+
+def _gather_like(s: AllGather | ReduceScatter, p: _Pricing) -> StepCost:
+    g = p.group(s.group)
+    return p.model.collective(str(s), g * p.val(s.rows) * p.rb(moved_buffer(s)), g,
+                              (g - 1) / g)
+
+
+def _all_reduce(s: AllReduce, p: _Pricing) -> StepCost:
+    g = p.group(s.group)
+    return p.model.collective(str(s), p.val(s.rows) * p.rb(s.buf.buf), g, 2 * (g - 1) / g)
+
+
+def _variable(s: BroadcastV | ReduceV | AllGatherV | ReduceScatterV, p: _Pricing) -> StepCost:
+    g = p.group(s.group)
+    lens = p.val(s.lens)
+    return p.model.collective(str(s), sum(lens) * p.rb(moved_buffer(s)), g, (g - 1) / g,
+                              roots=sum(1 for x in lens if x > 0))
+
+
+#: The cost model's handler of every step kind.
+PRICERS: dict[type[Step], Callable[[Any, _Pricing], StepCost]] = {
+    CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
+    Dequantize: _dequantize, Pack: _chunks, Unpack: _chunks, AllGather: _gather_like,
+    ReduceScatter: _gather_like, AllReduce: _all_reduce, BroadcastV: _variable,
+    ReduceV: _variable, AllGatherV: _variable, ReduceScatterV: _variable,
+}
 
 
 def price(schedule: Schedule, *, row_bytes: int, cost_model: CostModel,
           counts: tuple[int, ...] | None = None,
           wire_row_bytes: int | None = None) -> tuple[StepCost, ...]:
     """Every step of ``schedule`` priced; device-count expressions are evaluated for
-    ``counts`` (default: the plan's ``num_tokens``)."""
-    c = schedule.plan.num_tokens if counts is None else tuple(counts)
-    return tuple(price_step(s, schedule, row_bytes=row_bytes, model=cost_model, counts=c,
-                            wire_row_bytes=wire_row_bytes)
-                 for s in schedule.steps)
+    ``counts`` (default: the plan's counts, as the counts leaf reads them). Steps on fp8
+    wire buffers count ``wire_row_bytes`` per row (default ``row_bytes``); a quantize
+    reads input rows and writes wire rows, a dequantize the reverse."""
+    c = host_counts(schedule.plan) if counts is None else tuple(counts)
+    p = _Pricing(schedule, row_bytes, row_bytes if wire_row_bytes is None else wire_row_bytes,
+                 cost_model, c)
+    return tuple(PRICERS[type(s)](s, p) for s in schedule.steps)
 
 
 @dataclass(frozen=True)
 class OpEstimate:
-    """One op's estimate: the slowest rank's priced steps (collectives are the same on
-    every rank; local passes differ)."""
+    """One op's estimate: its collectives' seconds (the same on every rank, summed in
+    step order), the local bytes of its slowest rank (``rank``, the first with the most)
+    and the bytes each rank sends. ``steps``: that rank's priced steps, when the estimate
+    was made from schedules (empty in closed form)."""
 
     op: Op
     rank: int
-    steps: tuple[StepCost, ...]
+    collective_seconds: float
+    local_bytes: int
+    moved: int
+    seconds: float
+    steps: tuple[StepCost, ...] = ()
 
-    @property
-    def seconds(self) -> float:
-        return sum(s.seconds for s in self.steps)
 
-    @property
-    def moved(self) -> int:
-        return sum(s.moved for s in self.steps)
+def op_estimate(op: Op, rank: int, coll: float, local: int, moved: int,
+                model: CostModel, steps: tuple[StepCost, ...] = ()) -> OpEstimate:
+    return OpEstimate(op, rank, coll, local, moved, coll + local / model.memory_bandwidth,
+                      steps)
 
 
 @dataclass(frozen=True)
@@ -170,7 +219,7 @@ class ModeEstimate:
     """The estimated cost of one plan's step: ``gather(partial=True)`` then
     ``reduce_scatter``, each on its slowest rank."""
 
-    mode: Any
+    mode: PaddingMode
     global_rows: int
     ops: tuple[OpEstimate, ...]
 
@@ -188,40 +237,43 @@ class ModeEstimate:
         return sum(o.moved for o in self.ops)
 
 
-def estimate_op(plan: Any, op: Op, *, row_bytes: int, cost_model: CostModel,
+def split_costs(costs: tuple[StepCost, ...]) -> tuple[float, int, int]:
+    """``(collective seconds, local bytes, moved bytes)`` of one rank's priced steps."""
+    coll, local, moved = 0.0, 0, 0
+    for c in costs:
+        if c.collective:
+            coll += c.seconds
+            moved += c.moved
+        else:
+            local += c.size
+    return coll, local, moved
+
+
+def estimate_op(plan: "DpPlan", op: Op, *, row_bytes: int, cost_model: CostModel,
                 transport: Transport = Transport.PER_ROOT, partial: bool = True,
-                device_counts: bool = False) -> OpEstimate:
+                device_counts: bool = False,
+                cache: ScheduleCache | None = None) -> OpEstimate:
     """Price ``op``'s schedule on every rank (inputs as large as the plan needs) and keep
-    the slowest rank's."""
+    the slowest rank's local bytes (the collectives are the same on every rank)."""
     best: OpEstimate | None = None
     for rank in range(plan.layout.world_size):
-        in_rows = _in_rows(plan, op, rank)
+        in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
         sched = build_schedule(plan, op, rank=rank, partial=partial,
                                device_counts=device_counts, transport=transport,
-                               in_rows=in_rows)
-        est = OpEstimate(op, rank, price(sched, row_bytes=row_bytes, cost_model=cost_model))
-        if best is None or est.seconds > best.seconds:
-            best = est
+                               in_rows=in_rows, cache=cache)
+        costs = price(sched, row_bytes=row_bytes, cost_model=cost_model)
+        coll, local, moved = split_costs(costs)
+        if best is None or local > best.local_bytes:
+            best = op_estimate(op, rank, coll, local, moved, cost_model, costs)
     assert best is not None
     return best
 
 
-def _in_rows(plan: Any, op: Op, rank: int) -> int:
-    c = plan.layout.coords(rank)
-    d = c.attn_dp_rank
-    if op is Op.GATHER:
-        if plan.is_static:
-            return plan.slot_rows[d]
-        return plan.cp_shards[d][c.attn_cp_rank] if plan.sharded else plan.num_tokens[d]
-    if op is Op.SCATTER_ADJOINT:
-        return plan.slot_rows[d]
-    return plan.global_rows
-
-
-def estimate(plan: Any, *, row_bytes: int, cost_model: CostModel,
-             transport: Transport = Transport.PER_ROOT) -> ModeEstimate:
+def estimate(plan: "DpPlan", *, row_bytes: int, cost_model: CostModel,
+             transport: Transport = Transport.PER_ROOT,
+             cache: ScheduleCache | None = None) -> ModeEstimate:
     """``plan``'s step (partial gather, then reduce_scatter) priced from its schedules."""
     ops = tuple(estimate_op(plan, op, row_bytes=row_bytes, cost_model=cost_model,
-                            transport=transport)
+                            transport=transport, cache=cache)
                 for op in (Op.GATHER, Op.REDUCE_SCATTER))
     return ModeEstimate(plan.mode, plan.global_rows, ops)

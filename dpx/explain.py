@@ -6,11 +6,17 @@ Everything printed here comes from the schedules (:mod:`dpx.schedule`) and their
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from dpx.cost import CostModel, ModeEstimate, price
-from dpx.modes import Op, Transport
+from dpx.cost import CostModel, ModeEstimate, price, split_costs
+from dpx.extents import op_rows
+from dpx.errors import DpxValueError
+from dpx.modes import Op, Transport, Wire
 from dpx.schedule import build_schedule
+from dpx.wire import wire_row_bytes
+
+if TYPE_CHECKING:
+    from dpx.plan import DpPlan
 
 _BAR = 48
 
@@ -23,7 +29,7 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.2f} GiB"
 
 
-def buffer_picture(plan: Any) -> list[str]:
+def buffer_picture(plan: "DpPlan") -> list[str]:
     """One line per slot: ``#`` real rows, ``.`` pad rows, scaled to a fixed width."""
     scale = max(plan.global_rows, 1)
     lines = []
@@ -36,23 +42,29 @@ def buffer_picture(plan: Any) -> list[str]:
     return lines
 
 
-def schedule_lines(plan: Any, rank: int, *, row_bytes: int, cost_model: CostModel,
-                   transport: Transport, device_counts: bool) -> list[str]:
-    """Rank ``rank``'s priced steps for a partial gather, a replicated gather and a
-    reduce_scatter (inputs as large as the plan needs)."""
-    d = plan.layout.coords(rank).attn_dp_rank
+def schedule_lines(plan: "DpPlan", rank: int, *, row_bytes: int, cost_model: CostModel,
+                   transport: Transport, device_counts: bool, hidden: int,
+                   wire: Wire = Wire.NATIVE) -> list[str]:
+    """Rank ``rank``'s priced steps for a partial gather, a replicated gather (on
+    ``wire``) and a reduce_scatter (inputs as large as the plan needs)."""
     out = []
     cases = ((Op.GATHER, True, "gather(partial=True)"), (Op.GATHER, False,
              "gather(partial=False)"), (Op.REDUCE_SCATTER, True, "reduce_scatter"))
     for op, partial, title in cases:
-        if op is Op.GATHER:
-            in_rows = plan.slot_rows[d] if plan.is_static else plan.num_tokens[d]
-        else:
-            in_rows = plan.global_rows
-        sched = build_schedule(plan, op, rank=rank, partial=partial, transport=transport,
-                               device_counts=device_counts, in_rows=in_rows)
-        costs = price(sched, row_bytes=row_bytes, cost_model=cost_model)
-        total = sum(c.seconds for c in costs)
+        in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
+        w = wire if op is Op.GATHER else Wire.NATIVE
+        if w is Wire.FP8:
+            title = title.replace(")", ", wire='fp8')")
+        try:
+            sched = build_schedule(plan, op, rank=rank, partial=partial, transport=transport,
+                                   device_counts=device_counts, in_rows=in_rows, wire=w)
+        except DpxValueError as exc:
+            out.append(f"  rank {rank} {title}: {exc}")
+            continue
+        costs = price(sched, row_bytes=row_bytes, cost_model=cost_model,
+                      wire_row_bytes=wire_row_bytes(hidden))
+        coll, local, _ = split_costs(costs)
+        total = coll + local / cost_model.memory_bandwidth
         out.append(f"  rank {rank} {title}: {len(sched.steps)} steps, est "
                    f"{total * 1e6:.1f} us")
         for step, cost in zip(sched.steps, costs):
@@ -64,9 +76,9 @@ def schedule_lines(plan: Any, rank: int, *, row_bytes: int, cost_model: CostMode
     return out
 
 
-def explain_plan(plan: Any, modes: Sequence[ModeEstimate], *, row_bytes: int, hidden: int,
+def explain_plan(plan: "DpPlan", modes: Sequence[ModeEstimate], *, row_bytes: int, hidden: int,
                  itemsize: int, cost_model: CostModel, transport: Transport,
-                 ranks: Iterable[int], device_counts: bool) -> str:
+                 ranks: Iterable[int], device_counts: bool, wire: Wire = Wire.NATIVE) -> str:
     lay = plan.layout
     out = [
         f"layout : {lay.describe()}",
@@ -95,5 +107,6 @@ def explain_plan(plan: Any, modes: Sequence[ModeEstimate], *, row_bytes: int, hi
     out.append(f"schedules ({counts}):")
     for r in ranks:
         out.extend(schedule_lines(plan, r, row_bytes=row_bytes, cost_model=cost_model,
-                                  transport=transport, device_counts=device_counts))
+                                  transport=transport, device_counts=device_counts,
+                                  hidden=hidden, wire=wire))
     return "\n".join(out)

@@ -15,15 +15,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax.experimental import checkify
+
 from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.modes import Group
-from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, Copy, Dequantize, Pack,
-                          Place, Quantize, ReduceScatter, ReduceScatterV, Ref, Schedule, Take,
-                          Unpack, ZeroFrom)
+from dpx.schedule import Schedule
+from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, CheckCounts, Dequantize,
+                       Move, Pack, Quantize, ReduceScatter, ReduceScatterV, Ref, Step, Unpack,
+                       Zero)
 from dpx.wire import wire_row_bytes
 from dpx_jax.mesh import DEFAULT_AXES, Axes
-from dpx_jax.rows import Impl, _pack, _unpack, place_rows, take_rows
+from dpx_jax.rows import Impl, _pack, _unpack, move
 from dpx_jax.wire import dequantize, quantize_take
 
 
@@ -61,8 +64,20 @@ class JaxValues(X.ArrayOps):
     def const(self, value: int | tuple) -> Any:
         return value if isinstance(value, int) else jnp.asarray(value, jnp.int32)
 
+    def param(self, name: str) -> int:
+        raise DpxValueError(f"parameter {name!r} should have been filled in")
+
     def eq(self, a: Any, b: Any) -> Any:
         return (a == b).astype(jnp.int32)
+
+    def ne(self, a: Any, b: Any) -> Any:
+        return (a != b).astype(jnp.int32)
+
+    def lt(self, a: Any, b: Any) -> Any:
+        return (a < b).astype(jnp.int32)
+
+    def le(self, a: Any, b: Any) -> Any:
+        return (a <= b).astype(jnp.int32)
 
     def minimum(self, a: Any, b: Any) -> Any:
         return jnp.minimum(a, b)
@@ -130,14 +145,27 @@ class _Run:
         return jnp.zeros((rows, *self.rest), self.dtype)
 
 
-def _place(s: Place, run: _Run) -> None:
-    run.write(s.dst, place_rows(run.read(s.src), run.value(s.start), run.value(s.count),
-                                s.rows, impl=run.impl))
+def _check(s: CheckCounts, run: _Run) -> None:
+    """The plan's rule on the device counts, as a ``checkify`` check: reported when the
+    caller runs under ``checkify.checkify``, nothing otherwise (the passes stay inside their
+    buffers whatever the counts)."""
+    n = run.ops.counts().reshape(-1, s.group).sum(axis=1)
+    c = run.ops.counts()
+    checkify.debug_check(jnp.all(c >= 0), "dpx: device counts {} have a negative entry", c)
+    if s.max_each is not None:
+        checkify.debug_check(jnp.all(n <= s.max_each),
+                             f"dpx: device counts {{}} exceed the MAX_LEN capacity "
+                             f"{s.max_each} (each replica's slot)", n)
+    if s.max_sum is not None:
+        aligned = (jnp.maximum(n, 0) + s.align - 1) // s.align * s.align
+        checkify.debug_check(jnp.sum(aligned) <= s.max_sum,
+                             f"dpx: device counts {{}} aligned to {s.align} sum past the "
+                             f"capacity's {s.max_sum} rows", n)
 
 
-def _take(s: Take, run: _Run) -> None:
-    run.write(s.dst, take_rows(run.read(s.src), run.value(s.start), run.value(s.count),
-                               s.rows, impl=run.impl))
+def _move(s: Move, run: _Run) -> None:
+    run.write(s.dst, move(run.read(s.src), run.value(s.src_start), run.value(s.dst_start),
+                          run.value(s.count), s.rows, run.impl))
 
 
 def _quantize(s: Quantize, run: _Run) -> None:
@@ -149,13 +177,11 @@ def _dequantize(s: Dequantize, run: _Run) -> None:
     run.write(s.dst, dequantize(run.read(s.src), run.dtype, run.impl))
 
 
-def _zero(s: ZeroFrom, run: _Run) -> None:
-    # keep rows [0, start), zero the rest: a take of the first `start` rows
-    run.write(s.buf, take_rows(run.read(s.buf), 0, run.value(s.start), s.rows, impl=run.impl))
-
-
-def _copy(s: Copy, run: _Run) -> None:
-    run.write(s.dst, run.read(s.src))
+def _zero(s: Zero, run: _Run) -> None:
+    # keep the window, zero the rest: a move of the window onto itself
+    start = run.value(s.keep_start)
+    run.write(s.buf, move(run.read(s.buf), start, start, run.value(s.keep_count), s.rows,
+                          run.impl))
 
 
 def _table(run: _Run, v) -> jax.Array:
@@ -228,9 +254,11 @@ def _reduce_scatter_v(s: ReduceScatterV, run: _Run) -> None:
     run.write(s.dst, staged.reshape(world, B, *x.shape[1:]).sum(axis=0).astype(x.dtype))
 
 
-_HANDLERS: dict[type, Callable[[Any, _Run], None]] = {
-    Place: _place, Take: _take, ZeroFrom: _zero, Copy: _copy, Pack: _pack_step,
-    Unpack: _unpack_step, AllGather: _all_gather, Quantize: _quantize, Dequantize: _dequantize,
+#: The JAX frontend's handler of every step kind its schedules hold (the ragged and equal
+#: transports: :func:`dpx.steps.kinds_for`).
+HANDLERS: dict[type[Step], Callable[[Any, _Run], None]] = {
+    CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
+    Dequantize: _dequantize, Pack: _pack_step, Unpack: _unpack_step, AllGather: _all_gather,
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, AllGatherV: _all_gather_v,
     ReduceScatterV: _reduce_scatter_v,
 }
@@ -242,7 +270,7 @@ def run_schedule(sched: Schedule, x: jax.Array, counts: jax.Array | None,
     mesh axes of the layout's dimensions."""
     run = _Run(sched, x, counts, impl, axes)
     for step in sched.steps:
-        handler = _HANDLERS.get(type(step))
+        handler = HANDLERS.get(type(step))
         if handler is None:
             raise DpxValueError(f"dpx_jax cannot run a {step.kind} step (its schedules use "
                                 f"the ragged or equal transports)")

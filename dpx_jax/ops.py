@@ -32,6 +32,7 @@ import numpy as np
 
 from dpx import wire as W
 from dpx.errors import DpxTypeError, DpxValueError
+from dpx.extents import op_rows
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.schedule import build_schedule
@@ -103,11 +104,15 @@ def _counts(plan: DpPlan, counts) -> jax.Array | None:
         raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
     lay = plan.layout
     shape = (lay.dp_size, lay.cp_size) if plan.sharded else (lay.dp_size,)
-    if getattr(counts, "shape", None) != shape or not jnp.issubdtype(
-            counts.dtype, jnp.integer):
-        what = "shard counts" if plan.sharded else "counts"
+    what = "shard counts" if plan.sharded else "counts"
+    got_shape = getattr(counts, "shape", None)
+    dtype = getattr(counts, "dtype", None)
+    if got_shape != shape:
         raise DpxTypeError(f"counts must be an integer array of shape {shape} ({what} of "
-                           f"this step), got {getattr(counts, 'shape', counts)!r}")
+                           f"this step), got shape {got_shape!r}")
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+        raise DpxTypeError(f"counts must be an integer array ({what} of this step), got "
+                           f"dtype {dtype}")
     return counts.astype(jnp.int32).reshape(-1)
 
 
@@ -184,13 +189,8 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
     if wire is not Wire.NATIVE:
         W.check_fp8(plan.mode, tuple(local.shape), jnp.dtype(local.dtype).name)
     c = _counts(plan, counts)
-    if plan.is_static:
-        need = plan.max_slot_rows
-    elif plan.sharded:
-        need = max(x for row in plan.cp_shards for x in row)
-    else:
-        need = max(plan.num_tokens)
-    _check_rows("local", local, need, exact=False)
+    _check_rows("local", local, op_rows(plan, Op.GATHER, None, device_counts=c is not None).need,
+                exact=False)
     out = _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows, wire, dequantize,
                 axes)
     return split_wire(out) if wire is not Wire.NATIVE and not dequantize else out

@@ -1,5 +1,10 @@
-"""``place_rows`` / ``take_rows`` for JAX: the ``dpx.kernels`` Triton kernels through
-jax-triton on GPU, an XLA (jnp) implementation of the same functions elsewhere.
+"""The row passes for JAX: the ``dpx.kernels`` Triton kernels through jax-triton on GPU, an
+XLA (jnp) implementation of the same functions elsewhere.
+
+``move_rows(src [m, *rest], src_start, dst_start, count, rows) -> [rows, *rest]``:
+``out[dst_start + j] = src[src_start + j]`` for ``j < count``, zeros elsewhere (the one
+kernel behind a schedule's :class:`dpx.steps.Move`); ``place_rows`` and ``take_rows`` are
+its two common forms:
 
 ``place_rows(src [m, *rest], start, count, rows) -> [rows, *rest]``: ``out[start + j] =
 src[j]`` for ``j < count`` (and ``j < m``), zeros elsewhere.
@@ -93,27 +98,22 @@ def _mask(ok: jax.Array, vals: jax.Array) -> jax.Array:
                      jnp.zeros((), vals.dtype))
 
 
-def _place_xla(src, start, count, rows: int):
+def _move_xla(src, src_start, dst_start, count, rows: int):
     m = src.shape[0]
     if rows == 0 or m == 0:
         return jnp.zeros((rows, *src.shape[1:]), src.dtype)
-    j = jnp.arange(rows, dtype=jnp.int32) - start
-    ok = (j >= 0) & (j < count) & (j < m)
-    return _mask(ok, jnp.take(src, jnp.clip(j, 0, m - 1), axis=0))
-
-
-def _take_xla(src, start, count, rows: int):
-    m = src.shape[0]
-    if rows == 0 or m == 0:
-        return jnp.zeros((rows, *src.shape[1:]), src.dtype)
-    j = jnp.arange(rows, dtype=jnp.int32)
-    s = j + start
-    ok = (j < count) & (s >= 0) & (s < m)
+    j = jnp.arange(rows, dtype=jnp.int32) - dst_start
+    s = j + src_start
+    ok = (j >= 0) & (j < count) & (s >= 0) & (s < m)
     return _mask(ok, jnp.take(src, jnp.clip(s, 0, m - 1), axis=0))
 
 
+def _take_xla(src, start, count, rows: int):
+    return _move_xla(src, start, jnp.int32(0), count, rows)
+
+
 # ---------------------------------------------------------------- Triton implementation
-def _triton(kernel_name: str, src, start, count, rows: int):
+def _triton_move(src, src_start, dst_start, count, rows: int):
     from dpx.kernels import launch, rows as kernels
     from dpx_jax.triton_shim import triton_call
 
@@ -123,13 +123,14 @@ def _triton(kernel_name: str, src, start, count, rows: int):
         return jnp.zeros((rows, *rest), src.dtype)
     block_r, block_c, warps = launch.row_blocks(width)
     out = triton_call(
-        src.reshape(m, width), start.reshape(1), count.reshape(1), 0, 0, m, rows,
-        kernel=getattr(kernels, kernel_name),
+        src.reshape(m, width), src_start.reshape(1), dst_start.reshape(1), count.reshape(1),
+        0, 0, 0, m, rows, kernel=kernels.move_rows_kernel,
         out=jax.ShapeDtypeStruct((rows, width), src.dtype),
         grid=launch.grid(rows, width), num_warps=warps,
-        WIDTH=width, START_PTR=True, COUNT_PTR=True, BLOCK_R=block_r, BLOCK_C=block_c)
+        WIDTH=width, SRC_START_PTR=True, DST_START_PTR=True, COUNT_PTR=True,
+        BLOCK_R=block_r, BLOCK_C=block_c)
     # triton_call's outputs are typed invariant; they vary like the inputs
-    return vary_like(out.reshape(rows, *rest), src, start, count)
+    return vary_like(out.reshape(rows, *rest), src, src_start, dst_start, count)
 
 
 def _vma(x) -> frozenset:
@@ -169,48 +170,40 @@ def vary_like(x: jax.Array, *refs) -> jax.Array:
     return jax.lax.pcast(x, tuple(sorted(missing)), to="varying")
 
 
-def _run(kind: str, impl: Impl, src, start, count, rows: int):
+def _run_move(impl: Impl, src, src_start, dst_start, count, rows: int):
     if impl is Impl.TRITON:
-        return _triton(f"{kind}_rows_kernel", src, start, count, rows)
-    return (_place_xla if kind == "place" else _take_xla)(src, start, count, rows)
+        return _triton_move(src, src_start, dst_start, count, rows)
+    return _move_xla(src, src_start, dst_start, count, rows)
 
 
 def _int_zero_cotangent(x):
     return np.zeros(np.shape(x), dtype=jax.dtypes.float0)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _place(src, start, count, rows: int, src_rows: int, impl: Impl):
-    return _run("place", impl, src, start, count, rows)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _move(src, src_start, dst_start, count, rows: int, src_rows: int, impl: Impl):
+    return _run_move(impl, src, src_start, dst_start, count, rows)
 
 
-def _place_fwd(src, start, count, rows, src_rows, impl):
-    return _run("place", impl, src, start, count, rows), (start, count, src[:0])
+def _move_fwd(src, src_start, dst_start, count, rows, src_rows, impl):
+    return (_run_move(impl, src, src_start, dst_start, count, rows),
+            (src_start, dst_start, count, src[:0]))
 
 
-def _place_bwd(rows, src_rows, impl, res, g):
-    start, count, like = res
-    return (match_vma(_take(g, start, count, src_rows, rows, impl), like),
-            _int_zero_cotangent(start), _int_zero_cotangent(count))
+def _move_bwd(rows, src_rows, impl, res, g):
+    src_start, dst_start, count, like = res  # the adjoint moves the rows back
+    return (match_vma(_move(g, dst_start, src_start, count, src_rows, rows, impl), like),
+            _int_zero_cotangent(src_start), _int_zero_cotangent(dst_start),
+            _int_zero_cotangent(count))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _take(src, start, count, rows: int, src_rows: int, impl: Impl):
-    return _run("take", impl, src, start, count, rows)
+_move.defvjp(_move_fwd, _move_bwd)
 
 
-def _take_fwd(src, start, count, rows, src_rows, impl):
-    return _run("take", impl, src, start, count, rows), (start, count, src[:0])
-
-
-def _take_bwd(rows, src_rows, impl, res, g):
-    start, count, like = res
-    return (match_vma(_place(g, start, count, src_rows, rows, impl), like),
-            _int_zero_cotangent(start), _int_zero_cotangent(count))
-
-
-_place.defvjp(_place_fwd, _place_bwd)
-_take.defvjp(_take_fwd, _take_bwd)
+def move(src, src_start, dst_start, count, rows: int, impl: Impl) -> jax.Array:
+    """:func:`move_rows` without checks (the interpreter's; ``impl`` resolved)."""
+    return _move(src, _index("src_start", src_start), _index("dst_start", dst_start),
+                 _index("count", count), rows, src.shape[0], impl)
 
 
 def _check(name: str, src, rows) -> None:
@@ -220,6 +213,15 @@ def _check(name: str, src, rows) -> None:
         raise DpxValueError(f"{name}: rows={rows!r} must be a static int >= 0")
 
 
+def move_rows(src: jax.Array, src_start, dst_start, count, rows: int, *,
+              impl: Impl | str = Impl.AUTO) -> jax.Array:
+    """``src [m, *rest] -> [rows, *rest]``: ``out[dst_start + j] = src[src_start + j]`` for
+    ``j < count``, zeros elsewhere (rows outside either buffer are never read or written).
+    Differentiable: the adjoint moves the rows back."""
+    _check("move_rows", src, rows)
+    return move(src, src_start, dst_start, count, rows, resolve_impl(impl))
+
+
 def place_rows(src: jax.Array, start, count, rows: int, *, impl: Impl | str = Impl.AUTO) -> jax.Array:
     """``src [m, *rest] -> [rows, *rest]``; see the module docstring."""
     _check("place_rows", src, rows)
@@ -227,8 +229,7 @@ def place_rows(src: jax.Array, start, count, rows: int, *, impl: Impl | str = Im
             and (count > src.shape[0] or start + count > rows):
         raise DpxValueError(f"place_rows: start={start}, count={count} must satisfy count <= "
                             f"src rows ({src.shape[0]}) and start + count <= rows ({rows})")
-    return _place(src, _index("start", start), _index("count", count), rows, src.shape[0],
-                  resolve_impl(impl))
+    return move(src, 0, start, count, rows, resolve_impl(impl))
 
 
 def take_rows(src: jax.Array, start, count, rows: int, *, impl: Impl | str = Impl.AUTO) -> jax.Array:
@@ -238,8 +239,7 @@ def take_rows(src: jax.Array, start, count, rows: int, *, impl: Impl | str = Imp
             and (start + count > src.shape[0] or count > rows):
         raise DpxValueError(f"take_rows: start={start}, count={count} must satisfy start + "
                             f"count <= src rows ({src.shape[0]}) and count <= rows ({rows})")
-    return _take(src, _index("start", start), _index("count", count), rows, src.shape[0],
-                 resolve_impl(impl))
+    return move(src, start, 0, count, rows, resolve_impl(impl))
 
 
 # ---------------------------------------------------------------- chunk tables

@@ -1,10 +1,13 @@
-"""PyTorch frontend of dpx: row kernels and the DP-attention communicator ``DpComm``."""
+"""PyTorch frontend of dpx: the DP-attention communicator ``DpComm``, its row kernels and
+the pad-row helpers."""
 
-from dpx_torch.comm import DpComm, counts_tensor
+from dpx_torch.comm import CacheLimits, DpComm, counts_tensor
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import mask_pad_rows, pad_row_mask
+from dpx_torch.program import DeviceTables
 from dpx_torch.rows import pack_rows, place_rows, take_rows, unpack_rows, zero_rows_
 from dpx_torch.wire import split_wire
 
-__all__ = ["DpComm", "DpWork", "counts_tensor", "mask_pad_rows", "pack_rows", "pad_row_mask",
-           "place_rows", "split_wire", "take_rows", "unpack_rows", "zero_rows_"]
+__all__ = ["CacheLimits", "DeviceTables", "DpComm", "DpWork", "counts_tensor",
+           "mask_pad_rows", "pack_rows", "pad_row_mask", "place_rows", "split_wire",
+           "take_rows", "unpack_rows", "zero_rows_"]

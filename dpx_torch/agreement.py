@@ -1,21 +1,45 @@
 """Cross-rank agreement: one small host exchange over the CPU group so that every rank
-raises the same :class:`dpx.DpxMismatchError` instead of entering a collective that would
-hang or corrupt (``DpComm(validate=True)``), and the host count exchange
-(:meth:`Agreement.sync_counts`)."""
+raises the same error instead of entering a collective that would hang or corrupt
+(``DpComm(validate=True)``), and the host count exchange (:meth:`Agreement.sync_counts`).
+
+Every message names what differs -- the plans' counts or mode, the dtypes, which rank
+rejected its input and why, the device counts a capacity plan cannot hold -- never an
+opaque digest."""
 
 from __future__ import annotations
 
 import hashlib
 import math
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from dpx.errors import DpxMismatchError, DpxValueError
+from dpx.counts import capacity_problems
+from dpx.errors import DpxCapacityError, DpxMismatchError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups
-from dpx_torch.interpreter import all_gather_single
+from dpx_torch.program import all_gather_single
+
+#: The plan fields a mismatch message compares, in the order it names them.
+_PLAN_FIELDS = ("mode", "num_tokens", "cp_shards", "capacity", "is_extend", "layout")
+
+
+def _plan_summary(plan: object) -> dict[str, Any]:
+    if not isinstance(plan, DpPlan):
+        return {"plan": f"not a dpx.DpPlan: {type(plan).__name__}"}
+    return {"mode": plan.mode.value, "num_tokens": list(plan.num_tokens),
+            "cp_shards": None if plan.cp_shards is None else [list(s) for s in plan.cp_shards],
+            "capacity": plan.capacity, "is_extend": plan.is_extend,
+            "layout": plan.layout.describe()}
+
+
+def _groups_by(values: list, name: str) -> str:
+    seen: dict = {}
+    for r, v in enumerate(values):
+        seen.setdefault(repr(v), []).append(r)
+    return f"{name}: " + "; ".join(f"{v} on ranks {rs}" for v, rs in seen.items())
 
 
 class Agreement:
@@ -24,21 +48,19 @@ class Agreement:
     def __init__(self, layout: DpLayout, groups: DpGroups) -> None:
         self.layout = layout
         self.groups = groups
-        coords = layout.coords(groups.rank)
-        self.dp_rank = coords.attn_dp_rank
 
     def check(self, op: str, plan: object, tensor: object, partial: object,
               err: Exception | None, counts: torch.Tensor | None = None) -> None:
-        """All ranks exchange (plan fingerprint, op, dtype, width, partial, device counts,
-        whether their input was rejected, and for a replicated gather a digest of the real
-        rows), then every rank raises the same error if anything disagrees. Copies that
-        must be identical: a replica's attn-tp ranks, and its CP ranks unless the plan
-        shards the rows over them."""
+        """All ranks exchange (the plan's counts and mode, op, dtype, width, partial,
+        device counts, whether their input was rejected, and for a replicated gather a
+        digest of the real rows), then every rank raises the same error if anything
+        disagrees, or if the device counts do not fit the capacity plan. Copies that must
+        be identical: a replica's attn-tp ranks, and its CP ranks unless the plan shards
+        the rows over them."""
         lay = self.layout
-        fp = plan.fingerprint() if isinstance(plan, DpPlan) else f"not a plan: {plan!r}"
         ok_tensor = isinstance(tensor, torch.Tensor)
         width = math.prod(tensor.shape[1:]) if ok_tensor and tensor.dim() else None
-        host_counts = (tuple(counts.detach().cpu().reshape(-1).tolist())
+        host_counts = (tuple(int(x) for x in counts.detach().cpu().reshape(-1).tolist())
                        if isinstance(counts, torch.Tensor) else None)
         digest = None
         gather = op.split("/")[0].split("#")[0] == "gather"
@@ -46,22 +68,25 @@ class Agreement:
             rows = tensor[:self._held(plan, host_counts)].detach().contiguous().cpu()
             digest = hashlib.sha1(rows.view(torch.uint8).numpy().tobytes()).hexdigest() \
                 if rows.numel() else "empty"
-        mine = dict(plan=fp, op=op, dtype=str(tensor.dtype) if ok_tensor else None,
-                    width=width, partial=partial, counts=host_counts,
+        mine = dict(plan=_plan_summary(plan), op=op,
+                    dtype=str(tensor.dtype) if ok_tensor else None, width=width,
+                    partial=partial, counts=host_counts,
                     error=None if err is None else f"{type(err).__name__}: {err}",
                     digest=digest)
         everyone: list = [None] * lay.world_size
         dist.all_gather_object(everyone, mine, group=self._cpu("validate=True"))
         problems = [f"rank {r} rejected its input ({info['error']})"
                     for r, info in enumerate(everyone) if info["error"]]
-        for field in ("plan", "op", "dtype", "width", "partial", "counts"):
-            seen: dict = {}
-            for r, info in enumerate(everyone):
-                seen.setdefault(info[field], []).append(r)
-            if len(seen) > 1:
-                problems.append(f"ranks disagree on {field}: " + "; ".join(
-                    f"{list(v) if isinstance(v, tuple) else repr(v)} on ranks {rs}"
-                    for v, rs in seen.items()))
+        plans = [info["plan"] for info in everyone]
+        for name in _PLAN_FIELDS + ("plan",):
+            values = [p.get(name) for p in plans]
+            if len({repr(v) for v in values}) > 1:
+                problems.append("ranks disagree on the plan's " + _groups_by(values, name))
+        for name in ("op", "dtype", "width", "partial", "counts"):
+            values = [info[name] for info in everyone]
+            if len({repr(v) for v in values}) > 1:
+                what = "device counts" if name == "counts" else name
+                problems.append("ranks disagree on " + _groups_by(values, what))
         if gather and partial is False and not problems:
             copies = lay.attn_tp_groups() if plan.sharded else tuple(
                 lay.replica_ranks(d) for d in range(lay.dp_size))
@@ -74,12 +99,17 @@ class Agreement:
                                     f"for partial sums)")
         if problems:
             raise DpxMismatchError("validate: " + " | ".join(problems)) from err
+        if host_counts is not None and isinstance(plan, DpPlan):
+            bad = capacity_problems(plan, host_counts)
+            if bad:
+                raise DpxCapacityError(f"validate: device counts {list(host_counts)} do not "
+                                       f"fit the plan: " + "; ".join(bad))
 
     def _cpu(self, what: str) -> dist.ProcessGroup:
         if self.groups.cpu is None:
-            raise DpxValueError(f"{what} exchanges on the host: give DpComm a gloo "
-                                f"cpu_group= over the world (the {self.groups.backend} "
-                                f"world cannot carry CPU tensors)")
+            raise DpxValueError(f"{what} exchanges on the host: give DpComm a cpu_group= "
+                                f"over the world that carries CPU tensors (a gloo group; "
+                                f"the world {self.groups.describe()} does not)")
         return self.groups.cpu
 
     def _held(self, plan: DpPlan, counts: tuple[int, ...] | None) -> int:
@@ -88,34 +118,39 @@ class Agreement:
         if plan.sharded:
             cp = self.layout.cp_size
             table = counts if counts is not None else [x for r in plan.cp_shards for x in r]
-            return table[c.attn_dp_rank * cp + c.attn_cp_rank]
+            return max(table[c.attn_dp_rank * cp + c.attn_cp_rank], 0)
         table = counts if counts is not None else plan.num_tokens
-        return table[c.attn_dp_rank]
+        return max(table[c.attn_dp_rank], 0)
 
     def sync_counts(self, num_tokens: int, *,
                     is_extend: bool = False) -> tuple[tuple[int, ...], bool]:
         """Exchange this rank's real token count (one small host all-gather over the CPU
-        group). Returns ``(counts per replica, any rank is_extend)``; attn-tp ranks of one
-        replica that report different counts make every rank raise
-        :class:`dpx.DpxMismatchError` naming the replica."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            bad = DpxValueError(f"num_tokens={num_tokens!r} must be an int >= 0")
-            num_tokens = -1
-        else:
-            bad = None
+        group). Returns ``(counts per replica, any rank is_extend)``. A count that is not
+        an int >= 0 on any rank, or attn-tp ranks of one replica that report different
+        counts, make every rank raise :class:`dpx.DpxMismatchError` naming the rank and
+        the value."""
+        ok = (not isinstance(num_tokens, bool) and isinstance(num_tokens, int)
+              and 0 <= num_tokens < 2**62)
         lay = self.layout
-        mine = torch.tensor([num_tokens, int(bool(is_extend))], dtype=torch.int64)
+        group = self._cpu("sync_counts")
+        mine = torch.tensor([num_tokens if ok else -1, int(bool(is_extend))],
+                            dtype=torch.int64)
         allv = torch.empty(lay.world_size * 2, dtype=torch.int64)
-        all_gather_single(allv, mine, group=self._cpu("sync_counts"))
+        all_gather_single(allv, mine, group=group)
         rows = allv.view(-1, 2).tolist()
-        problems = [f"rank {r} passed an invalid count" for r, (n, _) in enumerate(rows) if n < 0]
-        counts = []
-        for d in range(lay.dp_size):
-            ranks = lay.replica_ranks(d)
-            if len({rows[r][0] for r in ranks}) > 1:
-                problems.append(f"replica {d}'s attn-tp ranks report different counts: " +
-                                ", ".join(f"rank {r}={rows[r][0]}" for r in ranks))
-            counts.append(rows[ranks[0]][0])
+        problems = []
+        if any(n < 0 for n, _ in rows):  # every rank sees it: one more exchange names them
+            values: list = [None] * lay.world_size
+            dist.all_gather_object(values, None if ok else repr(num_tokens), group=group)
+            problems = [f"rank {r} passed num_tokens={v} (it must be an int >= 0)"
+                        for r, v in enumerate(values) if v is not None]
+        else:
+            for d in range(lay.dp_size):
+                ranks = lay.replica_ranks(d)
+                if len({rows[r][0] for r in ranks}) > 1:
+                    problems.append(f"replica {d}'s attn-tp ranks report different counts: "
+                                    + ", ".join(f"rank {r}={rows[r][0]}" for r in ranks))
         if problems:
-            raise DpxMismatchError("sync_counts: " + "; ".join(problems)) from bad
-        return tuple(counts), any(e for _, e in rows)
+            raise DpxMismatchError("sync_counts: " + "; ".join(problems))
+        counts = tuple(rows[lay.replica_ranks(d)[0]][0] for d in range(lay.dp_size))
+        return counts, any(e for _, e in rows)

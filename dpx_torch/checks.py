@@ -10,6 +10,7 @@ import torch
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.plan import DpPlan
+from dpx_torch.groups import DpGroups
 from dpx_torch.rows import overlaps
 
 SUPPORTED_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.int32,
@@ -19,13 +20,14 @@ _DTYPE_NAMES = ", ".join(str(d) for d in (torch.float32, torch.bfloat16, torch.f
 
 
 class InputChecks:
-    """The checks of one communicator: its layout, its replica and its backend's device."""
+    """The checks of one communicator: its layout, its replica and the device types its
+    process groups carry."""
 
-    def __init__(self, layout: DpLayout, dp_rank: int, backend: str) -> None:
+    def __init__(self, layout: DpLayout, dp_rank: int, groups: DpGroups) -> None:
         self.layout = layout
         self.dp_rank = dp_rank
-        self.backend = backend
-        self.device_type = "cpu" if backend == "gloo" else "cuda"
+        self.groups = groups
+        self.devices = groups.devices
 
     def plan(self, plan: object) -> None:
         if not isinstance(plan, DpPlan):
@@ -43,7 +45,7 @@ class InputChecks:
                rows: int | None = None) -> None:
         # the common case in a handful of cheap predicates; messages on the failure path
         if (isinstance(t, torch.Tensor) and t.dtype in SUPPORTED_DTYPES and t.dim() >= 1
-                and t.is_contiguous() and (t.is_cpu if self.device_type == "cpu" else t.is_cuda)
+                and t.is_contiguous() and t.device.type in self.devices
                 and (min_rows is None or t.shape[0] >= min_rows)
                 and (rows is None or t.shape[0] == rows)):
             return
@@ -55,9 +57,9 @@ class InputChecks:
             raise DpxValueError(f"{name} must have a row dimension, got a scalar")
         if not t.is_contiguous():
             raise DpxValueError(f"{name} of shape {tuple(t.shape)} must be contiguous")
-        if t.device.type != self.device_type:
-            raise DpxValueError(f"{name} is on {t.device}; backend {self.backend} needs "
-                                f"{self.device_type} tensors")
+        if t.device.type not in self.devices:
+            raise DpxValueError(f"{name} is on {t.device}; the process groups' backend "
+                                f"{self.groups.describe()} cannot carry it")
         if min_rows is not None and t.shape[0] < min_rows:
             raise DpxValueError(f"{name} has {t.shape[0]} rows; replica {self.dp_rank} needs "
                                 f"at least {min_rows}")

@@ -7,18 +7,19 @@ Per-rank shape algebra (``d`` = this rank's attn-dp rank, ``n_d`` its real count
     scatter(global_ [global_rows, H...], plan)   -> [plan.slot_rows[d], H...]   (no collective)
     reduce_scatter(global_ [global_rows, H...])  -> [plan.slot_rows[d], H...]
 
-Every output row that is not a real token row is zero; no op modifies its input. What a
-call does is its schedule (``dpx.build_schedule``: the planner's steps for this rank);
-``DpComm`` checks the inputs, looks the schedule up and runs it (:mod:`dpx_torch.interpreter`).
+Every output row that is not a real token row is zero; no op modifies its input (an
+in-place gather's input is the caller's rows inside its output). What a call does is its
+schedule (``dpx.build_schedule``: the planner's steps for this rank); ``DpComm`` checks the
+inputs and hands the call to its :class:`~dpx_torch.runner.Runner`, which holds every
+cache, the scratch pool, the overflow flags and the comm stream.
 
-Streams: a call enqueues its kernels and collectives on the current CUDA stream (NCCL) and
+Streams: a call enqueues its kernels and collectives on the current CUDA stream and
 returns without a host sync; ``gather_async`` / ``reduce_scatter_async`` run on the
 communicator's one comm stream instead (:mod:`dpx_torch.overlap`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -26,80 +27,63 @@ import torch.distributed as dist
 
 from dpx import counts as C
 from dpx import wire as W
-from dpx.errors import DpxError, DpxMismatchError, DpxTypeError, DpxValueError
+from dpx.errors import DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError, DpxValueError
+from dpx.extents import local_rows
 from dpx.layout import DpLayout
-from dpx.modes import Op, Transport, Wire
+from dpx.modes import Op, Wire
 from dpx.plan import DpPlan
+from dpx.routes import count_rule_of
 from dpx.schedule import Schedule, build_schedule
 from dpx_torch.agreement import Agreement
 from dpx_torch.autograd import OpFunction
 from dpx_torch.checks import SUPPORTED_DTYPES, InputChecks
 from dpx_torch.groups import DpGroups, adopt_groups, build_groups
-from dpx_torch.interpreter import BatchProgram, Interpreter, Program, all_gather_single
-from dpx_torch.overlap import DpWork, Overlap
-from dpx_torch.pool import BufferPool
+from dpx_torch.overlap import DpWork
+from dpx_torch.padrows import mask_pad_rows, pad_row_mask
+from dpx_torch.program import all_gather_single
+from dpx_torch.rows import overlaps
+from dpx_torch.runner import Call, CacheLimits, Prepared, Runner
 from dpx_torch.wire import split_wire
 
-__all__ = ["DpComm", "DpWork", "SUPPORTED_DTYPES", "counts_tensor"]
+__all__ = ["CacheLimits", "DpComm", "DpWork", "SUPPORTED_DTYPES", "counts_tensor"]
 
 Tensors = tuple[torch.Tensor, ...]
-
-
-@dataclass(frozen=True, eq=False)
-class _Prepared:
-    """What a call needs that depends only on (plan, op, partial, device counts, input
-    rows): its schedule, the input rows it needs at least, the output rows. Built, with the
-    plan's checks, on the first call; looked up afterwards."""
-
-    schedule: Schedule
-    need: int
-    out_rows: int
-    program: Program
-
-
-@dataclass(frozen=True, eq=False)
-class _Call:
-    """One differentiable call: its schedule, its device counts (or None) and the input's
-    rows (the rows of the gradient the backward returns)."""
-
-    schedule: Schedule
-    counts: torch.Tensor | None
-    in_rows: int
 
 
 class DpComm:
     """The communicator of one DP-attention layout over one process group.
 
     ``group`` (default: the default process group) must have ``layout.world_size`` ranks.
-    Given only ``group``, construction creates the attn-tp (and replica) subgroups, and on
-    NCCL a gloo group for host exchanges, with ``new_group``, so like ``new_group`` it is
-    collective over the default process group: every rank builds its communicators in the
-    same order. Given the groups a stack already has (``attn_tp_group``, ``replica_group``
-    when ``cp_size > 1``, optionally a gloo ``cpu_group``), or through :meth:`from_mesh`, it
-    creates none and checks that they match the layout (sizes and rank order). It holds
-    all state (groups, scratch pool, comm stream, events), so several communicators
-    coexist.
+    Given only ``group``, construction creates the attn-tp (and replica) subgroups with
+    ``new_group`` -- and a gloo group for host exchanges when the world carries no CPU
+    tensors -- so like ``new_group`` it is collective over the default process group:
+    every rank builds its communicators in the same order. Given the groups a stack
+    already has (``attn_tp_group``, ``replica_group`` when ``cp_size > 1``, optionally a
+    ``cpu_group``), or through :meth:`from_mesh`, it creates none and checks that they
+    match the layout (sizes and rank order). Tensors may be on any device the groups'
+    backends carry (``"gloo"``: CPU and CUDA; ``"nccl"``: CUDA; ``"cuda:nccl,cpu:gloo"``:
+    both). It holds all state (groups, caches bounded by ``limits``, scratch pool, comm
+    stream, events, overflow flags), so several communicators coexist.
 
     ``validate=True`` adds one small host exchange before every collective call: all ranks
-    compare plan fingerprint, op, dtype, width and ``partial`` (and, for a replicated
-    gather, a digest of each replica's rows across its attn-tp ranks), and every rank
-    raises the same :class:`dpx.DpxMismatchError` when they disagree or when any rank's
-    input was rejected, instead of entering a collective that would hang or corrupt.
+    compare the plan (mode, counts, capacity), op, dtype, width, ``partial`` and device
+    counts (and, for a replicated gather, a digest of each replica's rows across its
+    attn-tp ranks), and check device counts against the plan's capacity; every rank raises
+    the same :class:`dpx.DpxMismatchError` (or :class:`dpx.DpxCapacityError`) naming what
+    differs, instead of entering a collective that would hang or corrupt. Without it,
+    device counts are checked on the device: a violation sets the sticky flag
+    :meth:`overflowed` reads.
     """
-
-    #: What torch.distributed's collectives can do (grouped per-root broadcasts/reduces
-    #: with host sizes); it decides how GATHERV plans move their rows.
-    transport = Transport.PER_ROOT
-    #: Prepared calls kept per communicator (oldest dropped first beyond this).
-    prepared_limit = 4096
 
     def __init__(self, layout: DpLayout, *, group: dist.ProcessGroup | None = None,
                  attn_tp_group: dist.ProcessGroup | None = None,
                  replica_group: dist.ProcessGroup | None = None,
                  cpu_group: dist.ProcessGroup | None = None,
-                 validate: bool = False) -> None:
+                 validate: bool = False, limits: CacheLimits | None = None) -> None:
         if not isinstance(layout, DpLayout):
             raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
+        if limits is not None and not isinstance(limits, CacheLimits):
+            raise DpxTypeError(f"limits={limits!r} must be a dpx_torch.CacheLimits")
         self.layout = layout
         adopt = any(g is not None for g in (attn_tp_group, replica_group, cpu_group))
         self.groups: DpGroups = (adopt_groups(layout, group, attn_tp_group, replica_group,
@@ -109,20 +93,17 @@ class DpComm:
         coords = layout.coords(self.rank)
         self.dp_rank, self.cp_rank = coords.attn_dp_rank, coords.attn_cp_rank
         self.validate = bool(validate)
-        self.pool = BufferPool()
-        self.checks = InputChecks(layout, self.dp_rank, self.groups.backend)
+        self.runner = Runner(self.groups, limits or CacheLimits())
+        self.checks = InputChecks(layout, self.dp_rank, self.groups)
         self.agreement = Agreement(layout, self.groups)
-        self.overlap = Overlap(self.pool)
-        self.interpreter = Interpreter(self.groups, self.pool)
-        self._prepared: dict[tuple, _Prepared] = {}
-        self._batches: dict[tuple, BatchProgram] = {}
         self._sources: dict[tuple, torch.Tensor] = {}
+        self._destroyed = False
 
     @classmethod
     def from_mesh(cls, layout: DpLayout, mesh, *, group: dist.ProcessGroup | None = None,
                   replica_group: dist.ProcessGroup | None = None,
                   cpu_group: dist.ProcessGroup | None = None,
-                  validate: bool = False) -> "DpComm":
+                  validate: bool = False, limits: CacheLimits | None = None) -> "DpComm":
         """A communicator over a ``torch.distributed.DeviceMesh`` whose dims are (dp, cp,
         tp) in that order (or (dp, tp) when ``cp_size == 1``), named as the caller chose:
         its last dim's group is the attn-tp group; creates no group. ``group`` (the world
@@ -150,7 +131,7 @@ class DpComm:
                                 f"{dist.get_process_group_ranks(world)})")
         tp_group = mesh.get_group(mesh.ndim - 1)
         return cls(layout, group=world, attn_tp_group=tp_group, replica_group=replica_group,
-                   cpu_group=cpu_group, validate=validate)
+                   cpu_group=cpu_group, validate=validate, limits=limits)
 
     # ------------------------------------------------------------------ public ops
     def gather(self, local: torch.Tensor | Sequence[torch.Tensor], plan: DpPlan, *,
@@ -166,6 +147,13 @@ class DpComm:
         shard counts for a sharded plan) carries this step's real counts as device data.
         ``out`` receives the result (no allocation). With context parallelism, ``local``
         holds this CP rank's rows (its replica's, or its shard).
+
+        In place: when ``local`` is :meth:`local_slot` ``(out, plan)`` -- this rank's rows
+        of ``out``, written there by the caller -- the collectives read them where they
+        are and no row moves locally (pad rows of the slot may hold anything; they are
+        zeroed). Under torch.compile the view cannot be recognised and the gather runs
+        from it as from a separate input (same result).
+
         Differentiable: the gradient is ``reduce_scatter`` of the output gradient.
 
         ``wire="fp8"`` (``dpx.Wire.FP8``; MAX_LEN and GATHERV plans, float ``[rows, H]``
@@ -177,35 +165,77 @@ class DpComm:
         Several tensors: ``gather((a, b, ...), plan, partial=(pa, pb, ...))`` (``partial``,
         ``wire`` a flag each or one for all) returns a tuple, each result as if gathered
         alone; the tensors' collectives go out batched (:mod:`dpx.batch`: one grouped launch
-        per batch on NCCL). When a tensor requires grad, each is gathered by its own
-        differentiable call instead. ``out=`` is for one tensor.
+        per batch where the backend coalesces). When a tensor requires grad, each is
+        gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
+        self._alive()
         if isinstance(local, (tuple, list)):
             return self._gather_many(tuple(local), plan, partial, counts, out, wire,
                                      dequantize)
         wire = Wire.parse(wire)
+        in_place = self._in_place(local, out, plan, counts)
+        prep = self._checked("gather" if wire is Wire.NATIVE else "gather/fp8", plan, local,
+                             partial, counts, self._gather_checks, local, plan, partial,
+                             counts, out, wire, bool(dequantize), in_place)
         if wire is Wire.NATIVE:
-            prep = self._checked("gather", plan, local, partial, counts, self._gather_checks,
-                                 local, plan, partial, counts, out)
-            return self._dispatch(prep, counts, local, out, "local")
-        prep = self._checked("gather/fp8", plan, local, partial, counts, self._gather_checks,
-                             local, plan, partial, counts, out, wire, bool(dequantize))
+            return self._dispatch(prep, plan, Op.GATHER, counts, local, out, "local")
         res = self._run_plain(prep, counts, local, out)
         return res if dequantize else split_wire(res)
 
-    def _run_plain(self, prep: _Prepared, counts: torch.Tensor | None, x: torch.Tensor,
+    def local_slot(self, out: torch.Tensor, plan: DpPlan) -> torch.Tensor:
+        """This rank's rows of the gather's output ``out [plan.global_rows, H...]`` (its
+        replica's slot, pad rows included, or its CP shard): write the rank's rows there
+        and ``gather(slot, plan, partial=..., out=out)`` moves none of them locally. A
+        dpx error when the place is device data (SUM_LEN / GATHERV capacity plans used
+        with device counts, CP shards with device counts: call with ``counts=`` to ask)."""
+        return self.local_slot_for(out, plan, counts=None)
+
+    def local_slot_for(self, out: torch.Tensor, plan: DpPlan, *,
+                       counts: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`local_slot` for a call that will pass ``counts`` (device counts)."""
+        self.checks.plan(plan)
+        if not isinstance(out, torch.Tensor) or out.dim() < 1 \
+                or out.shape[0] != plan.global_rows:
+            raise DpxValueError(f"out must be a tensor of plan.global_rows={plan.global_rows} "
+                                f"rows, got shape {tuple(getattr(out, 'shape', ()))}")
+        first, rows = local_rows(plan, self.rank, device_counts=counts is not None)
+        return out[first:first + rows]
+
+    def _in_place(self, local: torch.Tensor, out: torch.Tensor | None, plan: DpPlan,
+                  counts: torch.Tensor | None) -> bool:
+        """Whether ``local`` is this rank's slot view of ``out`` (an in-place gather); a
+        dpx error when it overlaps ``out`` anywhere else."""
+        if out is None or torch.compiler.is_compiling() or not isinstance(local, torch.Tensor) \
+                or not isinstance(out, torch.Tensor) or not overlaps(local, out):
+            return False
+        if isinstance(plan, DpPlan) and plan.layout == self.layout and out.dim() >= 1 \
+                and out.shape[0] == plan.global_rows and local.shape[1:] == out.shape[1:]:
+            try:
+                first, rows = local_rows(plan, self.rank, device_counts=counts is not None)
+            except DpxValueError as exc:
+                raise DpxValueError(f"local is a view of out, but {exc}") from None
+            stride = out.stride(0) * out.element_size() if out.dim() else 0
+            if local.shape[0] == rows and local.data_ptr() == out.data_ptr() + first * stride:
+                return True
+            raise DpxValueError(f"local overlaps out but is not this rank's slot of it "
+                                f"(rows [{first}, {first + rows}) of out: use "
+                                f"comm.local_slot(out, plan)); a separate input must not "
+                                f"alias out")
+        raise DpxValueError("out overlaps the input in memory; they must not alias (an "
+                            "in-place gather passes comm.local_slot(out, plan))")
+
+    def _run_plain(self, prep: Prepared, counts: torch.Tensor | None, x: torch.Tensor,
                    out: torch.Tensor | None) -> torch.Tensor:
         """A call that records no autograd graph (fp8 gathers, batched calls)."""
         if out is None:
             out = self._new_out(prep, x)
-        key = "comm" if self.overlap.on_comm_stream else "caller"
-        return prep.program(x, out, _flat(counts), key)
+        return self.runner.run(prep, x, out, _flat(counts))
 
     @staticmethod
-    def _new_out(prep: _Prepared, x: torch.Tensor) -> torch.Tensor:
-        sched = prep.schedule
-        if sched.is_wire("out"):
-            return x.new_empty((prep.out_rows, W.wire_row_bytes(x.shape[1])), dtype=torch.uint8)
+    def _new_out(prep: Prepared, x: torch.Tensor) -> torch.Tensor:
+        if "out" in prep.program.variant.wire_bufs:
+            return x.new_empty((prep.out_rows, W.wire_row_bytes(x.shape[1])),
+                               dtype=torch.uint8)
         return x.new_empty((prep.out_rows, *x.shape[1:]))
 
     def _gather_many(self, tensors: Tensors, plan: DpPlan, partial, counts, out, wire,
@@ -225,21 +255,16 @@ class DpComm:
                          for t, p, w in zip(tensors, partials, wires))
         preps = []
         for i, (t, p, w) in enumerate(zip(tensors, partials, wires)):
-            extra = () if w is Wire.NATIVE else (w, bool(dequantize))
             label = "gather" if w is Wire.NATIVE else "gather/fp8"
             preps.append(self._checked(f"{label}#{i}", plan, t, p, counts,
-                                       self._gather_checks, t, plan, p, counts, None, *extra))
-        key = tuple(id(p) for p in preps)
-        batch = self._batches.get(key)
-        if batch is None or batch.programs != tuple(p.program for p in preps):
-            batch = BatchProgram(self.interpreter, tuple(p.program for p in preps))
-            if len(self._batches) >= self.prepared_limit:
-                del self._batches[next(iter(self._batches))]
-            self._batches[key] = batch
-        outs = [self._new_out(p, t) for p, t in zip(preps, tensors)]
-        res = batch(tensors, outs, _flat(counts),
-                    "comm" if self.overlap.on_comm_stream else "caller")
-        return tuple(split_wire(r) if p.schedule.is_wire("out") else r
+                                       self._gather_checks, t, plan, p, counts, None, w,
+                                       bool(dequantize), False))
+        batch = self.runner.batch(tuple(p.program for p in preps))
+        c = _flat(counts)
+        calls = [(t, self._new_out(p, t), c, p.values, p.params)
+                 for p, t in zip(preps, tensors)]
+        res = batch(calls, self.runner.scratch_key)
+        return tuple(split_wire(r) if "out" in p.program.variant.wire_bufs else r
                      for r, p in zip(res, preps))
 
     @staticmethod
@@ -256,8 +281,9 @@ class DpComm:
                 out: torch.Tensor | None = None) -> torch.Tensor:
         """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]``: this replica's real
         rows of an already reduced buffer, then zeros. No collective. Differentiable."""
+        self._alive()
         prep = self._global_checks(Op.SCATTER, global_, plan, counts, out)
-        return self._dispatch(prep, counts, global_, out, "global_")
+        return self._dispatch(prep, plan, Op.SCATTER, counts, global_, out, "global_")
 
     def reduce_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
                        counts: torch.Tensor | None = None,
@@ -265,176 +291,234 @@ class DpComm:
         """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]`` on every rank of
         replica d: row ``j < n_d`` is the sum over all ranks of ``global_[offsets[d] + j]``;
         other rows are 0. The adjoint of ``gather(partial=True)`` (and its gradient)."""
+        self._alive()
         prep = self._checked("reduce_scatter", plan, global_, True, counts,
                              self._global_checks, Op.REDUCE_SCATTER, global_, plan, counts, out)
-        return self._dispatch(prep, counts, global_, out, "global_")
+        return self._dispatch(prep, plan, Op.REDUCE_SCATTER, counts, global_, out, "global_")
 
     def gather_async(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
-                     counts: torch.Tensor | None = None,
+                     counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
                      key: object = 0) -> tuple[torch.Tensor, DpWork]:
         """:meth:`gather` on :attr:`comm_stream` (two-batch overlap). Returns ``(out,
-        work)``: ``out`` is a pooled buffer keyed by ``("gather", key)`` (one ``key`` per
-        micro-batch; valid until the next call with that key) and ``work.wait()`` makes the
-        current stream wait for it. Not differentiable (a dpx error if ``local`` requires
+        work)``: ``out`` is the caller's ``out=`` or a pooled buffer keyed by ``("gather",
+        key)`` (one ``key`` per micro-batch; valid until the next call with that key), and
+        ``work.wait()`` makes the current stream wait for it. In place with ``local =
+        local_slot(out, plan)``. Not differentiable (a dpx error if ``local`` requires
         grad)."""
+        self._alive()
         self._no_grad("gather_async", local)
+        in_place = self._in_place(local, out, plan, counts)
         prep = self._checked("gather", plan, local, partial, counts, self._gather_checks,
-                             local, plan, partial, counts, None)
-        return self.overlap.launch("gather", key, local, prep.out_rows,
-                                   self._runner(prep, _flat(counts), local))
+                             local, plan, partial, counts, out, Wire.NATIVE, True, in_place)
+        return self.runner.overlap.launch("gather", key, local, prep.out_rows,
+                                          self._runner(prep, _flat(counts), local), out=out)
 
     def reduce_scatter_async(self, global_: torch.Tensor, plan: DpPlan, *,
                              counts: torch.Tensor | None = None,
                              key: object = 0) -> tuple[torch.Tensor, DpWork]:
         """:meth:`reduce_scatter` on :attr:`comm_stream`; see :meth:`gather_async` (pool key
         ``("reduce_scatter", key)``)."""
+        self._alive()
         self._no_grad("reduce_scatter_async", global_)
         prep = self._checked("reduce_scatter", plan, global_, True, counts,
                              self._global_checks, Op.REDUCE_SCATTER, global_, plan, counts,
                              None)
-        return self.overlap.launch("reduce_scatter", key, global_, prep.out_rows,
-                                   self._runner(prep, _flat(counts), global_))
+        return self.runner.overlap.launch("reduce_scatter", key, global_, prep.out_rows,
+                                          self._runner(prep, _flat(counts), global_))
 
     def sync_counts(self, num_tokens: int, *,
                     is_extend: bool = False) -> tuple[tuple[int, ...], bool]:
         """Exchange this rank's real token count (one small host all-gather over the CPU
         group) so every rank plans from the same data. Returns ``(counts per replica,
-        any rank is_extend)``. Attn-tp ranks of one replica that report different counts
-        make every rank raise :class:`dpx.DpxMismatchError` naming the replica."""
+        any rank is_extend)``. A bad count on any rank (named with its value), or attn-tp
+        ranks of one replica that report different counts, make every rank raise
+        :class:`dpx.DpxMismatchError`."""
+        self._alive()
         return self.agreement.sync_counts(num_tokens, is_extend=is_extend)
 
-    def exchange_counts(self, n_local: torch.Tensor, *, shards: bool = False) -> torch.Tensor:
+    def exchange_counts(self, n_local: torch.Tensor, *, shards: bool = False,
+                        plan: DpPlan | None = None) -> torch.Tensor:
         """This rank's real count as a device int32 tensor of shape ``(1,)`` -> the per-
         replica counts, a device int32 ``[dp_size]`` tensor (``shards=True``: each CP rank
         reports its shard, the result is the ``[dp_size, cp_size]`` shard table). One tiny
         all-gather on the world group, no host sync, capturable in a CUDA graph: the
         ``counts=`` of a capacity plan's step and of ``mask_pad_rows``. Entry ``d`` is the
         report of the rank of replica d with this rank's CP and attn-tp coordinates
-        (:mod:`dpx.counts`). With ``validate=True`` the reports are read back and every
-        rank raises the same :class:`dpx.DpxMismatchError` when the ranks of a replica (of
-        a CP rank, for shards) disagree."""
+        (:mod:`dpx.counts`). ``plan`` (a capacity plan): the result is checked against
+        it, on the device (the overflow flag, :meth:`overflowed`) or, with ``validate``,
+        on the host. With ``validate=True`` the reports are read back and every rank
+        raises the same error when the ranks of a replica (of a CP rank, for shards)
+        disagree, when a count is negative, or when the counts do not fit ``plan``."""
+        self._alive()
         c = self.checks
-        if (not isinstance(n_local, torch.Tensor) or n_local.dtype != torch.int32
-                or tuple(n_local.shape) != (1,)):
+        if not isinstance(n_local, torch.Tensor) or n_local.dtype != torch.int32 \
+                or tuple(n_local.shape) != (1,):
             raise DpxTypeError(f"n_local must be an int32 tensor of shape (1,), got "
                                f"{getattr(n_local, 'dtype', type(n_local).__name__)} "
                                f"{tuple(getattr(n_local, 'shape', ()))}")
         c.tensor("n_local", n_local)
+        if plan is not None:
+            c.plan(plan)
+            if plan.capacity is None:
+                raise DpxValueError("exchange_counts(plan=...) checks the counts of a "
+                                    "capacity plan; this plan has none")
+            if shards != plan.sharded:
+                raise DpxValueError(f"exchange_counts(shards={shards}) with a plan whose "
+                                    f"cp_shards is {'set' if plan.sharded else 'None'}")
         lay = self.layout
         allv = n_local.new_empty(lay.world_size)
         all_gather_single(allv, n_local, group=self.groups.world)
+        key = (shards, allv.device)
+        idx = self._sources.get(key)
+        if idx is None:
+            idx = self._sources[key] = torch.tensor(
+                C.sources(lay, self.rank, shards=shards), dtype=torch.long, device=allv.device)
+        picked = allv[idx]
         if self.validate:
-            bad = C.disagreements(lay, tuple(allv.tolist()), shards=shards)
+            reports = tuple(int(x) for x in allv.tolist())
+            bad = C.disagreements(lay, reports, shards=shards)
+            bad += [f"rank {r} reported {x} < 0" for r, x in enumerate(reports) if x < 0]
             if bad:
                 raise DpxMismatchError("exchange_counts: " + "; ".join(bad))
-        key = ("sources", shards)
-        idx = self._sources.get(key)
-        if idx is None or idx.device != allv.device:
-            idx = self._sources[key] = torch.tensor(C.sources(lay, self.rank, shards=shards),
-                                                    dtype=torch.long, device=allv.device)
-        picked = allv[idx]
+            if plan is not None:
+                problems = C.capacity_problems(plan, tuple(int(x) for x in picked.tolist()))
+                if problems:
+                    raise DpxCapacityError("exchange_counts: " + "; ".join(problems))
+        elif plan is not None:
+            self.runner.flags.check(picked, count_rule_of(plan))
         return picked.view(lay.dp_size, lay.cp_size) if shards else picked
 
+    def mask_pad_rows(self, t: torch.Tensor, plan: DpPlan, *,
+                      counts: torch.Tensor | None = None,
+                      fill: int | float = -1) -> torch.Tensor:
+        """:func:`dpx_torch.mask_pad_rows` with this communicator's device tables (a
+        captured graph replays it) and, with device counts, their check (the overflow
+        flag)."""
+        self._alive()
+        self.checks.plan(plan)
+        out = mask_pad_rows(t, plan, counts=counts, fill=fill, tables=self.runner.tables)
+        if counts is not None:
+            self.runner.flags.check(_flat(counts), count_rule_of(plan))
+        return out
+
+    def pad_row_mask(self, plan: DpPlan, *, counts: torch.Tensor | None = None,
+                     device: torch.device | str | None = None) -> torch.Tensor:
+        """:func:`dpx_torch.pad_row_mask` with this communicator's device tables."""
+        self._alive()
+        self.checks.plan(plan)
+        return pad_row_mask(plan, counts=counts, device=device, tables=self.runner.tables)
+
+    def overflowed(self) -> bool:
+        """Whether any step's device counts broke its capacity plan since the last
+        :meth:`reset_overflow` (a host sync: read it after a graph replay, not inside
+        one). The flag is sticky; :meth:`overflow_reason` names what broke."""
+        return self.runner.flags.value() != 0
+
+    def overflow_reason(self) -> str:
+        """What the overflow flag records (``"none"`` when clear)."""
+        return self.runner.flags.describe(self.runner.flags.value())
+
+    def reset_overflow(self) -> None:
+        """Clear the overflow flag (in place: capturable, and graphs keep reading it)."""
+        self.runner.flags.reset()
+
+    def overflow_flag(self, device: torch.device | str) -> torch.Tensor:
+        """The int32 ``[1]`` device flag itself (nonzero after an overflow): read it on the
+        device, e.g. to branch or to copy it out with the step's results."""
+        return self.runner.flags.flag(torch.device(device))
+
     def schedule(self, plan: DpPlan, op: Op | str, *, partial: bool = True,
-                 device_counts: bool = False, in_rows: int | None = None) -> Schedule:
+                 device_counts: bool = False, in_rows: int | None = None,
+                 in_place: bool = False) -> Schedule:
         """The steps this rank runs for ``op`` (what ``python -m dpx plan --rank`` prints)."""
         return build_schedule(plan, op, rank=self.rank, partial=partial,
-                              device_counts=device_counts, transport=self.transport,
-                              in_rows=in_rows)
+                              device_counts=device_counts, transport=self.runner.transport,
+                              in_rows=in_rows, in_place=in_place,
+                              cache=self.runner.schedules)
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Entries in each of this communicator's caches (see :class:`CacheLimits`)."""
+        return self.runner.sizes()
+
+    def clear_caches(self) -> None:
+        """Empty every cache and the scratch pool (recapture CUDA graphs after this)."""
+        self.runner.clear()
+        self._sources.clear()
 
     @property
     def comm_stream(self) -> torch.cuda.Stream:
         """The one communication stream of the ``*_async`` calls."""
-        return self.overlap.stream
+        return self.runner.overlap.stream
 
     def destroy(self) -> None:
         """Destroy the subgroups this communicator created (none when it was given the
-        caller's groups). Collective: every rank calls
-        it. Each subgroup is drained with a barrier before it is destroyed, and the world
-        group after, so no rank tears a group down while a peer still uses it (gloo aborts
-        the process then: "terminate called without an active exception")."""
+        caller's groups), and refuse any later call. Collective: every rank calls it. Each
+        subgroup is drained with a barrier before it is destroyed, and the world group
+        after, so no rank tears a group down while a peer still uses it (gloo aborts the
+        process then: "terminate called without an active exception")."""
+        if self._destroyed:
+            return
+        self._destroyed = True
         g = self.groups
-        if not g.owned:
-            return  # the caller's groups stay the caller's
-        for pg in {id(g.attn_tp): g.attn_tp, id(g.replica): g.replica,
-                   id(g.cpu): g.cpu}.values():
-            if pg is not None and pg is not g.world:
-                dist.barrier(group=pg)
-                dist.destroy_process_group(pg)
-        dist.barrier(group=g.world)
+        for pg in g.owned:
+            dist.barrier(group=pg)
+            dist.destroy_process_group(pg)
+        if g.owned:
+            dist.barrier(group=g.world)
+        self.runner.clear()
 
     # ------------------------------------------------------------------ calls
-    def _gather_checks(self, local, plan, partial, counts, out, wire: Wire = Wire.NATIVE,
-                       dequantize: bool = True) -> _Prepared:
+    def _alive(self) -> None:
+        if self._destroyed:
+            raise DpxValueError("this DpComm was destroyed (DpComm.destroy()); build a new "
+                                "one to run collectives")
+
+    def _gather_checks(self, local, plan, partial, counts, out, wire: Wire,
+                       dequantize: bool, in_place: bool) -> Prepared:
         c = self.checks
         if not isinstance(partial, bool):
             c.partial(partial)
         c.tensor("local", local)
+        if not isinstance(plan, DpPlan) or plan.layout != self.layout:
+            c.plan(plan)
         compiling = torch.compiler.is_compiling()
         if wire is not Wire.NATIVE:
-            c.plan(plan)
             W.check_fp8(plan.mode, tuple(local.shape), str(local.dtype).replace("torch.", ""))
             self._no_grad("gather(wire='fp8')", local, "fp8 rounding has no gradient; "
                           "gather in the native dtype")
             if out is not None and not dequantize:
                 raise DpxValueError("out= takes the dequantized result; with dequantize="
                                     "False the gather returns views of its own wire buffer")
-        prep = self._prepare(Op.GATHER, plan, partial, counts, local.shape[0], compiling,
-                             wire, dequantize)
-        if local.shape[0] < prep.need:
-            c.tensor("local", local, min_rows=prep.need)
-        c.out(out, local, prep.out_rows, compiling=compiling)
         if counts is not None:
             c.counts(plan, counts, local)
+        prep = self.runner.prepare(plan, Op.GATHER, partial=partial,
+                                   device_counts=counts is not None, in_rows=local.shape[0],
+                                   wire=wire, dequantize=dequantize, in_place=in_place)
+        if local.shape[0] < prep.need:
+            c.tensor("local", local, min_rows=prep.need)
+        if not in_place:
+            c.out(out, local, prep.out_rows, compiling=compiling)
+        elif local.requires_grad and torch.is_grad_enabled():
+            raise DpxValueError("an in-place gather records no autograd graph; gather from "
+                                "a separate input to differentiate")
         return prep
 
-    def _global_checks(self, op: Op, global_, plan, counts, out) -> _Prepared:
+    def _global_checks(self, op: Op, global_, plan, counts, out) -> Prepared:
         c = self.checks
         c.tensor("global_", global_)
-        compiling = torch.compiler.is_compiling()
-        prep = self._prepare(op, plan, True, counts, global_.shape[0], compiling)
-        if global_.shape[0] != prep.need:
-            c.tensor("global_", global_, rows=prep.need)
-        c.out(out, global_, prep.out_rows, compiling=compiling)
+        if not isinstance(plan, DpPlan) or plan.layout != self.layout:
+            c.plan(plan)
         if counts is not None:
             c.counts(plan, counts, global_)
-        return prep
-
-    def _prepare(self, op: Op, plan, partial: bool, counts, in_rows: int,
-                 compiling: bool, wire: Wire = Wire.NATIVE,
-                 dequantize: bool = True) -> _Prepared:
-        """The prepared call for these arguments: looked up, or (first time: the plan's
-        checks, then its schedule) built and kept (not while torch.compile traces)."""
-        if not isinstance(plan, DpPlan):
-            self.checks.plan(plan)
-        key = (plan, op.value, partial, counts is None, in_rows, wire, dequantize)
-        prep = None if compiling else self._prepared.get(key)
-        if prep is not None:
-            return prep
-        self.checks.plan(plan)
-        d = self.dp_rank
-        if op is Op.GATHER:
-            if counts is not None:
-                need = plan.slot_rows[d]
-            else:
-                need = (plan.cp_shards[d][self.cp_rank] if plan.sharded
-                        else plan.num_tokens[d])
-            out_rows = plan.global_rows
-        else:
-            need, out_rows = plan.global_rows, plan.slot_rows[d]
-        sched = build_schedule(plan, op, rank=self.rank, partial=partial,
-                               device_counts=counts is not None, transport=self.transport,
-                               in_rows=in_rows, out_rows=out_rows, wire=wire,
-                               dequantize=dequantize, cached=not compiling)
-        prep = _Prepared(sched, need, out_rows, self.interpreter.compile(sched))
-        if not compiling:
-            if len(self._prepared) >= self.prepared_limit:
-                del self._prepared[next(iter(self._prepared))]
-            self._prepared[key] = prep
+        prep = self.runner.prepare(plan, op, partial=True, device_counts=counts is not None,
+                                   in_rows=global_.shape[0])
+        if global_.shape[0] != prep.need:
+            c.tensor("global_", global_, rows=prep.need)
+        c.out(out, global_, prep.out_rows, compiling=torch.compiler.is_compiling())
         return prep
 
     def _checked(self, op: str, plan, tensor, partial, counts,
-                 checks: Callable[..., _Prepared], *args) -> _Prepared:
+                 checks: Callable[..., Prepared], *args) -> Prepared:
         """Run this rank's input checks. Without ``validate`` a rejected input raises here,
         before any collective. With ``validate``, every rank first exchanges what it is
         about to do (and whether its input was rejected), and all raise the same error."""
@@ -447,37 +531,21 @@ class DpComm:
         self.agreement.check(op, plan, tensor, partial, err, counts)
         return result
 
-    def _adjoint(self, call: _Call) -> _Call:
-        s = call.schedule
-        sched = build_schedule(s.plan, s.op.adjoint, rank=self.rank, partial=True,
-                               device_counts=call.counts is not None, transport=self.transport,
-                               in_rows=s.out_rows, out_rows=call.in_rows,
-                               cached=not torch.compiler.is_compiling())
-        return _Call(sched, call.counts, s.out_rows)
-
-    def _dispatch(self, prep: _Prepared, counts: torch.Tensor | None, x: torch.Tensor,
-                  out: torch.Tensor | None, name: str) -> torch.Tensor:
+    def _dispatch(self, prep: Prepared, plan: DpPlan, op: Op, counts: torch.Tensor | None,
+                  x: torch.Tensor, out: torch.Tensor | None, name: str) -> torch.Tensor:
         if x.requires_grad and torch.is_grad_enabled():
             if out is not None:
                 raise DpxValueError(f"out= cannot be used when {name} requires grad")
-            return OpFunction.apply(x, self, _Call(prep.schedule, counts, x.shape[0]))
+            return OpFunction.apply(x, self.runner,
+                                    Call(plan, op, _flat(counts), x.shape[0], prep))
         if out is None:
             out = x.new_empty((prep.out_rows, *x.shape[1:]))
-        key = "comm" if self.overlap.on_comm_stream else "caller"
-        return prep.program(x, out, _flat(counts), key)
+        return self.runner.run(prep, x, out, _flat(counts))
 
-    def _execute(self, call: _Call, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        """Run a differentiable call's schedule (forward or backward)."""
-        sched = call.schedule
-        if out is None:
-            out = x.new_empty((sched.out_rows, *x.shape[1:]))
-        key = "comm" if self.overlap.on_comm_stream else "caller"
-        return self.interpreter.run(sched, x, out, _flat(call.counts), key)
-
-    def _runner(self, prep: _Prepared, counts: torch.Tensor | None,
+    def _runner(self, prep: Prepared, counts: torch.Tensor | None,
                 x: torch.Tensor) -> Callable[[torch.Tensor], object]:
-        return lambda out: prep.program(x, out, counts,
-                                        "comm" if self.overlap.on_comm_stream else "caller")
+        runner = self.runner
+        return lambda out: runner.run(prep, x, out, counts)
 
     @staticmethod
     def _no_grad(name: str, x: torch.Tensor,

@@ -1,31 +1,83 @@
-"""Process groups a :class:`dpx_torch.DpComm` needs, built from a :class:`dpx.DpLayout`."""
+"""Process groups a :class:`dpx_torch.DpComm` needs, built from a :class:`dpx.DpLayout` or
+adopted from the caller, and what their backends can do.
+
+Backends are asked, not named: which device types a group carries
+(``ProcessGroup._device_types``: ``"gloo"`` carries CPU and CUDA tensors, ``"nccl"`` CUDA,
+``"cpu:gloo"`` CPU, ``"cuda:nccl,cpu:gloo"`` both) and whether its backend for a device
+coalesces collectives (``supports_coalescing``: NCCL does, gloo does not). A host exchange
+(``validate=True``, ``sync_counts``) runs on a group that carries CPU tensors: the world
+itself when it does, else a gloo group.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
+from dpx.modes import Group
+
+
+def device_types(pg: dist.ProcessGroup) -> frozenset[str]:
+    """The device types ``pg``'s backends carry."""
+    types = getattr(pg, "_device_types", None)
+    if types:
+        return frozenset(t.type if isinstance(t, torch.device) else str(t) for t in types)
+    spec = str(dist.get_backend(pg)).lower()  # torch without _device_types: its spec
+    if ":" in spec:
+        return frozenset(part.split(":")[0] for part in spec.split(","))
+    return frozenset({"cuda"} if spec == "nccl" else {"cpu", "cuda"})
+
+
+def coalesces(pg: dist.ProcessGroup, device_type: str) -> bool:
+    """Whether ``pg``'s backend for ``device_type`` groups collectives into one launch."""
+    try:
+        return bool(pg._get_backend(torch.device(device_type)).supports_coalescing)
+    except (AttributeError, RuntimeError):
+        return False
 
 
 @dataclass(frozen=True)
 class DpGroups:
-    """The world group, this rank's attn-tp and replica groups, and a CPU (gloo) group for
-    host exchanges.
-
-    ``rank`` is this process's rank in ``world`` (the layout's rank numbering).
-    """
+    """The world group, this rank's attn-tp and replica groups, and a group for host
+    exchanges. ``rank`` is this process's rank in ``world`` (the layout's rank numbering).
+    ``devices``: the device types every group carries; ``owned``: the groups this
+    communicator created (``destroy`` frees those only)."""
 
     world: dist.ProcessGroup
     attn_tp: dist.ProcessGroup | None  # None when attn_tp_size == 1 (no attn-tp collective)
     replica: dist.ProcessGroup | None  # this rank's replica (cp x attn_tp ranks); None if 1
-    cpu: dist.ProcessGroup | None  # None: the caller gave no gloo group (NCCL world)
+    cpu: dist.ProcessGroup | None  # carries CPU tensors; None: none was given (NCCL world)
     rank: int
-    backend: str
     global_ranks: tuple[int, ...]
-    owned: bool = True  # the communicator created attn_tp / replica / cpu itself
+    devices: frozenset[str]
+    owned: tuple[dist.ProcessGroup, ...] = ()
+    _coalesce: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def process_group(self, g: Group) -> dist.ProcessGroup:
+        return {Group.WORLD: self.world, Group.ATTN_TP: self.attn_tp,
+                Group.REPLICA: self.replica}[g]
+
+    def coalesces(self, device_type: str) -> bool:
+        """Whether collectives on tensors of ``device_type`` can go out as one launch."""
+        c = self._coalesce.get(device_type)
+        if c is None:
+            c = self._coalesce[device_type] = coalesces(self.world, device_type)
+        return c
+
+    def describe(self) -> str:
+        return f"{dist.get_backend(self.world)} (carries {', '.join(sorted(self.devices))})"
+
+
+def _common_devices(groups: list[dist.ProcessGroup]) -> frozenset[str]:
+    out: frozenset[str] | None = None
+    for g in groups:
+        d = device_types(g)
+        out = d if out is None else out & d
+    return out or frozenset()
 
 
 def build_groups(layout: DpLayout, group: dist.ProcessGroup | None) -> DpGroups:
@@ -36,7 +88,8 @@ def build_groups(layout: DpLayout, group: dist.ProcessGroup | None) -> DpGroups:
     ``group`` defaults to the default process group; its size must equal
     ``layout.world_size``. Every attn-tp group is created on every rank, in layout order,
     so group names and store keys agree everywhere (communicators can be destroyed and
-    built again).
+    built again). A gloo group for host exchanges is created only when the world carries
+    no CPU tensors.
     """
     if not dist.is_initialized():
         raise DpxValueError("torch.distributed is not initialised: call "
@@ -47,8 +100,8 @@ def build_groups(layout: DpLayout, group: dist.ProcessGroup | None) -> DpGroups:
         raise DpxValueError(f"process group has {size} ranks but layout.world_size="
                             f"{layout.world_size}; they must be equal")
     rank = dist.get_rank(world)
-    backend = str(dist.get_backend(world)).lower()
     glob = [dist.get_global_rank(world, r) for r in range(size)]
+    created: list[dist.ProcessGroup] = []
 
     def subgroups(groups: tuple[tuple[int, ...], ...]) -> dist.ProcessGroup | None:
         """This rank's group among ``groups`` (every one created on every rank, in order)."""
@@ -62,6 +115,7 @@ def build_groups(layout: DpLayout, group: dist.ProcessGroup | None) -> DpGroups:
             g = dist.new_group([glob[r] for r in ranks])
             if rank in ranks:
                 mine = g
+                created.append(g)
         return mine
 
     attn_tp = subgroups(layout.attn_tp_groups())
@@ -69,9 +123,14 @@ def build_groups(layout: DpLayout, group: dist.ProcessGroup | None) -> DpGroups:
         replica = attn_tp  # the same ranks
     else:
         replica = subgroups(tuple(layout.replica_ranks(d) for d in range(layout.dp_size)))
-    cpu = world if backend == "gloo" else dist.new_group(glob, backend="gloo")
+    devices = device_types(world)
+    if "cpu" in devices:
+        cpu = world
+    else:
+        cpu = dist.new_group(glob, backend="gloo")
+        created.append(cpu)
     return DpGroups(world=world, attn_tp=attn_tp, replica=replica, cpu=cpu, rank=rank,
-                    backend=backend, global_ranks=tuple(glob))
+                    global_ranks=tuple(glob), devices=devices, owned=tuple(created))
 
 
 def _ranks_of(name: str, g: object) -> tuple[int, ...]:
@@ -93,9 +152,9 @@ def adopt_groups(layout: DpLayout, group: dist.ProcessGroup | None,
     ``group`` (default: the default group) is the world in layout rank order;
     ``attn_tp_group`` must hold exactly this rank's attn-tp ranks in order (needed when
     ``attn_tp_size > 1``), ``replica_group`` this rank's replica (needed when ``cp_size >
-    1``). ``cpu_group`` is a gloo group over the world for host exchanges (``validate``,
-    ``sync_counts``); a gloo world serves itself, and without one on NCCL those raise a
-    dpx error."""
+    1``). ``cpu_group`` is a group over the world that carries CPU tensors, for host
+    exchanges (``validate``, ``sync_counts``); a world that carries CPU tensors serves
+    itself, and without one those raise a dpx error."""
     if not dist.is_initialized():
         raise DpxValueError("torch.distributed is not initialised: call "
                             "dist.init_process_group before building a DpComm")
@@ -106,7 +165,6 @@ def adopt_groups(layout: DpLayout, group: dist.ProcessGroup | None,
                             f"{layout.world_size}; they must be equal")
     rank = dist.get_rank(world)
     me = layout.coords(rank)
-    backend = str(dist.get_backend(world)).lower()
 
     def check(name: str, g, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
         want = tuple(glob[r] for r in ranks)
@@ -142,10 +200,12 @@ def adopt_groups(layout: DpLayout, group: dist.ProcessGroup | None,
             raise DpxValueError(f"cpu_group holds global ranks "
                                 f"{list(_ranks_of('cpu_group', cpu_group))}; it must be the "
                                 f"world {list(glob)}")
-        if str(dist.get_backend(cpu_group)).lower() != "gloo":
-            raise DpxValueError("cpu_group must be a gloo group (host exchanges)")
+        if "cpu" not in device_types(cpu_group):
+            raise DpxValueError(f"cpu_group must carry CPU tensors (host exchanges); its "
+                                f"backend {dist.get_backend(cpu_group)} does not")
         cpu = cpu_group
     else:
-        cpu = world if backend == "gloo" else None
+        cpu = world if "cpu" in device_types(world) else None
+    devices = _common_devices([g for g in (world, attn_tp, replica) if g is not None])
     return DpGroups(world=world, attn_tp=attn_tp, replica=replica, cpu=cpu, rank=rank,
-                    backend=backend, global_ranks=tuple(glob), owned=False)
+                    global_ranks=tuple(glob), devices=devices)

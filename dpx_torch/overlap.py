@@ -50,20 +50,24 @@ class Overlap:
         return ev
 
     def launch(self, kind: str, key: object, inp: torch.Tensor, rows: int,
-               run: Callable[[torch.Tensor], object]) -> tuple[torch.Tensor, DpWork]:
-        """``run(out)`` on the comm stream into a pooled ``[rows, *inp.shape[1:]]`` output
-        keyed by ``(kind, key)``; returns the output and its :class:`DpWork`. On CPU (gloo)
-        nothing overlaps: the call runs now and the handle's ``wait()`` does nothing."""
+               run: Callable[[torch.Tensor], object], *,
+               out: torch.Tensor | None = None) -> tuple[torch.Tensor, DpWork]:
+        """``run(out)`` on the comm stream into ``out``, or a pooled ``[rows,
+        *inp.shape[1:]]`` output keyed by ``(kind, key)``; returns the output and its
+        :class:`DpWork`. On CPU nothing overlaps: the call runs now and the handle's
+        ``wait()`` does nothing."""
         shape = (rows, *inp.shape[1:])
         if not inp.is_cuda:
-            out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
+            if out is None:
+                out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
             run(out)
             return out, DpWork(None)
         compute = torch.cuda.current_stream(inp.device)
         comm = self.stream
         comm.wait_stream(compute)  # the input was produced on the compute stream
         with torch.cuda.stream(comm):
-            out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
+            if out is None:
+                out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
             self.on_comm_stream = True
             try:
                 run(out)

@@ -5,12 +5,13 @@ boolean mask.
 ``counts`` (int32 ``[dp_size]`` on the buffer's device, or the ``[dp_size, cp_size]`` shard
 table of a sharded plan; capacity plans only) makes the real rows device data: no host
 sync, and a captured CUDA graph replays with new counts. Without it the plan's host counts
-are used (their tables are made once per device and kept).
+are used. The device copies of the host index tables come from ``tables`` (a
+:class:`dpx_torch.program.DeviceTables`; ``DpComm.mask_pad_rows`` passes its own, which a
+captured graph needs) or are made for the call. The mask kernel is the ``dpx::mask_rows_``
+custom op under torch.compile.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
@@ -21,15 +22,31 @@ from dpx.kernels import mask as _mask
 from dpx.padrows import real_ranges
 from dpx.plan import DpPlan
 from dpx_torch.checks import check_counts
-from dpx_torch.interpreter import DeviceValues
-from dpx_torch.rows import _kernel_of, _width
+from dpx_torch.program import DeviceTables, DeviceValues, FreshTables, tables_for_call
+from dpx_torch.rows import kernel_for, width_of
 
-_CONSTS: dict = {}
+__all__ = ["mask_pad_rows", "pad_row_mask"]
 
 
-@functools.lru_cache(maxsize=1024)
-def _host_tables(plan: DpPlan) -> tuple[tuple, tuple]:
-    return real_ranges(plan, device_counts=False)
+def _launch_mask(t: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, fill: float | int
+                 ) -> None:
+    width = width_of(t)
+    block_r, block_c, warps = _launch.row_blocks(width)
+    grid = (-(-t.shape[0] // block_r), -(-width // block_c))
+    kernel_for(_mask.mask_rows_kernel, t.device)[grid](
+        firsts, lens, firsts.shape[0], fill, t.shape[0], t, WIDTH=width, BLOCK_R=block_r,
+        BLOCK_C=block_c, num_warps=warps)
+
+
+@torch.library.custom_op("dpx::mask_rows_", mutates_args=("t",))
+def _mask_rows_(t: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, fill_float: float,
+                fill_int: int, is_float: bool) -> None:
+    _launch_mask(t, firsts, lens, fill_float if is_float else fill_int)
+
+
+@_mask_rows_.register_fake
+def _(t, firsts, lens, fill_float, fill_int, is_float) -> None:
+    return None
 
 
 def _check(plan: object, counts: torch.Tensor | None, device: torch.device) -> None:
@@ -38,24 +55,18 @@ def _check(plan: object, counts: torch.Tensor | None, device: torch.device) -> N
     check_counts(plan, counts, device)
 
 
-def _tables(plan: DpPlan, counts: torch.Tensor | None,
-            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _tables(plan: DpPlan, counts: torch.Tensor | None, device: torch.device,
+            tables: DeviceTables | FreshTables) -> tuple[torch.Tensor, torch.Tensor]:
     if counts is None:
-        out = []
-        for v in _host_tables(plan):
-            t = _CONSTS.get((v, device))
-            if t is None:
-                t = _CONSTS[(v, device)] = torch.tensor(v, dtype=torch.int32, device=device)
-            out.append(t)
-        return out[0], out[1]
-    ops = DeviceValues(counts.reshape(-1), _CONSTS)
-    memo: dict = {}
+        firsts, lens = real_ranges(plan, device_counts=False)
+        return tables.get(firsts, device), tables.get(lens, device)
+    ops = DeviceValues(counts.reshape(-1), tables, (None, 0))
     firsts, lens = real_ranges(plan, device_counts=True)
-    return X.evaluate(firsts, ops, memo), X.evaluate(lens, ops, memo)
+    return X.evaluate(firsts, ops, ops.memo), X.evaluate(lens, ops, ops.memo)
 
 
 def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None = None,
-                  fill: int | float = -1) -> torch.Tensor:
+                  fill: int | float = -1, tables: DeviceTables | None = None) -> torch.Tensor:
     """In place: every row of ``t [plan.global_rows, ...]`` that is not a real token row
     becomes ``fill`` (slot padding, alignment rows, idle replicas; every mode). Returns
     ``t``. One kernel launch for host counts and for MAX_LEN plans with device counts
@@ -66,26 +77,30 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
                             f"got shape {tuple(getattr(t, 'shape', ()))}")
     if not t.is_contiguous():
         raise DpxValueError(f"t of shape {tuple(t.shape)} must be contiguous")
+    if isinstance(fill, bool) or not isinstance(fill, (int, float)):
+        raise DpxTypeError(f"fill={fill!r} must be an int or a float")
     check_counts(plan, counts, t.device)
     if t.numel() == 0:
         return t
-    firsts, lens = _tables(plan, counts, t.device)
-    width = _width(t)
-    block_r, block_c, warps = _launch.row_blocks(width)
-    grid = (-(-t.shape[0] // block_r), -(-width // block_c))
-    _kernel_of(_mask, "mask_rows_kernel", t.device)[grid](
-        firsts, lens, firsts.shape[0], fill, t.shape[0], t, WIDTH=width, BLOCK_R=block_r,
-        BLOCK_C=block_c, num_warps=warps)
+    firsts, lens = _tables(plan, counts, t.device,
+                           tables_for_call(tables if tables is not None else DeviceTables()))
+    if torch.compiler.is_compiling():
+        _mask_rows_(t, firsts, lens, float(fill), int(fill) if not isinstance(fill, float)
+                    or fill.is_integer() else 0, t.dtype.is_floating_point)
+    else:
+        _launch_mask(t, firsts, lens, fill)
     return t
 
 
 def pad_row_mask(plan: DpPlan, *, counts: torch.Tensor | None = None,
-                 device: torch.device | str | None = None) -> torch.Tensor:
+                 device: torch.device | str | None = None,
+                 tables: DeviceTables | None = None) -> torch.Tensor:
     """Boolean ``[plan.global_rows]``: True at the rows :func:`mask_pad_rows` fills. On
     ``counts``' device (else ``device``, default CPU)."""
     dev = counts.device if isinstance(counts, torch.Tensor) else torch.device(device or "cpu")
     _check(plan, counts, dev)
-    firsts, lens = _tables(plan, counts, dev)
+    firsts, lens = _tables(plan, counts, dev,
+                           tables_for_call(tables if tables is not None else DeviceTables()))
     rows = torch.arange(plan.global_rows, device=dev, dtype=torch.int32)[:, None]
     real = ((rows >= firsts) & (rows < firsts + lens)).any(dim=1)
     return ~real

@@ -1,5 +1,10 @@
 """A grow-only scratch-buffer pool keyed by purpose.
 
+Its bound: one buffer per (purpose, dtype, device) -- the scratch buffers of the schedules
+in use, per stream key (``"caller"``, ``"comm"``, and one per tensor of a batched gather)
+and the outputs of the overlapped calls, one per micro-batch key -- each as large as the
+largest call that used it.
+
 ``BufferPool.get(key, shape, dtype, device)`` returns a ``shape`` view of a flat buffer kept
 for ``(key, dtype, device)``; the buffer is reallocated only to grow. Steady-state steps of
 varying size therefore allocate nothing (no allocator churn, graph-capturable after one
@@ -43,6 +48,12 @@ class BufferPool:
 
     def __len__(self) -> int:
         return len(self._buffers)
+
+    def clear(self) -> None:
+        """Drop every buffer (those a captured graph reads included: recapture after)."""
+        self._buffers.clear()
+        self._captured.clear()
+        self.retired.clear()
 
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())

@@ -4,18 +4,30 @@
     ``out[start + j] = src[j]`` for ``j < count``; every other row is 0.
 ``take_rows(src [m, *rest], start, count, rows) -> out [rows, *rest]``:
     ``out[j] = src[start + j]`` for ``j < count``; rows ``count..`` are 0.
+``zero_rows_(out [rows, *rest], keep_start, keep_count)``: in place, every row outside
+    ``[keep_start, keep_start + keep_count)`` becomes 0.
+``unpack_rows`` / ``pack_rows``: the chunks of a chunk table between their rows and equal
+    ``block``-row pieces (see below).
 
-``start`` and ``count`` are each a Python int (checked against the shapes here) or a
-one-element int32 tensor on ``src``'s device (read by the kernel: no host sync, CUDA-graph replayable; a
-wrong value there is clipped to the buffers by the kernel's masks, never out of bounds).
-On CUDA the compiled Triton kernels run; on CPU the same kernels run in Triton's
-interpreter. ``tile`` (a :class:`dpx.kernels.Tile`) sets the launch shape. The two are adjoint: ``<place(x), y> == <x, take(y)>`` for equal
-``start``/``count``, which is how their gradients are defined.
+Both of place and take are the one ``move_rows_kernel`` (``out[dst_start + j] =
+src[src_start + j]``); the schedules' :class:`dpx.steps.Move` runs it through
+:func:`move_into`. ``start`` and ``count`` are each a Python int (checked against the
+shapes here) or a one-element int32 tensor on ``src``'s device (read by the kernel: no host
+sync, CUDA-graph replayable; a wrong value there is clipped to the buffers by the kernel's
+masks, never out of bounds). On CUDA the compiled Triton kernels run; on CPU the same
+kernels run in Triton's interpreter. ``tile`` (a :class:`dpx.kernels.Tile`) sets the
+launch shape. Place and take are adjoint (``<place(x), y> == <x, take(y)>`` for equal
+``start``/``count``), which is how their gradients are defined.
+
+Launch paths: eager calls launch the kernel directly; calls traced by ``torch.compile`` go
+through the ``torch.library`` custom ops (``dpx::*``), which have fake implementations and
+autograd rules. Both run the same launcher. The eager path skips the custom op's
+dispatcher because it costs host time a serving step pays on every call (see
+benchmarks/README.md, "Host overhead of a gather").
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Union
 
 import torch
@@ -27,29 +39,41 @@ from dpx.kernels.launch import DEFAULT_TILE, Tile
 
 Index = Union[int, torch.Tensor]
 
-
-@functools.cache
-def _interpreted(module, kernel_name: str) -> Callable:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return InterpretedFunction(getattr(module, kernel_name).fn)
+__all__ = ["Index", "move_into", "pack_into", "pack_rows", "place_rows", "take_rows",
+           "unpack_into", "unpack_rows", "zero_into", "zero_rows_"]
 
 
-def _kernel_of(module, kernel_name: str, device: torch.device):
-    """Kernel ``kernel_name`` of ``module`` (a ``dpx.kernels`` module) for ``device``:
-    compiled on CUDA, interpreted on CPU."""
+class _Interpreted:
+    """Triton-interpreter wrappers of the ``dpx.kernels`` (CPU tensors), made on first use
+    and kept: one per kernel, a fixed set."""
+
+    def __init__(self) -> None:
+        self._fns: dict[object, Callable] = {}
+
+    def __call__(self, kernel) -> Callable:
+        fn = self._fns.get(kernel)
+        if fn is None:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            fn = self._fns[kernel] = InterpretedFunction(kernel.fn)
+        return fn
+
+
+#: The interpreter wrappers of this process (bounded by the number of kernels).
+INTERPRETED = _Interpreted()
+
+
+def kernel_for(kernel, device: torch.device):
+    """``kernel`` (a ``dpx.kernels`` JIT function) for ``device``: compiled on CUDA,
+    interpreted on CPU."""
     if device.type == "cuda":
-        return getattr(module, kernel_name)
+        return kernel
     if device.type == "cpu":
-        return _interpreted(module, kernel_name)
+        return INTERPRETED(kernel)
     raise DpxValueError(f"device {device} is not supported: dpx kernels run on cuda or cpu")
 
 
-def _kernel(kernel_name: str, device: torch.device):
-    return _kernel_of(_rows, kernel_name, device)
-
-
-def _width(t: torch.Tensor) -> int:
+def width_of(t: torch.Tensor) -> int:
     w = 1
     for s in t.shape[1:]:
         w *= s
@@ -71,25 +95,37 @@ def _split_index(name: str, value: Index, device: torch.device) -> tuple[torch.T
     return None, value
 
 
-def _launch_rows(kernel_name: str, src: torch.Tensor | None, start: torch.Tensor | None,
-                 count: torch.Tensor | None, start_val: int, count_val: int,
-                 out: torch.Tensor, tile: Tile = DEFAULT_TILE) -> None:
-    rows, width = out.shape[0], _width(out)
+def _parts(v: Index) -> tuple[torch.Tensor | None, int]:
+    return (v, 0) if isinstance(v, torch.Tensor) else (None, v)
+
+
+def _launch_move(src: torch.Tensor, ss: torch.Tensor | None, ds: torch.Tensor | None,
+                 c: torch.Tensor | None, ss_v: int, ds_v: int, c_v: int, out: torch.Tensor,
+                 tile: Tile = DEFAULT_TILE) -> None:
+    rows, width = out.shape[0], width_of(out)
     if out.numel() == 0:
         return
     block_r, block_c, warps = _launch.row_blocks(width, tile)
     grid = (-(-rows // block_r), -(-width // block_c))
-    anchor = out if src is None else src
-    sp = anchor if start is None else start
-    cp = anchor if count is None else count
-    flags = dict(START_PTR=start is not None, COUNT_PTR=count is not None)
-    kern = _kernel(kernel_name, out.device)
-    if src is None:
-        kern[grid](sp, cp, start_val, count_val, rows, out, WIDTH=width, **flags,
-                   BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
-    else:
-        kern[grid](src, sp, cp, start_val, count_val, src.shape[0], rows, out, WIDTH=width,
-                   **flags, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+    kernel_for(_rows.move_rows_kernel, out.device)[grid](
+        src, src if ss is None else ss, src if ds is None else ds, src if c is None else c,
+        ss_v, ds_v, c_v, src.shape[0], rows, out, WIDTH=width, SRC_START_PTR=ss is not None,
+        DST_START_PTR=ds is not None, COUNT_PTR=c is not None, BLOCK_R=block_r,
+        BLOCK_C=block_c, num_warps=warps)
+
+
+def _launch_zero(out: torch.Tensor, s: torch.Tensor | None, c: torch.Tensor | None, s_v: int,
+                 c_v: int, tile: Tile = DEFAULT_TILE) -> None:
+    rows, width = out.shape[0], width_of(out)
+    if out.numel() == 0:
+        return
+    block_r, block_c, warps = _launch.row_blocks(width, tile)
+    grid = (-(-rows // block_r), -(-width // block_c))
+    anchor = out if s is None else s
+    kernel_for(_rows.zero_rows_kernel, out.device)[grid](
+        anchor, anchor if c is None else c, s_v, c_v, rows, out, WIDTH=width,
+        START_PTR=s is not None, COUNT_PTR=c is not None, BLOCK_R=block_r, BLOCK_C=block_c,
+        num_warps=warps)
 
 
 # ---------------------------------------------------------------- torch.library ops
@@ -104,32 +140,25 @@ def _tile_list(t: Tile) -> list[int]:
     return [t.elems, t.warps, t.max_block_c]
 
 
-@torch.library.custom_op("dpx::place_rows_out", mutates_args=("out",))
-def _place_rows_out(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
-                    start_val: int, count_val: int, out: torch.Tensor, tile: list[int]) -> None:
-    _launch_rows("place_rows_kernel", src, start, count, start_val, count_val, out, _tile(tile))
+@torch.library.custom_op("dpx::move_rows_out", mutates_args=("out",))
+def _move_rows_out(src: torch.Tensor, src_start: torch.Tensor | None,
+                   dst_start: torch.Tensor | None, count: torch.Tensor | None,
+                   src_start_val: int, dst_start_val: int, count_val: int,
+                   out: torch.Tensor, tile: list[int]) -> None:
+    _launch_move(src, src_start, dst_start, count, src_start_val, dst_start_val, count_val,
+                 out, _tile(tile))
 
 
-@torch.library.custom_op("dpx::take_rows_out", mutates_args=("out",))
-def _take_rows_out(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
-                   start_val: int, count_val: int, out: torch.Tensor, tile: list[int]) -> None:
-    _launch_rows("take_rows_kernel", src, start, count, start_val, count_val, out, _tile(tile))
+@_move_rows_out.register_fake
+def _(src, src_start, dst_start, count, src_start_val, dst_start_val, count_val, out,
+      tile) -> None:
+    return None
 
 
 @torch.library.custom_op("dpx::zero_rows_", mutates_args=("out",))
 def _zero_rows_(out: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
                 start_val: int, count_val: int, tile: list[int]) -> None:
-    _launch_rows("zero_rows_kernel", None, start, count, start_val, count_val, out, _tile(tile))
-
-
-@_place_rows_out.register_fake
-def _(src, start, count, start_val, count_val, out, tile) -> None:
-    return None
-
-
-@_take_rows_out.register_fake
-def _(src, start, count, start_val, count_val, out, tile) -> None:
-    return None
+    _launch_zero(out, start, count, start_val, count_val, _tile(tile))
 
 
 @_zero_rows_.register_fake
@@ -137,58 +166,39 @@ def _(out, start, count, start_val, count_val, tile) -> None:
     return None
 
 
-@torch.library.custom_op("dpx::place_rows", mutates_args=())
-def _place_rows(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
-                start_val: int, count_val: int, rows: int, tile: list[int]) -> torch.Tensor:
+@torch.library.custom_op("dpx::move_rows", mutates_args=())
+def _move_rows(src: torch.Tensor, src_start: torch.Tensor | None,
+               dst_start: torch.Tensor | None, count: torch.Tensor | None, src_start_val: int,
+               dst_start_val: int, count_val: int, rows: int,
+               tile: list[int]) -> torch.Tensor:
     out = src.new_empty((rows, *src.shape[1:]))
-    _launch_rows("place_rows_kernel", src, start, count, start_val, count_val, out, _tile(tile))
+    _launch_move(src, src_start, dst_start, count, src_start_val, dst_start_val, count_val,
+                 out, _tile(tile))
     return out
 
 
-@torch.library.custom_op("dpx::take_rows", mutates_args=())
-def _take_rows(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
-               start_val: int, count_val: int, rows: int, tile: list[int]) -> torch.Tensor:
-    out = src.new_empty((rows, *src.shape[1:]))
-    _launch_rows("take_rows_kernel", src, start, count, start_val, count_val, out, _tile(tile))
-    return out
-
-
-@_place_rows.register_fake
-def _(src, start, count, start_val, count_val, rows, tile):
+@_move_rows.register_fake
+def _(src, src_start, dst_start, count, src_start_val, dst_start_val, count_val, rows, tile):
     return src.new_empty((rows, *src.shape[1:]))
 
 
-@_take_rows.register_fake
-def _(src, start, count, start_val, count_val, rows, tile):
-    return src.new_empty((rows, *src.shape[1:]))
-
-
-def _setup_ctx(ctx, inputs, output) -> None:
-    src, start, count, start_val, count_val, rows, tile = inputs
+def _move_ctx(ctx, inputs, output) -> None:
+    src, ss, ds, c, ss_v, ds_v, c_v, rows, tile = inputs
     ctx.src_rows = src.shape[0]
-    ctx.index = (start, count, start_val, count_val)
+    ctx.index = (ss, ds, c, ss_v, ds_v, c_v)
     ctx.tile = tile
 
 
-def _place_backward(ctx, grad):
-    g = _take_rows(grad.contiguous(), *ctx.index, ctx.src_rows, ctx.tile)
-    return g, None, None, None, None, None, None
+def _move_backward(ctx, grad):
+    ss, ds, c, ss_v, ds_v, c_v = ctx.index  # the adjoint moves the rows back
+    g = _move_rows(grad.contiguous(), ds, ss, c, ds_v, ss_v, c_v, ctx.src_rows, ctx.tile)
+    return g, None, None, None, None, None, None, None, None
 
 
-def _take_backward(ctx, grad):
-    g = _place_rows(grad.contiguous(), *ctx.index, ctx.src_rows, ctx.tile)
-    return g, None, None, None, None, None, None
-
-
-torch.library.register_autograd("dpx::place_rows", _place_backward, setup_context=_setup_ctx)
-torch.library.register_autograd("dpx::take_rows", _take_backward, setup_context=_setup_ctx)
+torch.library.register_autograd("dpx::move_rows", _move_backward, setup_context=_move_ctx)
 
 
 # ---------------------------------------------------------------- public launchers
-
-_KERNEL_OF = {_place_rows_out: "place_rows_kernel", _take_rows_out: "take_rows_kernel"}
-
-
 def _check_src_out(name: str, src: torch.Tensor, rows: int, out: torch.Tensor | None) -> None:
     if not isinstance(src, torch.Tensor):
         raise DpxTypeError(f"{name}: src must be a torch.Tensor, got {type(src).__name__}")
@@ -223,18 +233,19 @@ def _both_ints(start: Index, count: Index) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) for v in (start, count))
 
 
-def _call(functional, out_op, src, start, count, rows, out, tile: Tile):
-    s_t, s_v = _split_index("start", start, src.device)
+def _move(src: torch.Tensor, ss: Index, ds: Index, count: Index, rows: int,
+          out: torch.Tensor | None, tile: Tile) -> torch.Tensor:
+    ss_t, ss_v = _split_index("start", ss, src.device)
+    ds_t, ds_v = _split_index("start", ds, src.device)
     c_t, c_v = _split_index("count", count, src.device)
     if not torch.compiler.is_compiling() and not (src.requires_grad and torch.is_grad_enabled()):
-        # eager fast path: launch directly (the torch.library dispatch costs ~20 us a call)
         if out is None:
             out = src.new_empty((rows, *src.shape[1:]))
-        _launch_rows(_KERNEL_OF[out_op], src, s_t, c_t, s_v, c_v, out, tile)
+        _launch_move(src, ss_t, ds_t, c_t, ss_v, ds_v, c_v, out, tile)
         return out
     if out is None:
-        return functional(src, s_t, c_t, s_v, c_v, rows, _tile_list(tile))
-    out_op(src, s_t, c_t, s_v, c_v, out, _tile_list(tile))
+        return _move_rows(src, ss_t, ds_t, c_t, ss_v, ds_v, c_v, rows, _tile_list(tile))
+    _move_rows_out(src, ss_t, ds_t, c_t, ss_v, ds_v, c_v, out, _tile_list(tile))
     return out
 
 
@@ -242,71 +253,67 @@ def place_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
                out: torch.Tensor | None = None, tile: Tile = DEFAULT_TILE) -> torch.Tensor:
     """``src [m, *rest] -> out [rows, *rest]`` with ``out[start:start+count] = src[:count]``,
     zeros elsewhere. Python-int ``start``/``count`` must satisfy ``count <= m`` and
-    ``start + count <= rows``."""
+    ``start + count <= rows``. Differentiable (adjoint: :func:`take_rows`)."""
     _check_src_out("place_rows", src, rows, out)
     if _both_ints(start, count):
         if count > src.shape[0] or start + count > rows:
             raise DpxValueError(
                 f"place_rows: start={start}, count={count} must satisfy count <= src rows "
                 f"({src.shape[0]}) and start + count <= rows ({rows})")
-    return _call(_place_rows, _place_rows_out, src, start, count, rows, out, tile)
+    return _move(src, 0, start, count, rows, out, tile)
 
 
 def take_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
               out: torch.Tensor | None = None, tile: Tile = DEFAULT_TILE) -> torch.Tensor:
     """``src [m, *rest] -> out [rows, *rest]`` with ``out[:count] = src[start:start+count]``,
     zeros elsewhere. Python-int ``start``/``count`` must satisfy ``start + count <= m`` and
-    ``count <= rows``."""
+    ``count <= rows``. Differentiable (adjoint: :func:`place_rows`)."""
     _check_src_out("take_rows", src, rows, out)
     if _both_ints(start, count):
         if start + count > src.shape[0] or count > rows:
             raise DpxValueError(
                 f"take_rows: start={start}, count={count} must satisfy start + count <= src "
                 f"rows ({src.shape[0]}) and count <= rows ({rows})")
-    return _call(_take_rows, _take_rows_out, src, start, count, rows, out, tile)
+    return _move(src, start, 0, count, rows, out, tile)
 
 
-def _into(kernel: str, op, src: torch.Tensor, start: Index, count: Index,
-          out: torch.Tensor) -> torch.Tensor:
-    s_t, s_v = (start, 0) if isinstance(start, torch.Tensor) else (None, start)
-    c_t, c_v = (count, 0) if isinstance(count, torch.Tensor) else (None, count)
+def move_into(src: torch.Tensor, src_start: Index, dst_start: Index, count: Index,
+              out: torch.Tensor) -> torch.Tensor:
+    """``out[dst_start + j] = src[src_start + j]`` for ``j < count``, zeros elsewhere,
+    without argument checks (the interpreter's: its schedules are checked by the planner);
+    not differentiable."""
+    ss_t, ss_v = _parts(src_start)
+    ds_t, ds_v = _parts(dst_start)
+    c_t, c_v = _parts(count)
     if torch.compiler.is_compiling():
-        op(src, s_t, c_t, s_v, c_v, out, _tile_list(DEFAULT_TILE))
+        _move_rows_out(src, ss_t, ds_t, c_t, ss_v, ds_v, c_v, out, _tile_list(DEFAULT_TILE))
     else:
-        _launch_rows(kernel, src, s_t, c_t, s_v, c_v, out)
+        _launch_move(src, ss_t, ds_t, c_t, ss_v, ds_v, c_v, out)
     return out
 
 
-def place_into(src: torch.Tensor, start: Index, count: Index, out: torch.Tensor) -> torch.Tensor:
-    """:func:`place_rows` into ``out`` without argument checks, for callers that validated
-    already (``DpComm``'s interpreter); not differentiable."""
-    return _into("place_rows_kernel", _place_rows_out, src, start, count, out)
-
-
-def take_into(src: torch.Tensor, start: Index, count: Index, out: torch.Tensor) -> torch.Tensor:
-    """:func:`take_rows` into ``out`` without argument checks (see :func:`place_into`)."""
-    return _into("take_rows_kernel", _take_rows_out, src, start, count, out)
-
-
-def zero_from_(out: torch.Tensor, start: Index) -> torch.Tensor:
-    """In place, unchecked: zero rows ``j >= start`` of ``out``."""
-    s_t, s_v = (start, 0) if isinstance(start, torch.Tensor) else (None, start)
+def zero_into(out: torch.Tensor, keep_start: Index, keep_count: Index) -> torch.Tensor:
+    """In place, unchecked: zero the rows of ``out`` outside ``[keep_start, keep_start +
+    keep_count)``."""
+    s_t, s_v = _parts(keep_start)
+    c_t, c_v = _parts(keep_count)
     if torch.compiler.is_compiling():
-        _zero_rows_(out, s_t, None, s_v, 0, _tile_list(DEFAULT_TILE))
+        _zero_rows_(out, s_t, c_t, s_v, c_v, _tile_list(DEFAULT_TILE))
     else:
-        _launch_rows("zero_rows_kernel", None, s_t, None, s_v, 0, out)
+        _launch_zero(out, s_t, c_t, s_v, c_v)
     return out
 
 
-def zero_rows_(out: torch.Tensor, start: Index, count: Index, *,
+def zero_rows_(out: torch.Tensor, keep_start: Index, keep_count: Index, *,
                tile: Tile = DEFAULT_TILE) -> torch.Tensor:
-    """In place: zero rows ``j >= start + count`` of ``out`` (the pad tail of a slot)."""
-    s_t, s_v = _split_index("start", start, out.device)
-    c_t, c_v = _split_index("count", count, out.device)
+    """In place: every row of ``out`` outside ``[keep_start, keep_start + keep_count)``
+    becomes 0 (the kept rows are neither read nor written)."""
+    s_t, s_v = _split_index("keep_start", keep_start, out.device)
+    c_t, c_v = _split_index("keep_count", keep_count, out.device)
     if torch.compiler.is_compiling():
         _zero_rows_(out, s_t, c_t, s_v, c_v, _tile_list(tile))
     else:
-        _launch_rows("zero_rows_kernel", None, s_t, c_t, s_v, c_v, out, tile)
+        _launch_zero(out, s_t, c_t, s_v, c_v, tile)
     return out
 
 
@@ -317,15 +324,14 @@ def zero_rows_(out: torch.Tensor, start: Index, count: Index, *,
 #     ``out[r*block + j] = src[firsts[r] + j]`` for ``j < lens[r]``; other rows 0.
 # ``firsts`` / ``lens``: int32 ``[n]`` tensors on the data's device. The two are adjoint.
 
-def _launch_chunks(kernel_name: str, src: torch.Tensor, firsts: torch.Tensor,
-                   lens: torch.Tensor, block: int, out: torch.Tensor,
-                   tile: Tile = DEFAULT_TILE) -> None:
-    rows, width = out.shape[0], _width(out)
+def _launch_chunks(kernel, src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
+                   block: int, out: torch.Tensor, tile: Tile = DEFAULT_TILE) -> None:
+    rows, width = out.shape[0], width_of(out)
     if out.numel() == 0:
         return
     block_r, block_c, warps = _launch.row_blocks(width, tile)
     grid = (-(-rows // block_r), -(-width // block_c))
-    _kernel(kernel_name, out.device)[grid](
+    kernel_for(kernel, out.device)[grid](
         src, firsts, lens, src.shape[0], rows, firsts.shape[0], block, out, WIDTH=width,
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
 
@@ -333,13 +339,13 @@ def _launch_chunks(kernel_name: str, src: torch.Tensor, firsts: torch.Tensor,
 @torch.library.custom_op("dpx::unpack_rows_out", mutates_args=("out",))
 def _unpack_rows_out(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
                      out: torch.Tensor) -> None:
-    _launch_chunks("unpack_rows_kernel", src, firsts, lens, block, out)
+    _launch_chunks(_rows.unpack_rows_kernel, src, firsts, lens, block, out)
 
 
 @torch.library.custom_op("dpx::pack_rows_out", mutates_args=("out",))
 def _pack_rows_out(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
                    out: torch.Tensor) -> None:
-    _launch_chunks("pack_rows_kernel", src, firsts, lens, block, out)
+    _launch_chunks(_rows.pack_rows_kernel, src, firsts, lens, block, out)
 
 
 @_unpack_rows_out.register_fake
@@ -356,7 +362,7 @@ def _(src, firsts, lens, block, out) -> None:
 def _unpack_rows(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
                  rows: int) -> torch.Tensor:
     out = src.new_empty((rows, *src.shape[1:]))
-    _launch_chunks("unpack_rows_kernel", src, firsts, lens, block, out)
+    _launch_chunks(_rows.unpack_rows_kernel, src, firsts, lens, block, out)
     return out
 
 
@@ -364,7 +370,7 @@ def _unpack_rows(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, bl
 def _pack_rows(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
                block: int) -> torch.Tensor:
     out = src.new_empty((firsts.shape[0] * block, *src.shape[1:]))
-    _launch_chunks("pack_rows_kernel", src, firsts, lens, block, out)
+    _launch_chunks(_rows.pack_rows_kernel, src, firsts, lens, block, out)
     return out
 
 
@@ -423,7 +429,7 @@ def unpack_rows(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
     if torch.compiler.is_compiling() or (src.requires_grad and torch.is_grad_enabled()):
         return _unpack_rows(src, firsts, lens, block, rows)
     out = src.new_empty((rows, *src.shape[1:]))
-    _launch_chunks("unpack_rows_kernel", src, firsts, lens, block, out)
+    _launch_chunks(_rows.unpack_rows_kernel, src, firsts, lens, block, out)
     return out
 
 
@@ -436,11 +442,11 @@ def pack_rows(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
     if torch.compiler.is_compiling() or (src.requires_grad and torch.is_grad_enabled()):
         return _pack_rows(src, firsts, lens, block)
     out = src.new_empty((firsts.shape[0] * block, *src.shape[1:]))
-    _launch_chunks("pack_rows_kernel", src, firsts, lens, block, out)
+    _launch_chunks(_rows.pack_rows_kernel, src, firsts, lens, block, out)
     return out
 
 
-def _chunks_into(kernel: str, op, src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
+def _chunks_into(kernel, op, src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
                  block: int, out: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
         op(src, firsts, lens, block, out)
@@ -452,10 +458,11 @@ def _chunks_into(kernel: str, op, src: torch.Tensor, firsts: torch.Tensor, lens:
 def unpack_into(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
                 out: torch.Tensor) -> torch.Tensor:
     """:func:`unpack_rows` into ``out`` without checks (the interpreter's)."""
-    return _chunks_into("unpack_rows_kernel", _unpack_rows_out, src, firsts, lens, block, out)
+    return _chunks_into(_rows.unpack_rows_kernel, _unpack_rows_out, src, firsts, lens, block,
+                        out)
 
 
 def pack_into(src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, block: int,
               out: torch.Tensor) -> torch.Tensor:
     """:func:`pack_rows` into ``out`` without checks (the interpreter's)."""
-    return _chunks_into("pack_rows_kernel", _pack_rows_out, src, firsts, lens, block, out)
+    return _chunks_into(_rows.pack_rows_kernel, _pack_rows_out, src, firsts, lens, block, out)

@@ -17,14 +17,12 @@ import torch
 
 from dpx import wire as W
 from dpx.kernels import wire as _wire
-from dpx_torch.rows import Index, _kernel_of
+from dpx_torch.rows import Index, kernel_for
+
+__all__ = ["dequantize_into", "quantize_into", "split_wire"]
 
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _BLOCK_R = 16
-
-
-def wire_width(width: int) -> int:
-    return W.wire_row_bytes(width)
 
 
 def _quantize(src, start, count, start_val, count_val, out) -> None:
@@ -32,7 +30,7 @@ def _quantize(src, start, count, start_val, count_val, out) -> None:
     if rows == 0:
         return
     anchor = src
-    kern = _kernel_of(_wire, "quantize_rows_kernel", out.device)
+    kern = kernel_for(_wire.quantize_rows_kernel, out.device)
     br, bg = _wire.QUANTIZE_BLOCK_R, _wire.QUANTIZE_BLOCK_G
     kern[(-(-rows // br), -(-(H // W.GROUP) // bg))](
         src, anchor if start is None else start, anchor if count is None else count,
@@ -45,7 +43,7 @@ def _dequantize(src, out) -> None:
     rows, H = out.shape[0], out.shape[1]
     if rows == 0:
         return
-    kern = _kernel_of(_wire, "dequantize_rows_kernel", out.device)
+    kern = kernel_for(_wire.dequantize_rows_kernel, out.device)
     kern[(-(-rows // _BLOCK_R), H // W.GROUP)](src, rows, out, H=H, ROW_BYTES=src.shape[1],
                                                OUT_KIND=_OUT_KIND[out.dtype],
                                                BLOCK_R=_BLOCK_R, num_warps=4)

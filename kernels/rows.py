@@ -2,13 +2,13 @@
 
 Every kernel views its buffers as ``[rows, WIDTH]`` row-major matrices (trailing dims
 flattened into ``WIDTH``), writes every element of its output exactly once (one pass, no
-fill-then-copy), reads ``start`` and ``count`` each either from device memory (``START_PTR`` /
-``COUNT_PTR``: int32 scalars, so a captured CUDA graph or a compiled JAX function sees new values without a new
-launch) or from plain integer arguments, does index math in int64, and masks every access
+fill-then-copy), reads its row offsets and counts each either from device memory (``*_PTR``: int32
+scalars, so a captured CUDA graph or a compiled JAX function sees new values without a
+new launch) or from plain integer arguments, does index math in int64, and masks every access
 against the buffer bounds: a wrong count can never read or write out of bounds.
 Kernels call no other ``@triton.jit`` function, so each runs unchanged in Triton's
-interpreter (CPU tensors) without the process-wide interpret switch. ``start_val`` and
-``count_val`` are never specialised (a value of 1 would otherwise become a constant).
+interpreter (CPU tensors) without the process-wide interpret switch. The integer offsets
+and counts are never specialised (a value of 1 would otherwise become a constant).
 
 ``pack_rows`` / ``unpack_rows`` move the chunks of a chunk table (int32 ``firsts`` and
 ``lens`` in device memory) between their rows of a buffer and equal ``block``-row pieces.
@@ -20,55 +20,36 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["start_val", "count_val"])
-def place_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_rows, out_rows,
-                      out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """``out[start + j] = src[j]`` for ``0 <= j < count``; every other row of ``out`` is 0.
-
-    src ``[src_rows, WIDTH]`` -> out ``[out_rows, WIDTH]``. Rows of ``src`` at or past
-    ``count`` (or past ``src_rows``) are never read.
-    """
-    if START_PTR:
-        start = tl.load(start_ptr).to(tl.int64)
-    else:
-        start = start_val.to(tl.int64)
-    if COUNT_PTR:
-        count = tl.load(count_ptr).to(tl.int64)
-    else:
-        count = count_val.to(tl.int64)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
-    j = rows - start
-    row_real = (j >= 0) & (j < count) & (j < src_rows) & (rows < out_rows)
-    col_ok = cols < WIDTH
-    vals = tl.load(src_ptr + j[:, None] * WIDTH + cols[None, :],
-                   mask=row_real[:, None] & col_ok[None, :], other=0)
-    tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], vals,
-             mask=(rows < out_rows)[:, None] & col_ok[None, :])
-
-
-@triton.jit(do_not_specialize=["start_val", "count_val"])
-def take_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_rows, out_rows,
-                     out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
+@triton.jit(do_not_specialize=["src_start_val", "dst_start_val", "count_val"])
+def move_rows_kernel(src_ptr, src_start_ptr, dst_start_ptr, count_ptr, src_start_val,
+                     dst_start_val, count_val, src_rows, out_rows, out_ptr,
+                     WIDTH: tl.constexpr, SRC_START_PTR: tl.constexpr,
+                     DST_START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """``out[j] = src[start + j]`` for ``0 <= j < count``; rows ``count..`` of ``out`` are 0.
+    """``out[dst_start + j] = src[src_start + j]`` for ``0 <= j < count``; every other row
+    of ``out`` is 0 (a *place* when ``src_start`` is 0, a *take* when ``dst_start`` is 0).
 
     src ``[src_rows, WIDTH]`` -> out ``[out_rows, WIDTH]``. Rows of ``src`` outside
-    ``[start, start + count)`` are never read.
+    ``[src_start, src_start + count)`` are never read. Each of ``src_start``,
+    ``dst_start`` and ``count`` is read from device memory (``*_PTR``) or given as an int.
     """
-    if START_PTR:
-        start = tl.load(start_ptr).to(tl.int64)
+    if SRC_START_PTR:
+        src_start = tl.load(src_start_ptr).to(tl.int64)
     else:
-        start = start_val.to(tl.int64)
+        src_start = src_start_val.to(tl.int64)
+    if DST_START_PTR:
+        dst_start = tl.load(dst_start_ptr).to(tl.int64)
+    else:
+        dst_start = dst_start_val.to(tl.int64)
     if COUNT_PTR:
         count = tl.load(count_ptr).to(tl.int64)
     else:
         count = count_val.to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
-    s = rows + start
-    row_real = (rows < count) & (rows < out_rows) & (s >= 0) & (s < src_rows)
+    j = rows - dst_start
+    s = src_start + j
+    row_real = (j >= 0) & (j < count) & (s >= 0) & (s < src_rows) & (rows < out_rows)
     col_ok = cols < WIDTH
     vals = tl.load(src_ptr + s[:, None] * WIDTH + cols[None, :],
                    mask=row_real[:, None] & col_ok[None, :], other=0)
@@ -80,9 +61,11 @@ def take_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_ro
 def zero_rows_kernel(start_ptr, count_ptr, start_val, count_val, out_rows,
                      out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Zero rows ``j`` of ``out`` with ``j >= start + count`` (in place; writes pad rows only).
+    """In place: zero every row ``j < out_rows`` of ``out`` outside ``[start, start +
+    count)`` (writes those rows only; the kept rows are neither read nor written).
 
-    Used after a collective has written a slot whose tail past the real count must be 0.
+    Used after a collective has written a slot whose tail past the real count must be 0,
+    and around a caller's own rows before an in-place collective.
     """
     if START_PTR:
         start = tl.load(start_ptr).to(tl.int64)
@@ -94,7 +77,7 @@ def zero_rows_kernel(start_ptr, count_ptr, start_val, count_val, out_rows,
         count = count_val.to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
-    pad = (rows >= start + count) & (rows < out_rows)
+    pad = ((rows < start) | (rows >= start + count)) & (rows < out_rows)
     zeros = tl.full((BLOCK_R, BLOCK_C), 0, dtype=out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], zeros,
              mask=pad[:, None] & (cols < WIDTH)[None, :])

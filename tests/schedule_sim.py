@@ -4,26 +4,29 @@ combine the ranks' buffers, and every rule a frontend relies on is checked on th
 It is strict where the frontends are lenient: every start/count must lie inside its
 buffers (the kernels would mask, the planner must not rely on it), scratch and output
 buffers start as NaN (a row nobody wrote shows up), inputs are read-only (no op may modify
-its input), rows that a per-root reduce leaves undefined become NaN, and at every
-collective all ranks must be at a collective of the same kind, group and sizes.
+its input; an in-place gather's input is a view of its output), rows that a per-root
+reduce leaves undefined become NaN, and at every collective all ranks must be at a
+collective of the same kind, group and sizes. Device counts are checked against the
+schedule's :class:`~dpx.steps.CheckCounts` rule: a violation fails the simulation.
 
 Expressions are evaluated with :class:`NumpyValues`, a NumPy table of array operations
-written here, independent of dpx's own host evaluator.
+written here, independent of dpx's own host evaluator. Each step kind has its handler in
+:data:`LOCAL` or :data:`COLLECTIVES` (tests/test_registries.py checks none is missing).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 import dpx
 from dpx import expr as X
 from dpx.modes import Group
-from dpx.schedule import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, Copy, Pack,
-                          Place, Quantize, Dequantize, ReduceScatter, ReduceScatterV, ReduceV,
-                          Ref, Schedule, Take,
-                          Unpack, ZeroFrom)
+from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts,
+                       Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
+                       ReduceV, Ref, Unpack, Zero)
+from dpx.schedule import Schedule
 
 
 class NumpyValues(X.ArrayOps):
@@ -53,6 +56,15 @@ class NumpyValues(X.ArrayOps):
     def eq(self, a, b):
         return (np.asarray(a) == np.asarray(b)).astype(np.int64)
 
+    def ne(self, a, b):
+        return (np.asarray(a) != np.asarray(b)).astype(np.int64)
+
+    def lt(self, a, b):
+        return (np.asarray(a) < np.asarray(b)).astype(np.int64)
+
+    def le(self, a, b):
+        return (np.asarray(a) <= np.asarray(b)).astype(np.int64)
+
     def clip(self, a, lo, hi):
         return np.clip(a, lo, hi)
 
@@ -66,7 +78,6 @@ class NumpyValues(X.ArrayOps):
         g = np.asarray(v).reshape(-1, k)
         return (np.cumsum(g, axis=1) - g).reshape(-1)
 
-
     def gather(self, v, indices):
         return v[np.asarray(indices)]
 
@@ -74,19 +85,24 @@ class NumpyValues(X.ArrayOps):
         return v[int(i)]
 
 
-
 def _int(v: Any) -> int:
     return int(np.asarray(v))
 
 
 class _Rank:
-    def __init__(self, sched: Schedule, x: np.ndarray, ops: NumpyValues) -> None:
+    def __init__(self, sched: Schedule, x: np.ndarray, ops: NumpyValues, rank: int) -> None:
         self.sched, self.ops, self.pc = sched, ops, 0
-        x = np.array(x, dtype=np.float64)
-        x.flags.writeable = False
-        self.env: dict[str, np.ndarray] = {IN: x}
         rest = x.shape[1:]
-        self.env[OUT] = np.full((sched.out_rows, *rest), np.nan)
+        self.env: dict[str, np.ndarray] = {OUT: np.full((sched.out_rows, *rest), np.nan)}
+        if sched.in_place:
+            first, rows = dpx.local_rows(sched.plan, rank, device_counts=sched.device_counts)
+            assert x.shape[0] == rows, f"in-place input of {x.shape[0]} rows, slot {rows}"
+            self.env[OUT][first:first + rows] = x
+            self.env[IN] = self.env[OUT][first:first + rows]
+        else:
+            x = np.array(x, dtype=np.float64)
+            x.flags.writeable = False
+            self.env[IN] = x
         for name, rows in sched.scratch:
             self.env[name] = np.full((rows, *rest), np.nan)
 
@@ -95,14 +111,15 @@ class _Rank:
 
     def ref(self, r: Ref) -> np.ndarray:
         t = self.env[r.buf]
-        end = t.shape[0] if r.rows is None else r.first + r.rows
-        assert 0 <= r.first <= end <= t.shape[0], f"view {r} outside {r.buf}[{t.shape[0]}]"
-        return t[r.first:end]
+        first = self.val(r.first)
+        end = t.shape[0] if r.rows is None else first + self.val(r.rows)
+        assert 0 <= first <= end <= t.shape[0], f"view {r} outside {r.buf}[{t.shape[0]}]"
+        return t[first:end]
 
     def write(self, r: Ref, value: np.ndarray) -> None:
         view = self.ref(r)
         assert view.shape == value.shape, f"{r}: writing {value.shape} into {view.shape}"
-        view[...] = value  # raises for "in" (read-only)
+        view[...] = value  # raises for "in" (read-only) unless in place
 
     @property
     def current(self):
@@ -119,52 +136,75 @@ def _fp8_round_trip(x: np.ndarray) -> np.ndarray:
     return dequantize_fp8(payload, scales).astype(np.float64)
 
 
-def _local(rank: _Rank, s) -> None:
-    if isinstance(s, Quantize):  # a take whose rows travel as fp8 (values: the round trip)
-        src, start, count = rank.ref(s.src), _int(rank.val(s.start)), _int(rank.val(s.count))
-        assert 0 <= count <= s.rows and 0 <= start and start + count <= src.shape[0], str(s)
-        out = np.zeros((s.rows, *src.shape[1:]))
-        out[:count] = _fp8_round_trip(src[start:start + count])
-        rank.write(s.dst, out)
-    elif isinstance(s, Dequantize):
-        rank.write(s.dst, rank.ref(s.src).copy())
-    elif isinstance(s, (Place, Take)):
-        src, start, count = rank.ref(s.src), _int(rank.val(s.start)), _int(rank.val(s.count))
-        out = np.zeros((s.rows, *src.shape[1:]))
-        if isinstance(s, Place):
-            assert 0 <= count <= src.shape[0] and 0 <= start and start + count <= s.rows, \
-                f"{s}: start={start} count={count} src rows={src.shape[0]}"
-            out[start:start + count] = src[:count]
+def _check(rank: _Rank, s: CheckCounts) -> None:
+    c = np.asarray(rank.ops.counts())
+    assert c.shape == (s.entries,) and (c >= 0).all(), f"{s}: counts {c}"
+    n = c.reshape(-1, s.group).sum(axis=1)
+    if s.max_each is not None:
+        assert (n <= s.max_each).all(), f"{s}: counts {n}"
+    if s.max_sum is not None:
+        assert (-(-n // s.align) * s.align).sum() <= s.max_sum, f"{s}: counts {n}"
+
+
+def _move(rank: _Rank, s: Move) -> None:
+    src = rank.ref(s.src)
+    rows, a, b, count = (_int(rank.val(v)) for v in (s.rows, s.src_start, s.dst_start,
+                                                     s.count))
+    assert 0 <= count and 0 <= a and a + count <= src.shape[0] and 0 <= b and \
+        b + count <= rows, f"{s}: src_start={a} dst_start={b} count={count} " \
+                           f"src rows={src.shape[0]}"
+    out = np.zeros((rows, *src.shape[1:]))
+    out[b:b + count] = src[a:a + count]
+    rank.write(s.dst, out)
+
+
+def _zero(rank: _Rank, s: Zero) -> None:
+    buf = rank.ref(s.buf)
+    rows, first, n = (_int(rank.val(v)) for v in (s.rows, s.keep_start, s.keep_count))
+    assert buf.shape[0] == rows and 0 <= first and 0 <= n and first + n <= rows, \
+        f"{s}: keep [{first}, +{n}) of {buf.shape[0]}"
+    keep = buf[first:first + n].copy()
+    buf[...] = 0
+    buf[first:first + n] = keep
+
+
+def _quantize(rank: _Rank, s: Quantize) -> None:
+    # a take whose rows travel as fp8 (values: the round trip)
+    src, start, count = rank.ref(s.src), _int(rank.val(s.start)), _int(rank.val(s.count))
+    rows = _int(rank.val(s.rows))
+    assert 0 <= count <= rows and 0 <= start and start + count <= src.shape[0], str(s)
+    out = np.zeros((rows, *src.shape[1:]))
+    out[:count] = _fp8_round_trip(src[start:start + count])
+    rank.write(s.dst, out)
+
+
+def _dequantize(rank: _Rank, s: Dequantize) -> None:
+    rank.write(s.dst, rank.ref(s.src).copy())
+
+
+def _chunks(rank: _Rank, s: Pack | Unpack) -> None:
+    src = rank.ref(s.src)
+    firsts = np.asarray(rank.val(s.firsts)).reshape(-1)
+    lens = np.asarray(rank.val(s.lens)).reshape(-1)
+    rows, block = _int(rank.val(s.rows)), _int(rank.val(s.block))
+    out = np.zeros((rows, *src.shape[1:]))
+    for r, (f, n) in enumerate(zip(firsts, lens)):
+        assert 0 <= n <= block, f"{s}: chunk {r} has {n} rows, block {block}"
+        if isinstance(s, Unpack):
+            assert src.shape[0] == len(lens) * block and f + n <= rows, str(s)
+            assert not out[f:f + n].any(), f"{s}: chunks overlap at rank {r}"
+            out[f:f + n] = src[r * block:r * block + n]
         else:
-            assert 0 <= count <= s.rows and 0 <= start and start + count <= src.shape[0], \
-                f"{s}: start={start} count={count} src rows={src.shape[0]}"
-            out[:count] = src[start:start + count]
-        rank.write(s.dst, out)
-    elif isinstance(s, ZeroFrom):
-        buf, start = rank.ref(s.buf), _int(rank.val(s.start))
-        assert buf.shape[0] == s.rows and 0 <= start <= s.rows, f"{s}: start={start}"
-        buf[start:] = 0
-    elif isinstance(s, Copy):
-        src = rank.ref(s.src)
-        assert src.shape[0] == s.rows
-        rank.write(s.dst, src.copy())
-    elif isinstance(s, (Pack, Unpack)):
-        src = rank.ref(s.src)
-        firsts = np.asarray(rank.val(s.firsts)).reshape(-1)
-        lens = np.asarray(rank.val(s.lens)).reshape(-1)
-        out = np.zeros((s.rows, *src.shape[1:]))
-        for r, (f, n) in enumerate(zip(firsts, lens)):
-            assert 0 <= n <= s.block, f"{s}: chunk {r} has {n} rows, block {s.block}"
-            if isinstance(s, Unpack):
-                assert src.shape[0] == len(lens) * s.block and f + n <= s.rows, str(s)
-                assert not out[f:f + n].any(), f"{s}: chunks overlap at rank {r}"
-                out[f:f + n] = src[r * s.block:r * s.block + n]
-            else:
-                assert s.rows == len(lens) * s.block and f + n <= src.shape[0], str(s)
-                out[r * s.block:r * s.block + n] = src[f:f + n]
-        rank.write(s.dst, out)
-    else:
-        raise AssertionError(f"unknown local step {s!r}")
+            assert rows == len(lens) * block and f + n <= src.shape[0], str(s)
+            out[r * block:r * block + n] = src[f:f + n]
+    rank.write(s.dst, out)
+
+
+#: The simulator's handler of every local step kind.
+LOCAL: dict[type, Callable[[_Rank, Any], None]] = {
+    CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
+    Dequantize: _dequantize, Pack: _chunks, Unpack: _chunks,
+}
 
 
 def _members(layout: dpx.DpLayout, group: Group) -> list[tuple[int, ...]]:
@@ -183,66 +223,88 @@ def _signature(rank: _Rank, s) -> tuple:
     return tuple(sig)
 
 
+def _all_gather(group, s0) -> None:
+    srcs = [r.ref(s.src) for r, s in group]
+    assert all(x.shape[0] == s0.rows for x in srcs)
+    full = np.concatenate(srcs)
+    for r, s in group:
+        r.write(s.dst, full.copy())
+
+
+def _reduce_scatter(group, s0) -> None:
+    total = sum(r.ref(s.src) for r, s in group)
+    for k, (r, s) in enumerate(group):
+        r.write(s.dst, total[k * s0.rows:(k + 1) * s0.rows].copy())
+
+
+def _all_reduce(group, s0) -> None:
+    total = sum(r.ref(s.buf) for r, s in group)
+    for r, s in group:
+        r.write(s.buf, total.copy())
+
+
+def _table(group, s0) -> tuple[np.ndarray, np.ndarray]:
+    return (np.asarray(group[0][0].val(s0.firsts)), np.asarray(group[0][0].val(s0.lens)))
+
+
+def _broadcast_v(group, s0) -> None:
+    firsts, lens = _table(group, s0)
+    bufs = [r.ref(s.buf) for r, s in group]
+    assert all(b.shape[0] == s0.rows for b in bufs)
+    for root, (f, n) in enumerate(zip(firsts, lens)):
+        for b in bufs:
+            b[f:f + n] = bufs[root][f:f + n]
+
+
+def _reduce_v(group, s0) -> None:
+    firsts, lens = _table(group, s0)
+    bufs = [r.ref(s.buf) for r, s in group]
+    sums = [sum(b[f:f + n] for b in bufs) for f, n in zip(firsts, lens)]
+    owned = np.zeros(s0.rows, bool)
+    for f, n in zip(firsts, lens):
+        owned[f:f + n] = True
+    for me, b in enumerate(bufs):
+        b[~owned] = np.nan
+        for root, (f, n) in enumerate(zip(firsts, lens)):
+            b[f:f + n] = sums[root] if root == me else np.nan
+
+
+def _all_gather_v(group, s0) -> None:
+    firsts, lens = _table(group, s0)
+    srcs = [r.ref(s.src) for r, s in group]
+    out = np.zeros((s0.rows, *srcs[0].shape[1:]))
+    for root, (f, n) in enumerate(zip(firsts, lens)):
+        assert n <= s0.block and srcs[root].shape[0] == s0.block
+        out[f:f + n] = srcs[root][:n]
+    for r, s in group:
+        r.write(s.dst, out.copy())
+
+
+def _reduce_scatter_v(group, s0) -> None:
+    firsts, lens = _table(group, s0)
+    total = sum(r.ref(s.src) for r, s in group)
+    for me, (r, s) in enumerate(group):
+        out = np.zeros((s0.block, *total.shape[1:]))
+        f, n = firsts[me], lens[me]
+        out[:n] = total[f:f + n]
+        r.write(s.dst, out)
+
+
+#: The simulator's handler of every collective kind.
+COLLECTIVES: dict[type, Callable[[list, Any], None]] = {
+    AllGather: _all_gather, ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
+    BroadcastV: _broadcast_v, ReduceV: _reduce_v, AllGatherV: _all_gather_v,
+    ReduceScatterV: _reduce_scatter_v,
+}
+
+
 def _collective(ranks: list[_Rank], layout: dpx.DpLayout) -> None:
     steps = [r.current for r in ranks]
     sigs = {_signature(r, s) for r, s in zip(ranks, steps)}
     assert len(sigs) == 1, f"ranks disagree at a collective: {sigs}"
     s0 = steps[0]
     for members in _members(layout, s0.group):
-        group = [(ranks[m], steps[m]) for m in members]
-        if isinstance(s0, AllGather):
-            srcs = [r.ref(s.src) for r, s in group]
-            assert all(x.shape[0] == s0.rows for x in srcs)
-            full = np.concatenate(srcs)
-            for r, s in group:
-                r.write(s.dst, full.copy())
-        elif isinstance(s0, ReduceScatter):
-            total = sum(r.ref(s.src) for r, s in group)
-            for k, (r, s) in enumerate(group):
-                r.write(s.dst, total[k * s0.rows:(k + 1) * s0.rows].copy())
-        elif isinstance(s0, AllReduce):
-            total = sum(r.ref(s.buf) for r, s in group)
-            for r, s in group:
-                r.write(s.buf, total.copy())
-        elif isinstance(s0, (BroadcastV, ReduceV)):
-            firsts = np.asarray(group[0][0].val(s0.firsts))
-            lens = np.asarray(group[0][0].val(s0.lens))
-            bufs = [r.ref(s.buf) for r, s in group]
-            assert all(b.shape[0] == s0.rows for b in bufs)
-            if isinstance(s0, BroadcastV):
-                for root, (f, n) in enumerate(zip(firsts, lens)):
-                    for b in bufs:
-                        b[f:f + n] = bufs[root][f:f + n]
-            else:
-                sums = [sum(b[f:f + n] for b in bufs) for f, n in zip(firsts, lens)]
-                owned = np.zeros(s0.rows, bool)
-                for f, n in zip(firsts, lens):
-                    owned[f:f + n] = True
-                for me, b in enumerate(bufs):
-                    b[~owned] = np.nan
-                    for root, (f, n) in enumerate(zip(firsts, lens)):
-                        b[f:f + n] = sums[root] if root == me else np.nan
-        elif isinstance(s0, AllGatherV):
-            firsts = np.asarray(group[0][0].val(s0.firsts))
-            lens = np.asarray(group[0][0].val(s0.lens))
-            srcs = [r.ref(s.src) for r, s in group]
-            out = np.zeros((s0.rows, *srcs[0].shape[1:]))
-            for root, (f, n) in enumerate(zip(firsts, lens)):
-                assert n <= s0.block and srcs[root].shape[0] == s0.block
-                out[f:f + n] = srcs[root][:n]
-            for r, s in group:
-                r.write(s.dst, out.copy())
-        elif isinstance(s0, ReduceScatterV):
-            firsts = np.asarray(group[0][0].val(s0.firsts))
-            lens = np.asarray(group[0][0].val(s0.lens))
-            total = sum(r.ref(s.src) for r, s in group)
-            for me, (r, s) in enumerate(group):
-                out = np.zeros((s0.block, *total.shape[1:]))
-                f, n = firsts[me], lens[me]
-                out[:n] = total[f:f + n]
-                r.write(s.dst, out)
-        else:
-            raise AssertionError(f"unknown collective {s0!r}")
+        COLLECTIVES[type(s0)]([(ranks[m], steps[m]) for m in members], s0)
     for r in ranks:
         r.pc += 1
 
@@ -250,18 +312,20 @@ def _collective(ranks: list[_Rank], layout: dpx.DpLayout) -> None:
 def simulate(schedules: Sequence[Schedule], inputs: Sequence[np.ndarray],
              counts: Sequence[int] | None) -> list[np.ndarray]:
     """Run rank ``r``'s ``schedules[r]`` on ``inputs[r]`` (device ``counts`` when the
-    schedules read them); returns every rank's output."""
+    schedules read them); returns every rank's output. An in-place schedule's input is
+    first copied into its output at the rank's rows (``dpx.local_rows``: what the caller
+    wrote into ``local_slot``), the rest of the output is NaN."""
     layout = schedules[0].plan.layout
     ranks = []
     for r, (sched, x) in enumerate(zip(schedules, inputs)):
         c = layout.coords(r)
         coords = {X.Coord.RANK: r, X.Coord.DP: c.attn_dp_rank, X.Coord.TP: c.attn_tp_rank,
                   X.Coord.CP: c.attn_cp_rank}
-        ranks.append(_Rank(sched, x, NumpyValues(counts, coords)))
+        ranks.append(_Rank(sched, x, NumpyValues(counts, coords), r))
     while True:
         for r in ranks:
             while r.current is not None and not r.current.collective:
-                _local(r, r.current)
+                LOCAL[type(r.current)](r, r.current)
                 r.pc += 1
         done = [r.current is None for r in ranks]
         if all(done):

@@ -106,13 +106,18 @@ def test_device_counts_out_of_range_stay_in_bounds(device):
 
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_zero_rows_writes_only_the_tail(device, dtype):
+def test_zero_rows_keeps_only_the_window(device, dtype):
     gen = torch.Generator().manual_seed(3)
-    x = _rand((9, 5), dtype, gen, device)
-    ref = x.clone()
-    ref[4:] = 0
-    zero_rows_(x, 1, torch.tensor([3], dtype=torch.int32, device=device))
-    assert torch.equal(x, ref)
+    for keep_start, keep_count in ((1, 3), (0, 4), (6, 9), (0, 0), (9, 0), (2, 0)):
+        x = _rand((9, 5), dtype, gen, device)
+        ref = torch.zeros_like(x)
+        ref[keep_start:keep_start + keep_count] = x[keep_start:keep_start + keep_count]
+        for as_tensor in (False, True):
+            y = x.clone()
+            c = (torch.tensor([keep_count], dtype=torch.int32, device=device) if as_tensor
+                 else keep_count)
+            zero_rows_(y, keep_start, c)
+            assert torch.equal(y, ref), (keep_start, keep_count, as_tensor)
 
 
 @pytest.mark.parametrize("device", device_params())

@@ -156,7 +156,6 @@ def test_fingerprint_distinguishes():
     assert a.fingerprint() != plan_step([1, 2, 3, 5], lay).fingerprint()
     assert a.fingerprint() != plan_step([1, 2, 3, 4], lay, mode="sum_len").fingerprint()
     assert a.fingerprint() != plan_step([1, 2, 3, 4], DpLayout(8, 4)).fingerprint()
-    assert -(2**63) <= a.fingerprint64() < 2**63
 
 
 def test_all_idle_plan_is_empty():
@@ -225,7 +224,8 @@ def test_cost_model_prices_the_schedules_that_run():
     assert g.rank == 1 and g.steps[0].name.startswith("place") and len(g.steps) == 2
     rs = estimate_op(plan_step([5, 3], DpLayout(2, 2), mode="sum_len"), Op.REDUCE_SCATTER,
                      row_bytes=rb, cost_model=model)
-    assert [s.name.split()[0] for s in rs.steps] == ["copy", "all_reduce", "take"]
+    # the slowest rank's slot is full: its final take is a plain copy of its rows
+    assert [s.name.split()[0] for s in rs.steps] == ["copy", "all_reduce", "copy"]
     assert rs.steps[0].size == 2 * 8 * rb  # read + write of the 8-row global buffer
     # every estimate is exactly the sum of its schedules' priced steps
     for mode in PaddingMode:
@@ -275,7 +275,8 @@ def test_cli_prints_each_ranks_schedule():
                            text=True)
     assert every.returncode == 0, every.stderr
     assert all(f"rank {r} reduce_scatter" in every.stdout for r in range(8))
-    assert "cumsum_excl(align(n, 2))" in every.stdout and "note: GATHERV runs as" in every.stdout
+    assert "cumsum_excl(align(n, 2))" in every.stdout
+    assert "note: GATHERV moves every rank's block in an equal all-gather" in every.stdout
     bad = subprocess.run([sys.executable, "-m", "dpx", "plan", *args, "--rank", "8"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "rank=8 must be < world_size=8" in bad.stderr

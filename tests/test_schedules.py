@@ -15,7 +15,7 @@ import pytest
 import dpx
 from dpx import Op, PaddingMode, Transport, build_schedule
 from dpx import expr as X
-from dpx.schedule import Place, Take, ZeroFrom
+from dpx.steps import CheckCounts, Move, Zero
 from reference import (dequantize_fp8, global_inputs, held, local_inputs, quantize_fp8,
                        real_rows, ref_gather, ref_reduce_scatter_rank,
                        ref_scatter_rank)
@@ -28,6 +28,8 @@ CP_LAYOUTS = [(4, 1, 2), (4, 2, 2), (3, 1, 3), (8, 2, 2), (8, 1, 4), (8, 2, 4), 
 MODES = list(PaddingMode)
 TRANSPORTS = list(Transport)
 REST = (2,)
+#: One template cache for the module's schedules (a server keeps one the same way).
+CACHE = dpx.ScheduleCache(max_templates=4096)
 
 
 def _ids(layout) -> str:
@@ -63,10 +65,10 @@ def _schedules(plan, op, *, partial, transport, symbolic, device, in_rows, wire=
     W = plan.layout.world_size
     if symbolic:
         s = build_schedule(plan, op, rank=None, partial=partial, transport=transport,
-                           device_counts=device, in_rows=in_rows[0], wire=wire)
+                           device_counts=device, in_rows=in_rows[0], wire=wire, cache=CACHE)
         return [s] * W
     return [build_schedule(plan, op, rank=r, partial=partial, transport=transport,
-                           device_counts=device, in_rows=in_rows[r], wire=wire)
+                           device_counts=device, in_rows=in_rows[r], wire=wire, cache=CACHE)
             for r in range(W)]
 
 
@@ -98,6 +100,9 @@ def check_plan(plan, *, run=None, seed=0) -> int:
             sched = _schedules(plan, Op.GATHER, partial=partial, in_rows=rows, **kw)
             for r, got in enumerate(simulate(sched, locs, dev_vec)):
                 np.testing.assert_array_equal(got, want_g, err_msg=f"gather rank {r} {kw}")
+            if not symbolic and exact:
+                checks += _check_in_place(plan, locs, want_g, partial, transport, device,
+                                          dev_vec, eff)
             if exact and plan.mode is not dpx.PaddingMode.SUM_LEN:
                 # the fp8 wire: every real row arrives as its quantize round trip
                 locs8 = [x[:n] for x, n in zip(local_inputs(
@@ -143,6 +148,31 @@ def check_plan(plan, *, run=None, seed=0) -> int:
                 np.testing.assert_array_equal(adj[r], want, err_msg=f"scatter_adjoint r{r}")
             checks += 1
     return checks
+
+
+def _check_in_place(plan, locs, want, partial, transport, device, dev_vec, eff) -> int:
+    """The in-place gather: each rank's rows already at their place in ``out`` (its slot,
+    pad rows NaN: whatever the caller's buffer held), the same result as from a separate
+    input. Plans whose slot position is device data are refused by ``local_rows``."""
+    lay = plan.layout
+    inputs, scheds = [], []
+    for r in range(lay.world_size):
+        try:
+            _, rows = dpx.local_rows(plan, r, device_counts=device)
+        except dpx.DpxValueError:
+            assert device and (plan.mode is not PaddingMode.MAX_LEN or plan.sharded)
+            return 0
+        n = held(plan, r, eff)[1]
+        x = np.full((rows, *locs[r].shape[1:]), np.nan)
+        x[:n] = locs[r][:n]
+        inputs.append(x)
+        scheds.append(build_schedule(plan, Op.GATHER, rank=r, partial=partial,
+                                     transport=transport, device_counts=device,
+                                     in_rows=rows, in_place=True, cache=CACHE))
+    for r, got in enumerate(simulate(scheds, inputs, dev_vec)):
+        np.testing.assert_array_equal(got, want, err_msg=f"in-place gather rank {r} "
+                                                         f"{transport}")
+    return 1
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=_ids)
@@ -228,7 +258,7 @@ def test_full_slots_need_no_pass_and_partial_slots_do():
     full = build_schedule(plan, Op.GATHER, rank=0, in_rows=5)
     assert [s.kind for s in full.steps] == ["all_gather"] and full.steps[0].src.buf == "in"
     assert [s.kind for s in build_schedule(plan, Op.GATHER, rank=1, in_rows=3).steps] == \
-        ["place", "all_gather"]
+        ["move", "all_gather"]
     longer = build_schedule(plan, Op.GATHER, rank=0, in_rows=7).steps
     assert [s.kind for s in longer] == ["all_gather"] and str(longer[0].src) == "in[0:5]"
     assert [s.kind for s in build_schedule(plan, Op.REDUCE_SCATTER, rank=0).steps] == \
@@ -241,12 +271,14 @@ def test_device_count_values_are_expressions_of_the_counts():
     lay = dpx.DpLayout(4, 2)
     plan = dpx.plan_step([1, 1], lay, mode="sum_len", capacity=16)
     sched = build_schedule(plan, Op.GATHER, rank=2, device_counts=True)
-    place = sched.steps[0]
-    assert isinstance(place, Place) and isinstance(place.start, X.Expr)
-    assert X.render(place.start) == "cumsum_excl(align(n, 2))[1]"
-    assert X.host_value(place.start, (3, 5)) == 4 and X.host_value(place.count, (3, 5)) == 5
+    check, place = sched.steps[:2]
+    assert isinstance(check, CheckCounts) and (check.max_sum, check.align) == (16, 2)
+    assert isinstance(place, Move) and isinstance(place.dst_start, X.Expr)
+    assert X.render(place.dst_start) == "cumsum_excl(align(n, 2))[1]"
+    assert X.host_value(place.dst_start, (3, 5)) == 4
+    assert X.host_value(place.count, (3, 5)) == 5
     host = build_schedule(plan, Op.GATHER, rank=2)
-    assert (host.steps[0].start, host.steps[0].count) == (2, 1)  # folded from the plan's counts
+    assert (host.steps[0].dst_start, host.steps[0].count) == (2, 1)  # the plan's counts
 
 
 def test_symbolic_schedule_is_one_program():
@@ -254,12 +286,12 @@ def test_symbolic_schedule_is_one_program():
     plan = dpx.plan_step([3, 0, 7, 5], lay, mode="max_len")
     sched = build_schedule(plan, Op.GATHER, rank=None, partial=False)
     take = sched.steps[0]
-    assert isinstance(take, Take)
+    assert isinstance(take, Move) and isinstance(take.count, X.Expr)
     for r in range(8):
         c = lay.coords(r)
         coords = {"rank": r, "dp": c.attn_dp_rank, "cp": c.attn_cp_rank, "tp": c.attn_tp_rank}
         concrete = build_schedule(plan, Op.GATHER, rank=r, partial=False).steps[0]
-        if isinstance(concrete, Take):
+        if isinstance(concrete, Move):
             assert X.host_value(take.count, plan.num_tokens, coords) == concrete.count
 
 
@@ -270,10 +302,11 @@ def test_transports_route_gatherv():
              for t in TRANSPORTS}
     assert kinds[Transport.PER_ROOT][-1] == "broadcast_v"
     assert kinds[Transport.RAGGED][-1] == "all_gather_v"
-    assert kinds[Transport.EQUAL] == ["place", "all_reduce"]
+    assert kinds[Transport.EQUAL] == ["move", "all_gather", "unpack"]
     cap = dpx.plan_step([3, 0, 7, 5], lay, mode="gatherv", capacity=32)
     dev = build_schedule(cap, Op.GATHER, rank=1, device_counts=True)
-    assert [s.kind for s in dev.steps] == ["place", "all_reduce"] and dev.notes
+    assert [s.kind for s in dev.steps] == ["check_counts", "move", "all_gather", "unpack"]
+    assert dev.notes and dev.route is dpx.Route.BLOCKS_UNPACK
     rag = build_schedule(cap, Op.GATHER, rank=None, device_counts=True, transport="ragged")
     assert rag.steps[-1].kind == "all_gather_v"
     # equal chunks move with the plain collective on every transport
@@ -287,8 +320,9 @@ def test_zero_step_only_where_a_tail_exists():
     lay = dpx.DpLayout(4, 2)
     plan = dpx.plan_step([3, 5], lay, mode="gatherv", capacity=24)
     steps = build_schedule(plan, Op.GATHER, rank=0).steps
-    zero = [s for s in steps if isinstance(s, ZeroFrom)]
-    assert len(zero) == 1 and zero[0].start == 10  # aligned 4 + 6; rows 10..24 are zero
+    zero = [s for s in steps if isinstance(s, Zero)]
+    assert len(zero) == 1 and (zero[0].keep_start, zero[0].keep_count) == (0, 10)
+    # aligned 4 + 6: rows 10..24 are zero
 
 
 @pytest.mark.parametrize("layout", CP_LAYOUTS, ids=_ids)

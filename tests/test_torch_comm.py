@@ -89,7 +89,8 @@ def test_async_equals_sync_and_pool_stays_flat(gloo_worlds):
 
 def test_validate_makes_every_rank_raise_the_same_error(gloo_worlds):
     res = gloo_worlds(4).run("torch_jobs:check_validate")
-    expect = {"plan": "ranks disagree on plan", "dtype": "ranks disagree on dtype",
+    expect = {"plan": "ranks disagree on the plan's num_tokens: [3, 2] on ranks [0, 1, 2]; "
+                      "[3, 3] on ranks [3]", "dtype": "ranks disagree on dtype",
               "rows": "rank 2 rejected its input (DpxValueError: local has 1 rows",
               "width": "ranks disagree on width: 7 on ranks [0]; 6 on ranks [1, 2, 3]",
               "partial": "ranks disagree on partial",
@@ -115,7 +116,7 @@ def test_full_slots_skip_the_place_and_pad_launches(gloo_worlds):
     the other places its rows and zeroes its pad (results checked against the reference)."""
     res = gloo_worlds(2).run("torch_jobs:count_row_launches", [5, 3])
     assert [r["ok"] for r in res] == [True, True]
-    assert [(r["place"], r["zero"]) for r in res] == [(0, 0), (1, 1)]
+    assert [(r["move"], r["zero"]) for r in res] == [(0, 0), (1, 1)]
 
 
 @pytest.mark.parametrize("layout", [(4, 2), (4, 4), (2, 1), (4, 2, 2)],
@@ -181,8 +182,10 @@ def test_context_parallel(gloo_worlds, layout):
 def test_validate_with_context_parallel(gloo_worlds):
     res = gloo_worlds(4).run("torch_jobs:check_validate_cp")
     expect = {"copies": "replica 0's attn-tp and CP ranks [0, 1, 2, 3] hold different rows",
-              "shards": "ranks disagree on plan",
-              "device": "ranks disagree on counts: [1, 4] on ranks [0]; [2, 3] on ranks [1, 2, 3]"}
+              "shards": "ranks disagree on the plan's cp_shards: [[2, 3]] on ranks [0, 1, 2]; "
+                        "[[3, 2]] on ranks [3]",
+              "device": "ranks disagree on device counts: (1, 4) on ranks [0]; (2, 3) on "
+                        "ranks [1, 2, 3]"}
     for key, text in expect.items():
         msgs = {r[key] for r in res}
         assert len(msgs) == 1, f"{key}: ranks raised different errors: {msgs}"

@@ -121,8 +121,8 @@ def check_async_matches_sync(ctx, layout_args, steps) -> dict:
         work.wait()
         assert torch.equal(rs, comm.reduce_scatter(g, plan)), f"reduce_scatter step {i}"
         assert rs.shape[0] == plan.slot_rows[d]
-        sizes.append(len(comm.pool))
-    return dict(buffers=sizes, allocations=comm.pool.allocations)
+        sizes.append(len(comm.runner.pool))
+    return dict(buffers=sizes, allocations=comm.runner.pool.allocations)
 
 
 def outputs(ctx, layout_args, cases, *, rest=(5,)) -> list[dict]:
@@ -205,7 +205,7 @@ def count_row_launches(ctx, counts) -> dict:
     """MAX_LEN, attn_tp 1: row-kernel launches of one gather and one reduce_scatter on this
     rank (a replica whose host count fills its slot sends its input as is), plus whether
     both results match the reference."""
-    import dpx_torch.interpreter as comm_mod
+    import dpx_torch.program as comm_mod
 
     layout = dpx.DpLayout(len(counts), len(counts))
     comm = ctx.comm(layout)
@@ -213,23 +213,23 @@ def count_row_launches(ctx, counts) -> dict:
     plan = dpx.plan_step(counts, layout, mode="max_len")
     locs = local_inputs(9, plan, (3,), partial=True, rows=plan.slot_rows[d])
     globs = global_inputs(9, plan, (3,))
-    launches = {"place": 0, "zero": 0}
-    real = comm_mod.place_into, comm_mod.zero_from_
+    launches = {"move": 0, "zero": 0}
+    real = comm_mod.move_into, comm_mod.zero_into
 
-    def place(*a, **k):
-        launches["place"] += 1
+    def move(*a, **k):
+        launches["move"] += 1
         return real[0](*a, **k)
 
     def zero(*a, **k):
         launches["zero"] += 1
         return real[1](*a, **k)
 
-    comm_mod.place_into, comm_mod.zero_from_ = place, zero
+    comm_mod.move_into, comm_mod.zero_into = move, zero
     try:
         got = comm.gather(_t(locs[ctx.rank], torch.float32), plan, partial=True)
         rs = comm.reduce_scatter(_t(globs[ctx.rank], torch.float32), plan)
     finally:
-        comm_mod.place_into, comm_mod.zero_from_ = real
+        comm_mod.move_into, comm_mod.zero_into = real
     ok = torch.equal(got, _t(ref_gather(locs, plan, partial=True), torch.float32)) and \
         torch.equal(rs, _t(ref_reduce_scatter(globs, plan, d, plan.num_tokens), torch.float32))
     return dict(launches, ok=ok)
@@ -346,16 +346,18 @@ def record_primitives(ctx, layout_args, cases) -> list[tuple]:
     """Run gather (partial and replicated), scatter and reduce_scatter for each case while
     recording every kernel launch, copy and torch.distributed call the interpreter makes;
     return, per call, (the schedule's steps expanded to primitives, what ran)."""
-    import dpx_torch.interpreter as it
+    import dpx_torch.flags as fl
+    import dpx_torch.program as it
 
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.comm(layout)
     d = layout.coords(ctx.rank).attn_dp_rank
     log: list[str] = []
-    names = {"place_into": "place", "take_into": "take", "zero_from_": "zero",
-             "copy_rows": "copy", "pack_into": "pack", "unpack_into": "unpack",
-             "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
+    names = {"move_into": "move", "zero_into": "zero", "pack_into": "pack",
+             "unpack_into": "unpack", "all_gather_single": "all_gather",
+             "reduce_scatter_single": "reduce_scatter"}
     saved = {n: getattr(it, n) for n in names}
+    saved_check = fl._launch
     dist_saved = {n: getattr(it.dist, n) for n in ("all_reduce", "broadcast", "reduce")}
 
     def recorder(name, fn):
@@ -366,6 +368,7 @@ def record_primitives(ctx, layout_args, cases) -> list[tuple]:
 
     for n, short in names.items():
         setattr(it, n, recorder(short, saved[n]))
+    fl._launch = recorder("check_counts", saved_check)
     for n, fn in dist_saved.items():
         setattr(it.dist, n, recorder(n, fn))
     out = []
@@ -395,6 +398,7 @@ def record_primitives(ctx, layout_args, cases) -> list[tuple]:
     finally:
         for n, fn in saved.items():
             setattr(it, n, fn)
+        fl._launch = saved_check
         for n, fn in dist_saved.items():
             setattr(it.dist, n, fn)
     return out

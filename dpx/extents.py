@@ -1,0 +1,88 @@
+"""The rows of each op's input and output, and where a rank's own rows lie in the gathered
+buffer: one definition that both frontends, the cost model and ``explain`` use.
+
+For rank ``r`` of replica ``d`` (CP rank ``c``), ``n_d`` real rows, ``s_dc`` its shard::
+
+    gather, gather_sum  in  >= held rows: n_d (s_dc with shards); a capacity plan with
+                            device counts: its whole slot, slot_rows[d]
+                        out  = global_rows
+    scatter, reduce_scatter  in = global_rows (exactly)   out = slot_rows[d]
+    scatter_adjoint     in  = slot_rows[d] (exactly)       out = global_rows
+
+For one program serving every rank (``rank=None``, JAX), the per-rank values are replaced
+by their largest over the ranks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from dpx.errors import DpxValueError
+from dpx.modes import Op, PaddingMode
+
+if TYPE_CHECKING:
+    from dpx.plan import DpPlan
+
+
+class OpRows(NamedTuple):
+    """``need``: rows the input must have (at least, or exactly when ``exact``);
+    ``out``: rows of the output."""
+
+    need: int
+    exact: bool
+    out: int
+
+
+def held_rows(plan: "DpPlan", rank: int) -> int:
+    """Real rows of ``rank``'s input under the plan's host counts: its replica's count, or
+    its CP rank's shard."""
+    c = plan.layout.coords(rank)
+    if plan.cp_shards is not None:
+        return plan.cp_shards[c.attn_dp_rank][c.attn_cp_rank]
+    return plan.num_tokens[c.attn_dp_rank]
+
+
+def op_rows(plan: "DpPlan", op: Op, rank: int | None, *, device_counts: bool) -> OpRows:
+    """The input and output rows of ``op`` on ``rank`` (``None``: the largest over the
+    ranks, for one program serving them all)."""
+    if op in (Op.GATHER, Op.GATHER_SUM):
+        if rank is None:
+            if plan.capacity is not None:
+                need = plan.max_slot_rows
+            elif plan.cp_shards is not None:
+                need = max((x for row in plan.cp_shards for x in row), default=0)
+            else:
+                need = max(plan.num_tokens, default=0)
+        elif device_counts:
+            need = plan.slot_rows[plan.layout.coords(rank).attn_dp_rank]
+        else:
+            need = held_rows(plan, rank)
+        return OpRows(need, False, plan.global_rows)
+    slot = (plan.max_slot_rows if rank is None
+            else plan.slot_rows[plan.layout.coords(rank).attn_dp_rank])
+    if op is Op.SCATTER_ADJOINT:
+        return OpRows(slot, True, plan.global_rows)
+    return OpRows(plan.global_rows, True, slot)
+
+
+def local_rows(plan: "DpPlan", rank: int, *, device_counts: bool) -> tuple[int, int]:
+    """``(first, rows)``: where rank ``rank``'s own rows lie in the gathered buffer -- its
+    replica's slot (real and pad rows), or its CP shard -- the view an in-place gather
+    reads. A dpx error when that place is device data (a SUM_LEN / GATHERV capacity plan,
+    or CP shards, with device counts)."""
+    lay = plan.layout
+    c = lay.coords(rank)
+    d = c.attn_dp_rank
+    if device_counts and (plan.mode is not PaddingMode.MAX_LEN or plan.cp_shards is not None):
+        raise DpxValueError(
+            f"local_slot: under a {plan.mode.name} capacity plan with device counts"
+            + (" and CP shards" if plan.cp_shards is not None else "")
+            + " this rank's rows lie at a place the device counts decide; gather from a "
+              "separate input (in-place gathers need MAX_LEN, or host counts)")
+    first = plan.offsets[d]  # of the plan's host counts (static for MAX_LEN)
+    if plan.cp_shards is None:
+        rows = (plan.slot_rows[d] if plan.mode is PaddingMode.MAX_LEN
+                else plan.aligned_tokens[d])
+        return first, rows
+    shards = plan.cp_shards[d]
+    return first + sum(shards[:c.attn_cp_rank]), shards[c.attn_cp_rank]

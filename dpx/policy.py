@@ -1,0 +1,79 @@
+"""How :func:`dpx.plan_step` picks a padding mode when none is forced.
+
+``sglang``: sglang's rule on the aligned counts. ``cost``: the cheapest candidate under a
+:class:`dpx.CostModel`, each priced in closed form from the counts (:mod:`dpx.pricing`:
+the price of the schedules the mode would run, without building them), ties to the
+earlier of MAX_LEN, SUM_LEN, GATHERV.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from dpx.cost import CostModel, ModeEstimate
+from dpx.counts import check_counts, check_shards
+from dpx.errors import DpxValueError
+from dpx.layout import DpLayout
+from dpx.modes import PaddingMode, Transport
+from dpx.pricing import estimate_counts, mode_seconds
+
+ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
+                                      PaddingMode.GATHERV)
+
+__all__ = ["ALL_MODES", "compare_modes", "cost_mode", "sglang_mode"]
+
+
+def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool, *,
+                max_len_with_idle: bool = False) -> tuple[PaddingMode, str]:
+    """sglang's rule on the aligned counts: an extend batch with dp > 1 takes SUM_LEN, or
+    MAX_LEN when ``max_len_with_idle`` and some replica is idle (sglang's branch for hybrid
+    SSM models, which materialise idle replicas as padded rows); any other batch takes
+    MAX_LEN when ``2*sum >= dp*max`` (ties prefer MAX_LEN), else SUM_LEN."""
+    if is_extend and dp_size > 1:
+        if max_len_with_idle and min(aligned) == 0:
+            return PaddingMode.MAX_LEN, ("sglang rule: extend batch with dp_size > 1 and an "
+                                         "idle replica, max_len_with_idle -> MAX_LEN")
+        return PaddingMode.SUM_LEN, "sglang rule: extend batch with dp_size > 1 -> SUM_LEN"
+    total, largest = sum(aligned), max(aligned)
+    if 2 * total >= dp_size * largest:
+        return PaddingMode.MAX_LEN, (
+            f"sglang rule: 2*sum={2 * total} >= dp*max={dp_size * largest} -> MAX_LEN")
+    return PaddingMode.SUM_LEN, (
+        f"sglang rule: 2*sum={2 * total} < dp*max={dp_size * largest} -> SUM_LEN")
+
+
+def cost_mode(counts: tuple[int, ...], layout: DpLayout, *,
+              aligned: Sequence[int], cost_model: CostModel, row_bytes: int,
+              transport: Transport, candidates: Sequence[PaddingMode],
+              cp_shards: tuple[tuple[int, ...], ...] | None) -> tuple[PaddingMode, str]:
+    """The cheapest of ``candidates`` for these checked counts, and why."""
+    if cp_shards is None:
+        seconds = mode_seconds(counts, aligned, layout, candidates, row_bytes=row_bytes,
+                               cost_model=cost_model, transport=transport)
+    else:
+        seconds = [estimate_counts(counts, layout, m, row_bytes=row_bytes,
+                                   cost_model=cost_model, transport=transport,
+                                   cp_shards=cp_shards, aligned=aligned).seconds
+                   for m in candidates]
+    best = min(range(len(candidates)),
+               key=lambda i: (seconds[i], ALL_MODES.index(candidates[i])))
+    text = ", ".join(f"{m.value}={t * 1e6:.1f}us" for m, t in zip(candidates, seconds))
+    return candidates[best], f"cost policy: cheapest schedule estimate ({text})"
+
+
+def compare_modes(num_tokens: Sequence[int], layout: DpLayout, *, row_bytes: int,
+                  cost_model: CostModel, transport: Transport | str = Transport.PER_ROOT,
+                  candidates: Sequence[PaddingMode | str] = ALL_MODES,
+                  is_extend: bool = False,
+                  cp_shards: Sequence[Sequence[int]] | None = None) -> tuple[ModeEstimate, ...]:
+    """Every candidate mode's estimate for these counts: a partial gather then a
+    reduce_scatter (slowest rank each), as :mod:`dpx.cost` prices their schedules.
+    ``is_extend`` does not change a price (it is accepted for symmetry with plan_step)."""
+    counts = check_counts(num_tokens, layout)
+    shards = check_shards(cp_shards, counts, layout)
+    transport = Transport.parse(transport)
+    if isinstance(row_bytes, bool) or not isinstance(row_bytes, int) or row_bytes <= 0:
+        raise DpxValueError(f"row_bytes={row_bytes!r} must be a positive int")
+    return tuple(estimate_counts(counts, layout, PaddingMode.parse(c), row_bytes=row_bytes,
+                                 cost_model=cost_model, transport=transport, cp_shards=shards)
+                 for c in candidates)

@@ -1,0 +1,220 @@
+"""A server's hot path on every rank of a gloo world (see harness.py): counts outside a
+capacity plan (raised with validate, flagged without), the in-place gather, a destroyed
+communicator, bad counts named, and caches that stay bounded over many distinct steps."""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+
+import numpy as np
+import torch
+
+import dpx
+import dpx_torch
+from reference import held, local_inputs, ref_gather
+from serving_jobs import _raises
+from torch_jobs import DTYPES, _plan_of, _t
+
+
+def over_capacity(ctx, layout_args, cases) -> list[dict]:
+    """Each case: a capacity plan and device counts it cannot hold. With validate=True every
+    rank raises (the out= buffer untouched: no row moved); with validate=False the call
+    runs, stays in bounds and sets the overflow flag, which reset clears; valid counts
+    leave it clear."""
+    layout = dpx.DpLayout(*layout_args)
+    strict = ctx.comm(layout, validate=True)
+    lax = ctx.comm(layout)
+    d = layout.coords(ctx.rank).attn_dp_rank
+    out = []
+    for case in cases:
+        plan = dpx.plan_step(case["counts"], layout, mode=case["mode"],
+                             capacity=case["capacity"], cp_shards=case.get("shards"))
+        bad = torch.tensor(case["bad"], dtype=torch.int32)
+        good = torch.tensor(case["good"], dtype=torch.int32)
+        x = torch.ones(plan.slot_rows[d], 3)
+        sentinel = torch.full((plan.global_rows, 3), 7.0)
+        res = {"case": case}
+        res["gather"] = _raises(lambda: strict.gather(x, plan, partial=True, counts=bad,
+                                                       out=sentinel))
+        res["untouched"] = bool((sentinel == 7).all())
+        glob = torch.ones(plan.global_rows, 3)
+        res["reduce_scatter"] = _raises(lambda: strict.reduce_scatter(glob, plan, counts=bad))
+        lax.reset_overflow()
+        lax.gather(x, plan, partial=False, counts=good)
+        lax.reduce_scatter(glob, plan, counts=good)
+        res["clear_after_good"] = not lax.overflowed()
+        got = lax.gather(x, plan, partial=True, counts=bad)
+        res["shape"] = tuple(got.shape)
+        res["flagged"] = lax.overflowed()
+        res["reason"] = lax.overflow_reason()
+        lax.reset_overflow()
+        res["cleared"] = not lax.overflowed()
+        lax.reduce_scatter(glob, plan, counts=bad)
+        res["flagged_rs"] = lax.overflowed()
+        lax.reset_overflow()
+        out.append(res)
+    return out
+
+
+def exchange_checks(ctx, layout_args, mine: int, plan_args: dict) -> dict:
+    """exchange_counts(plan=...): this rank reports ``mine`` (every rank of a replica the
+    same), checked against the capacity plan on the host (validate) or the device."""
+    layout = dpx.DpLayout(*layout_args)
+    plan = dpx.plan_step(**plan_args, layout=layout)
+    n = torch.tensor([mine], dtype=torch.int32)
+    res = {"strict": _raises(lambda: ctx.comm(layout, validate=True).exchange_counts(
+        n, plan=plan))}
+    lax = ctx.comm(layout)
+    lax.reset_overflow()
+    got = lax.exchange_counts(n, plan=plan)
+    res["counts"] = got.tolist()
+    res["flagged"] = lax.overflowed()
+    lax.reset_overflow()
+    return res
+
+
+def destroyed(ctx) -> dict:
+    """A destroyed communicator refuses every call (before any collective)."""
+    layout = dpx.DpLayout(ctx.world_size, ctx.world_size)
+    comm = dpx_torch.DpComm(layout)
+    plan = dpx.plan_step([1] * ctx.world_size, layout)
+    ok = comm.gather(torch.ones(1, 2), plan, partial=True).shape[0] == plan.global_rows
+    comm.destroy()
+    return dict(ok=ok, gather=_raises(lambda: comm.gather(torch.ones(1, 2), plan, partial=True)),
+                sync=_raises(lambda: comm.sync_counts(1)),
+                exchange=_raises(lambda: comm.exchange_counts(
+                    torch.ones(1, dtype=torch.int32))))
+
+
+def sync_bad(ctx) -> str:
+    """One rank passes a float count: every rank names that rank and its value."""
+    comm = ctx.comm(dpx.DpLayout(ctx.world_size, ctx.world_size))
+    return _raises(lambda: comm.sync_counts(2.5 if ctx.rank == 1 else 3))
+
+
+def in_place(ctx, layout_args, cases, *, rest=(4,)) -> int:
+    """Per case: the rank's rows written into local_slot(out, plan) (pad rows of the slot
+    hold garbage) and gathered in place equal, bitwise, the gather from a separate input;
+    the same through gather_async; local_slot refuses plans whose rows lie where device
+    counts decide."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    r = ctx.rank
+    done = 0
+    for case in cases:
+        dtype = DTYPES[case.get("dtype", "float32")]
+        partial = case["partial"]
+        plan, counts_t, eff = _plan_of(layout, case)
+        d = layout.coords(r).attn_dp_rank
+        rows = plan.slot_rows[d] if plan.is_static else held(plan, r, eff)[1]
+        x = _t(local_inputs(case.get("seed", 0), plan, rest, partial=partial, rows=rows,
+                            eff=eff)[r], dtype)
+        want = comm.gather(x, plan, partial=partial, counts=counts_t)
+        if case.get("refused"):
+            o = torch.empty_like(want)
+            msg = _raises(lambda: comm.local_slot_for(o, plan, counts=counts_t))
+            assert "lie at a place the device counts decide" in msg, msg
+            done += 1
+            continue
+        for run in ("sync", "async"):
+            out = torch.full((plan.global_rows, *rest), float("nan")).to(dtype)
+            if not dtype.is_floating_point:
+                out.fill_(-77)
+            slot = comm.local_slot_for(out, plan, counts=counts_t)
+            n = held(plan, r, eff)[1]
+            slot[:n] = x[:n]
+            if run == "sync":
+                got = comm.gather(slot, plan, partial=partial, counts=counts_t, out=out)
+            else:
+                got, work = comm.gather_async(slot, plan, partial=partial, counts=counts_t,
+                                              out=out, key="in-place")
+                work.wait()
+            assert got is out
+            if not torch.equal(got, want):
+                raise AssertionError(f"in-place {run} gather differs for {case}: "
+                                     f"{(got.double() - want.double()).abs().max()}")
+        done += 1
+    return done
+
+
+def in_place_steps(ctx, layout_args, cases) -> list[list[str]]:
+    """The step kinds of each case's in-place gather on this rank (no row moves locally
+    where the route allows)."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    out = []
+    for case in cases:
+        plan, counts_t, eff = _plan_of(layout, case)
+        first, rows = dpx.local_rows(plan, ctx.rank, device_counts=counts_t is not None)
+        sched = comm.schedule(plan, "gather", partial=case["partial"],
+                              device_counts=counts_t is not None, in_rows=rows, in_place=True)
+        out.append([s.kind for s in sched.steps])
+    return out
+
+
+def soak(ctx, layout_args, steps: int, seed: int) -> dict:
+    """Many steps with new host counts every step -- every mode, CP shards, capacity plans
+    with device counts, masks, the fp8 wire, several tensors in one call, async calls --
+    then: every cache within its bound, and the host memory Python allocated in the second
+    half no more than in the first (flat after warm-up)."""
+    layout = dpx.DpLayout(*layout_args)
+    limits = dpx_torch.CacheLimits(calls=32, templates=16, variants=4, programs=32, batches=8,
+                                   tables=32)
+    comm = dpx_torch.DpComm(layout, limits=limits)
+    rng = random.Random(seed)  # every rank draws the same steps
+    H = 128
+    r, d = ctx.rank, layout.coords(ctx.rank).attn_dp_rank
+
+    def one(i: int) -> None:
+        dp, cp = layout.dp_size, layout.cp_size
+        counts = [rng.randint(0, 9) for _ in range(dp)]
+        mode = rng.choice(["max_len", "sum_len", "gatherv"])
+        shards = None
+        if cp > 1 and rng.random() < 0.5:
+            shards = []
+            for c in counts:
+                cut = rng.randint(0, c)
+                shards.append([cut, c - cut] + [0] * (cp - 2))
+        if rng.random() < 0.3:
+            cap = 12 * dp
+            plan = dpx.plan_step([0] * dp, layout, mode=mode, capacity=cap,
+                                 cp_shards=[[0] * cp] * dp if shards else None)
+            dev = torch.tensor(shards if shards else counts, dtype=torch.int32)
+            x = torch.randn(plan.slot_rows[d], H)
+        else:
+            plan = dpx.plan_step(counts, layout, mode=mode, cp_shards=shards)
+            dev = None
+            x = torch.randn(held(plan, r)[1] + 1, H)
+        g = comm.gather(x, plan, partial=True, counts=dev)
+        comm.reduce_scatter(g, plan, counts=dev)
+        ids = torch.randint(0, 50, (x.shape[0], 2), dtype=torch.int64)
+        many = comm.gather((x, ids), plan, partial=(True, False), counts=dev)
+        comm.mask_pad_rows(many[1], plan, counts=dev)
+        if mode != "sum_len":
+            comm.gather(x, plan, partial=False, counts=dev, wire="fp8")
+        a, work = comm.gather_async(x, plan, partial=True, counts=dev, key=i % 2)
+        work.wait()
+
+    for i in range(steps // 2):
+        one(i)
+    tracemalloc.start()
+    first = tracemalloc.take_snapshot()
+    for i in range(steps // 2, 3 * steps // 4):
+        one(i)
+    mid = tracemalloc.take_snapshot()
+    for i in range(3 * steps // 4, steps):
+        one(i)
+    last = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+
+    def grown(a, b) -> int:
+        return sum(s.size_diff for s in b.compare_to(a, "filename")
+                   if "/dpx" in s.traceback[0].filename)
+
+    sizes = comm.cache_sizes()
+    res = dict(sizes=sizes, limits=limits.__dict__, host_bytes=comm.runner.host_bytes(),
+               grew_first=grown(first, mid), grew_second=grown(mid, last),
+               builds=comm.runner.schedules.builds)
+    comm.destroy()
+    return res

@@ -1,0 +1,51 @@
+"""Every interpreter of schedules handles every step kind its schedules can hold: the
+torch frontend (the per-root transport), the JAX frontend (the ragged and equal
+transports), the cost model and the NumPy simulator (every kind). A new step kind without
+a handler somewhere fails here, not at a user's first call."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpx.cost import PRICERS
+from dpx.modes import Transport
+from dpx.steps import STEP_KINDS, kinds_for
+
+
+def _missing(registry, kinds) -> list[str]:
+    return sorted(k.__name__ for k in kinds if k not in registry)
+
+
+def test_every_kind_is_listed_once():
+    from dpx import steps
+
+    defined = {v for v in vars(steps).values() if isinstance(v, type)
+               and issubclass(v, steps.Step) and v is not steps.Step
+               and not v.__name__.startswith("_")}
+    assert set(STEP_KINDS) == defined and len(STEP_KINDS) == len(defined)
+    assert all(kinds_for(t) <= set(STEP_KINDS) for t in Transport)
+
+
+def test_cost_model_prices_every_kind():
+    assert not _missing(PRICERS, STEP_KINDS)
+
+
+def test_simulator_runs_every_kind():
+    from schedule_sim import COLLECTIVES, LOCAL
+
+    assert not _missing({**LOCAL, **COLLECTIVES}, STEP_KINDS)
+    assert all(k.collective for k in COLLECTIVES) and not any(k.collective for k in LOCAL)
+
+
+def test_torch_frontend_runs_its_transports_kinds():
+    pytest.importorskip("torch")
+    from dpx_torch.program import COMPILERS
+
+    assert not _missing(COMPILERS, kinds_for(Transport.PER_ROOT))
+
+
+def test_jax_frontend_runs_its_transports_kinds():
+    pytest.importorskip("jax")
+    from dpx_jax.interpreter import HANDLERS
+
+    assert not _missing(HANDLERS, kinds_for(Transport.RAGGED) | kinds_for(Transport.EQUAL))
