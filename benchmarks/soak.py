@@ -1,8 +1,13 @@
-"""Many async gather/reduce_scatter steps of varying size on one GPU (NCCL world 1): the
-numbers of events and pooled buffers and the reserved memory must stay flat.
+"""A long soak of one communicator: new host counts every step, every mode, capacity plans
+with device counts, masks, the fp8 wire, several tensors in one call, async calls. What
+must stay flat after warm-up: the entries of every cache, the bytes they hold, the events
+and pooled buffers, the process's resident memory and (on GPU) the device memory.
 
-    python benchmarks/soak.py [--steps 100000]
-    python benchmarks/soak.py --device cpu --steps 5000 --hidden 16   # gloo, Triton interpreter
+    python benchmarks/soak.py [--steps 100000]                  # NCCL world 1, CUDA
+    python benchmarks/soak.py --device cpu --steps 3000 --hidden 128   # gloo, interpreter
+
+World 1 (one GPU; on CPU one process). Prints a table of the figures at each checkpoint
+and writes ``soak.csv`` and ``soak.txt`` to ``$OUT`` (default ``benchmarks/out``).
 """
 
 from __future__ import annotations
@@ -17,14 +22,21 @@ import torch
 import torch.distributed as dist
 
 import dpx
+from common import out_dir, print_table, write_csv
 from dpx_torch import DpComm
 
 
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--checkpoints", type=int, default=10)
     args = ap.parse_args()
     cuda = args.device == "cuda"
     if cuda:
@@ -33,45 +45,66 @@ def main() -> None:
                             init_method=f"file://{os.path.join(tempfile.mkdtemp(), 'r')}",
                             rank=0, world_size=1)
     lay = dpx.DpLayout(1, 1)
-    comm = DpComm(lay)
-    modes = ("max_len", "sum_len", "gatherv")
+    comm = DpComm(lay)  # default cache limits
     rng = random.Random(0)
-    src = torch.randn(1024, args.hidden, device=args.device)
-    plans = [dpx.plan_step([n], lay, mode=m) for n in range(0, 1025, 7) for m in modes]
-    for m in modes:  # warm-up: the largest step of every mode under both keys
-        for key in (0, 1):
-            p = dpx.plan_step([1024], lay, mode=m)
-            g, w = comm.gather_async(src, p, partial=True, key=key)
-            comm.reduce_scatter_async(g, p, key=key)[1].wait()
-    def reserved() -> int:
-        return torch.cuda.memory_reserved() if cuda else comm.pool.nbytes()
-
-    if cuda:
-        torch.cuda.synchronize()
-    start = dict(events=len(comm.overlap.events), buffers=len(comm.pool),
-                 allocations=comm.pool.allocations, reserved=reserved())
-    t0 = time.perf_counter()
+    H, dev = args.hidden, args.device
+    src = torch.randn(1024, H, device=dev)
+    ids = torch.randint(0, 1000, (1024, 8), device=dev)
+    counts_t = torch.zeros(1, dtype=torch.int32, device=dev)
     bad = 0
+
+    def step(i: int) -> None:
+        nonlocal bad
+        n = rng.randint(0, 1024)
+        mode = rng.choice(("max_len", "sum_len", "gatherv"))
+        if rng.random() < 0.25:  # a capacity plan, counts on the device
+            plan = dpx.plan_step([0], lay, mode=mode, capacity=1024)
+            counts_t.fill_(n)
+            c, x, xi = counts_t, src, ids
+        else:  # new host counts: a plan never seen before, most steps
+            plan = dpx.plan_step([n], lay, mode=mode)
+            c, x, xi = None, src[:max(n, 1)], ids[:max(n, 1)]
+        g = comm.gather(x, plan, partial=True, counts=c)
+        rs = comm.reduce_scatter(g, plan, counts=c)
+        gh, gi = comm.gather((x, xi), plan, partial=(True, False), counts=c)
+        comm.mask_pad_rows(gi, plan, counts=c)
+        if mode != "sum_len":
+            comm.gather(x, plan, partial=False, counts=c, wire="fp8")
+        a, work = comm.gather_async(x, plan, partial=True, counts=c, key=i % 2)
+        work.wait()
+        if i % 997 == 0:
+            bad += not torch.equal(rs[:n], src[:n]) or not torch.equal(gh[:n], src[:n])
+
+    def figures(i: int, secs: float) -> dict:
+        if cuda:
+            torch.cuda.synchronize()
+        s = comm.cache_sizes()
+        return dict(step=i, seconds=round(secs, 1), calls=s["calls"], templates=s["templates"],
+                    variants=s["variants"], programs=s["programs"], tables=s["tables"],
+                    pool_buffers=s["pool_buffers"], events=s["events"],
+                    cache_bytes=comm.runner.host_bytes(), rss_mib=round(_rss() / 2**20, 1),
+                    device_mib=round(torch.cuda.memory_allocated() / 2**20, 1) if cuda else 0)
+
+    warm = max(args.steps // args.checkpoints, 1)
+    t0 = time.perf_counter()
+    rows = []
     for i in range(args.steps):
-        plan = plans[rng.randrange(len(plans))]
-        n = plan.num_tokens[0]
-        g, work = comm.gather_async(src[:max(n, 1)], plan, partial=True, key=i % 2)
-        work.wait()
-        rs, work = comm.reduce_scatter_async(g, plan, key=i % 2)
-        work.wait()
-        if i % 500 == 0:
-            bad += not torch.equal(rs[:n], src[:n])
-    if cuda:
-        torch.cuda.synchronize()
-    secs = time.perf_counter() - t0
-    end = dict(events=len(comm.overlap.events), buffers=len(comm.pool),
-               allocations=comm.pool.allocations, reserved=reserved())
-    print(f"{args.steps} async gather+reduce_scatter steps on {args.device} (sizes 0..1024 "
-          f"rows x {args.hidden} fp32, 3 modes, 2 micro-batch keys) in {secs:.1f} s "
-          f"(reserved = {'torch.cuda.memory_reserved()' if cuda else 'pool bytes'})")
-    for k in start:
-        print(f"  {k:<12} after warm-up {start[k]:>12}   after all steps {end[k]:>12}")
-    print(f"  spot checks failed: {bad}")
+        step(i)
+        if (i + 1) % warm == 0:
+            rows.append(figures(i + 1, time.perf_counter() - t0))
+    text = (f"{args.steps} steps on {dev} (new host counts 0..1024 every step, a capacity "
+            f"plan with device counts one step in four; gather, reduce_scatter, a two-tensor "
+            f"gather, a mask, an fp8 gather (copy modes), an async gather; hidden {H} fp32; "
+            f"default CacheLimits), spot checks failed: {bad}")
+    print(text)
+    table = print_table(rows, list(rows[0]))
+    first, last = rows[0], rows[-1]
+    growth = {k: last[k] - first[k] for k in ("cache_bytes", "rss_mib", "device_mib")}
+    print(f"after the first checkpoint (warm-up) to the last: {growth}")
+    out = out_dir()
+    write_csv(out / "soak.csv", rows)
+    (out / "soak.txt").write_text(f"{text}\n{table}\ngrowth after warm-up: {growth}\n")
+    comm.destroy()
     dist.destroy_process_group()
 
 

@@ -37,11 +37,8 @@ def check_counts(num_tokens: Iterable[object], layout: DpLayout) -> tuple[int, .
         raise DpxValueError(
             f"num_tokens has {len(counts)} entries {counts!r}; the layout has "
             f"dp_size={layout.dp_size} replicas and needs one count per replica")
-    for x in counts:  # the common case: plain non-negative ints, checked in one pass
-        if type(x) is not int or x < 0:
-            break
-    else:
-        return counts
+    if set(map(type, counts)) <= {int} and (not counts or min(counts) >= 0):
+        return counts  # the common case: plain non-negative ints
     out = []
     for d, n in enumerate(counts):
         if type(n) is not int:

@@ -710,7 +710,7 @@ def compile_host(outputs: Sequence[Any], guards: Sequence[tuple[Any, int]] = ()
     tail = ", ".join(outs) + ("," if len(outs) == 1 else "")
     src = "def _f(n, p):\n" + "\n".join(body) + f"\n    return ({tail})\n"
     exec(compile(src, "<dpx host values>", "exec"), env)  # noqa: S102 - generated above
-    return env["_f"]
+    return env.pop("_f")  # (its globals do not hold it: no reference cycle to collect)
 
 
 def _node_code(v: Expr, name_of: Callable[[Any], str]) -> str:

@@ -46,15 +46,26 @@ if TYPE_CHECKING:  # the plan module sits above this one
 
 
 class Structure(NamedTuple):
-    """What a plan's schedules depend on besides its counts: the layout, the mode,
+    """What a plan's schedules depend on besides its counts: the layout's sizes, the mode,
     whether CP ranks hold shards, and a capacity plan's static sizes (``None`` when the
-    sizes follow the counts)."""
+    sizes follow the counts). Plain ints and strings, so it hashes fast (it keys every
+    template lookup)."""
 
-    layout: DpLayout
-    mode: PaddingMode
+    world_size: int
+    dp_size: int
+    cp_size: int
+    mode: str  # a PaddingMode's value
     sharded: bool
     #: ``(capacity, global_rows, max_slot_rows)`` of a capacity plan, else None
     capacity_rows: tuple[int, int, int] | None
+
+    @property
+    def layout(self) -> DpLayout:
+        return DpLayout(self.world_size, self.dp_size, self.cp_size)
+
+    @property
+    def padding_mode(self) -> PaddingMode:
+        return PaddingMode(self.mode)
 
 
 def structure_of(plan: "DpPlan") -> Structure:
@@ -63,7 +74,9 @@ def structure_of(plan: "DpPlan") -> Structure:
     if s is None:
         cap = ((plan.capacity, plan.global_rows, plan.max_slot_rows)
                if plan.capacity is not None else None)
-        s = Structure(plan.layout, plan.mode, plan.cp_shards is not None, cap)
+        lay = plan.layout
+        s = Structure(lay.world_size, lay.dp_size, lay.cp_size, plan.mode.value,
+                      plan.cp_shards is not None, cap)
         object.__setattr__(plan, "_structure", s)
     return s
 
@@ -228,7 +241,8 @@ class Geometry:
 
 def geometry(structure: Structure) -> Geometry:
     """The :class:`Geometry` of a plan structure (:func:`structure_of`)."""
-    lay, mode, sharded, cap = structure
+    lay, mode, sharded, cap = (structure.layout, structure.padding_mode, structure.sharded,
+                               structure.capacity_rows)
     m, dp, cp, tp = lay.replica_size, lay.dp_size, lay.cp_size, lay.attn_tp_size
     leaf = X.counts_leaf(dp * cp if sharded else dp)
     shards = leaf if sharded else None

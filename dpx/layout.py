@@ -52,16 +52,25 @@ class DpLayout:
                 f"world_size={self.world_size} must be divisible by dp_size*cp_size="
                 f"{self.dp_size}*{self.cp_size}={self.dp_size * self.cp_size}"
             )
+        tp = self.world_size // (self.dp_size * self.cp_size)
+        object.__setattr__(self, "_sizes", (tp, self.cp_size * tp))
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_sizes"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
 
     @property
     def attn_tp_size(self) -> int:
         """Ranks in one attention tensor-parallel group."""
-        return self.world_size // (self.dp_size * self.cp_size)
+        return self._sizes[0]
 
     @property
     def replica_size(self) -> int:
         """Ranks serving one DP replica (``cp_size * attn_tp_size``)."""
-        return self.cp_size * self.attn_tp_size
+        return self._sizes[1]
 
     def _check_rank(self, rank: int) -> int:
         _check_int("rank", rank, minimum=0)
@@ -71,7 +80,8 @@ class DpLayout:
 
     def coords(self, rank: int) -> RankCoords:
         """``(attn_dp_rank, attn_cp_rank, attn_tp_rank)`` of ``rank``."""
-        self._check_rank(rank)
+        if type(rank) is not int or not 0 <= rank < self.world_size:
+            self._check_rank(rank)
         tp = self.attn_tp_size
         return RankCoords(
             attn_dp_rank=rank // (tp * self.cp_size),

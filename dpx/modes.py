@@ -13,6 +13,9 @@ class _ParsableEnum(enum.Enum):
         """Accept a member or its (case-insensitive) name or value; reject anything else."""
         if isinstance(value, cls):
             return value
+        hit = cls._value2member_map_.get(value) if isinstance(value, str) else None
+        if hit is not None:  # the common case: the member's value, as written
+            return hit
         if not isinstance(value, str):
             raise DpxTypeError(
                 f"{cls.__name__} must be a {cls.__name__} or a str, got {value!r}")

@@ -28,8 +28,9 @@ With ``capacity=`` the shapes are static and independent of the counts::
 from __future__ import annotations
 
 import hashlib
+from itertools import accumulate
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dpx.cost import CostModel
 from dpx.counts import check_counts, check_shards
@@ -42,18 +43,17 @@ from dpx.policy import ALL_MODES, compare_modes, cost_mode, sglang_mode
 
 __all__ = ["DpPlan", "plan_step"]
 
+#: The cost model of ``policy="cost"`` when none is given (immutable).
+DEFAULT_COST_MODEL = CostModel()
+
 
 def _layout_rows(mode: PaddingMode, aligned: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    n = len(aligned)
     if mode is PaddingMode.MAX_LEN:
         slot = max(aligned) if aligned else 0
-        slots = (slot,) * len(aligned)
-        return slots, tuple(d * slot for d in range(len(aligned)))
+        return (slot,) * n, (tuple(range(0, slot * n, slot)) if slot else (0,) * n)
     slots = tuple(aligned)
-    offsets, acc = [], 0
-    for s in slots:
-        offsets.append(acc)
-        acc += s
-    return slots, tuple(offsets)
+    return slots, tuple(accumulate(slots, initial=0))[:-1]
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,17 @@ class DpPlan:
     capacity: int | None = None
     is_extend: bool = False
     cp_shards: tuple[tuple[int, ...], ...] | None = None
-    reason: str = field(default="", compare=False)
+    #: why the mode was chosen: a str, or a function making it on first read
+    why: str | Callable[[], str] = field(default="", compare=False, repr=False)
+
+    @property
+    def reason(self) -> str:
+        """Why the mode was chosen (the cost policy's prices are formatted when read)."""
+        why = self.why
+        if not isinstance(why, str):
+            why = why()
+            object.__setattr__(self, "why", why)
+        return why
 
     @property
     def aligned_tokens(self) -> tuple[int, ...]:
@@ -252,15 +262,18 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
         chosen, reason = sglang_mode(aligned, layout.dp_size, is_extend,
                                      max_len_with_idle=max_len_with_idle)
     else:
-        if isinstance(row_bytes, bool) or not isinstance(row_bytes, int) or row_bytes <= 0:
+        if type(row_bytes) is not int or row_bytes <= 0:
             raise DpxValueError(f"row_bytes={row_bytes!r} must be a positive int")
-        cands = tuple(PaddingMode.parse(c) for c in candidates)
+        cands = candidates if candidates is ALL_MODES else tuple(
+            PaddingMode.parse(c) for c in candidates)
         if not cands:
             raise DpxValueError("candidates must name at least one PaddingMode")
         chosen, reason = cost_mode(counts, layout, aligned=aligned,
-                                   cost_model=cost_model or CostModel(), row_bytes=row_bytes,
-                                   transport=Transport.parse(transport), candidates=cands,
-                                   cp_shards=shards)
+                                   cost_model=cost_model or DEFAULT_COST_MODEL,
+                                   row_bytes=row_bytes,
+                                   transport=transport if type(transport) is Transport
+                                   else Transport.parse(transport),
+                                   candidates=cands, cp_shards=shards)
     slots, offsets = _layout_rows(chosen, aligned)
     return DpPlan(layout, chosen, counts, slots, offsets, sum(slots), None, is_extend, shards,
                   reason)

@@ -8,14 +8,14 @@ earlier of MAX_LEN, SUM_LEN, GATHERV.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dpx.cost import CostModel, ModeEstimate
 from dpx.counts import check_counts, check_shards
 from dpx.errors import DpxValueError
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Transport
-from dpx.pricing import estimate_counts, mode_seconds
+from dpx.pricing import MODE_ORDER, cheapest, estimate_counts
 
 ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
                                       PaddingMode.GATHERV)
@@ -45,20 +45,30 @@ def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool, *,
 def cost_mode(counts: tuple[int, ...], layout: DpLayout, *,
               aligned: Sequence[int], cost_model: CostModel, row_bytes: int,
               transport: Transport, candidates: Sequence[PaddingMode],
-              cp_shards: tuple[tuple[int, ...], ...] | None) -> tuple[PaddingMode, str]:
-    """The cheapest of ``candidates`` for these checked counts, and why."""
+              cp_shards: tuple[tuple[int, ...], ...] | None
+              ) -> tuple[PaddingMode, Callable[[], str]]:
+    """The cheapest of ``candidates`` for these checked counts, and why. Modes whose
+    collectives alone cost more than a cheaper mode's whole step are not priced further
+    (their reason entry is a lower bound, ``>=``)."""
     if cp_shards is None:
-        seconds = mode_seconds(counts, aligned, layout, candidates, row_bytes=row_bytes,
-                               cost_model=cost_model, transport=transport)
+        best, priced = cheapest(counts, aligned, layout, candidates, row_bytes=row_bytes,
+                                cost_model=cost_model, transport=transport)
     else:
-        seconds = [estimate_counts(counts, layout, m, row_bytes=row_bytes,
+        priced = [(estimate_counts(counts, layout, m, row_bytes=row_bytes,
                                    cost_model=cost_model, transport=transport,
-                                   cp_shards=cp_shards, aligned=aligned).seconds
-                   for m in candidates]
-    best = min(range(len(candidates)),
-               key=lambda i: (seconds[i], ALL_MODES.index(candidates[i])))
-    text = ", ".join(f"{m.value}={t * 1e6:.1f}us" for m, t in zip(candidates, seconds))
-    return candidates[best], f"cost policy: cheapest schedule estimate ({text})"
+                                   cp_shards=cp_shards, aligned=aligned).seconds, True)
+                  for m in candidates]
+        best = 0
+        for i, (t, _) in enumerate(priced):
+            tb = priced[best][0]
+            if t < tb or t == tb and MODE_ORDER[candidates[i]] < MODE_ORDER[candidates[best]]:
+                best = i
+
+    def reason() -> str:
+        text = ", ".join(f"{m.value}{'=' if exact else '>='}{t * 1e6:.1f}us"
+                         for m, (t, exact) in zip(candidates, priced))
+        return f"cost policy: cheapest schedule estimate ({text})"
+    return candidates[best], reason
 
 
 def compare_modes(num_tokens: Sequence[int], layout: DpLayout, *, row_bytes: int,

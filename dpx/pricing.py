@@ -311,79 +311,128 @@ def estimate_counts(counts: Sequence[int], layout: DpLayout, mode: PaddingMode, 
 
 
 # ---------------------------------------------------------------- the policy's fast path
-def _coll(model: CostModel, size: int, ranks: int, factor: float, roots: int = 0) -> float:
-    return model.collective_seconds(size, ranks, factor, roots)[1]
+#: Tie-break order of the modes (an earlier mode wins an exact tie).
+MODE_ORDER = {PaddingMode.MAX_LEN: 0, PaddingMode.SUM_LEN: 1, PaddingMode.GATHERV: 2}
 
 
 def mode_seconds(counts: Sequence[int], aligned: Sequence[int], layout: DpLayout,
                  modes: Sequence[PaddingMode], *, row_bytes: int, cost_model: CostModel,
-                 transport: Transport) -> list[float]:
+                 transport: Transport, prune: bool = False) -> list[tuple[float, bool]]:
     """``estimate_counts(...).seconds`` of each of ``modes``, without building the
-    estimates: what the cost policy compares every step. Without CP ranks the aggregates
-    every mode needs are computed once, by builtin reductions over the replicas; with CP
-    it prices each mode in full."""
+    estimates: what the cost policy compares every step, as ``(seconds, exact)``. Without
+    CP ranks the aggregates every mode needs are computed once, by builtin reductions over
+    the replicas; with CP it prices each mode in full.
+
+    ``prune``: a mode whose collectives alone already cost more than a priced mode's whole
+    step cannot be the cheapest (local passes only add); its local passes are not priced,
+    and its entry is that lower bound with ``exact=False``."""
+    return cheapest(counts, aligned, layout, modes, row_bytes=row_bytes,
+                    cost_model=cost_model, transport=transport, prune=prune)[1]
+
+
+def cheapest(counts: Sequence[int], aligned: Sequence[int], layout: DpLayout,
+             modes: Sequence[PaddingMode], *, row_bytes: int, cost_model: CostModel,
+             transport: Transport, prune: bool = True) -> tuple[int, list[tuple[float, bool]]]:
+    """``(index of the cheapest of modes, mode_seconds(...))``: ties go to the earlier of
+    MAX_LEN, SUM_LEN, GATHERV (:data:`MODE_ORDER`)."""
     if layout.cp_size > 1:
-        return [estimate_counts(counts, layout, m, row_bytes=row_bytes, cost_model=cost_model,
-                                transport=transport, aligned=aligned).seconds for m in modes]
-    model, rb, mem = cost_model, row_bytes, cost_model.memory_bandwidth
-    n, a = counts, aligned
-    dp, tp = layout.dp_size, layout.attn_tp_size
-    W = layout.world_size
-    S = max(a)
+        priced = [(estimate_counts(counts, layout, m, row_bytes=row_bytes,
+                                   cost_model=cost_model, transport=transport,
+                                   aligned=aligned).seconds, True) for m in modes]
+        best_i = 0
+        for i, (t, _) in enumerate(priced):
+            tb = priced[best_i][0]
+            if t < tb or t == tb and MODE_ORDER[modes[i]] < MODE_ORDER[modes[best_i]]:
+                best_i = i
+        return best_i, priced
+    n, a, rb = counts, aligned, row_bytes
+    lat, prl = cost_model.latency, cost_model.per_root_latency
+    bus, mem = cost_model.bus_bandwidth, cost_model.memory_bandwidth
+    tp = layout.attn_tp_size
+    dp, W = layout.dp_size, layout.world_size
+    mx = max(n)
+    S = -(-mx // tp) * tp  # max(a): aligning is monotone
     B = S // tp
     span = tp * B  # == S: the rows an attn-tp group sums, one slot
-    ag, ar = (W - 1) / W, 2 * (W - 1) / W
-    tpf = (tp - 1) / tp
-    full = n.count(S)
-    below = 0 if full == dp else max(filter(S.__ne__, n))  # the largest count under S
-    chunk = 0 if full == dp else span + below  # the slowest rank's own-block pass
-    rs_tp = _coll(model, span * rb, tp, tpf) if tp > 1 else 0.0
-    out = []
-    for mode in modes:
+    G = sum(a)
+    mn: int | None = None  # min(n), when a mode needs it
+
+    # CostModel.collective_seconds, inline below (the same arithmetic, the same floats):
+    # 0.0 on one rank, else latency + roots * per_root_latency + round(size * factor) / bus
+    ag = (W - 1) / W
+    rs_tp = (lat + 0 * prl + round(span * rb * ((tp - 1) / tp)) / bus) if tp > 1 else 0.0
+    totals: list[float] = []
+    colls: list[tuple[float, float, str]] = []
+    for mode in modes:  # the collectives: the same on every rank
         if mode is PaddingMode.SUM_LEN:
-            G = sum(a)
-            coll = _coll(model, G * rb, W, ar)
-            g = coll + ((G + max(n)) * rb) / mem
-            r = coll + ((2 * G + max(map(int.__add__, a, n))) * rb) / mem
-            out.append(g + r)
+            c = lat + 0 * prl + round(G * rb * (2 * (W - 1) / W)) / bus if W > 1 else 0.0
+            colls.append((c, c, "sum"))
+            totals.append(c + c)
             continue
-        equal = mode is PaddingMode.MAX_LEN or a.count(S) == dp
-        if equal:
-            tail = (S - min(n)) * rb
-            g = (rs_tp + _coll(model, W * B * rb, W, ag)) + (chunk * rb) / mem
-            r = _coll(model, W * B * rb, W, ag)
-            if tp > 1:
-                r += _coll(model, span * rb, tp, tpf)
-            out.append(g + (r + tail / mem))
-            continue
-        G = sum(a)
-        if tp == 1:
-            roots = dp - a.count(0)
-            fin = 2 * max(n)  # a replica's slot is its count: take it, zeros after
+        if mode is not PaddingMode.MAX_LEN and mn is None:
+            mn = min(n)
+        if mode is PaddingMode.MAX_LEN or -(-mn // tp) * tp == S:  # every slot full
+            route = "equal"
+        elif transport is Transport.EQUAL:
+            route = "unpack"
         else:
-            roots = sum(-(-y // B) for y in a)
-            fin = max((y - x if x != y else 0) if y == S else y + x for x, y in zip(n, a))
-        if transport is Transport.RAGGED or transport is Transport.PER_ROOT:
-            var = _coll(model, G * rb, W, ag, roots)
-            g_coll = rs_tp + var
-            r_coll = var + (_coll(model, span * rb, tp, tpf) if tp > 1 else 0.0)
-            if transport is Transport.RAGGED:
-                g_local, r_local = chunk, fin
-            elif tp == 1:
-                g_local, r_local = 2 * max(n), 2 * G + fin
+            route = "variable"
+        if W <= 1:
+            main = 0.0
+        elif route == "variable":
+            roots = dp - n.count(0) if tp == 1 else sum([(y + B - 1) // B for y in a])
+            main = lat + roots * prl + round(G * rb * ag) / bus
+        else:
+            main = lat + 0 * prl + round(W * B * rb * ag) / bus
+        g_coll, r_coll = rs_tp + main, (main + rs_tp if tp > 1 else main)
+        colls.append((g_coll, r_coll, route))
+        totals.append(g_coll + r_coll)
+
+    def below_slot() -> int:
+        """The slowest rank's own-block pass: the slot plus the largest count under it
+        (0 when every count fills the slot)."""
+        if mx != S:
+            return span + mx
+        rest = set(n)
+        rest.discard(S)
+        return span + max(rest) if rest else 0
+
+    out: list[tuple[float, bool] | None] = [None] * len(modes)
+    best, best_i = None, 0
+    order = sorted(range(len(modes)), key=totals.__getitem__) if prune else range(len(modes))
+    for i in order:
+        g_coll, r_coll, route = colls[i]
+        if prune and best is not None and totals[i] > best:
+            out[i] = (totals[i], False)
+            continue
+        if route == "sum":  # the largest count has the largest aligned count
+            g, r = G + mx, 2 * G + S + mx
+        elif route == "equal":
+            if mn is None:
+                mn = min(n)
+            g, r = below_slot(), (S - mn if mn != S else 0)
+        else:
+            if tp == 1:
+                fin = 2 * mx  # a replica's slot is its count: take it, zeros after
             else:
-                g_local = r_local = 0
-                for x, y in zip(n, a):
-                    part = y % B
-                    p = (0 if x == span else span + x) + (2 * part if part else 0)
-                    f = (y - x if x != y else 0) if y == S else y + x
-                    take = B + part if part else (B if -(-y // B) < tp else 0)
-                    g_local = max(g_local, p)
-                    r_local = max(r_local, 2 * G + take + f)
-        else:  # all-gather of blocks + unpack (pack + reduce-scatter)
-            g_coll = rs_tp + _coll(model, W * B * rb, W, ag)
-            r_coll = _coll(model, W * B * rb, W, ag) + (
-                _coll(model, span * rb, tp, tpf) if tp > 1 else 0.0)
-            g_local, r_local = chunk + 2 * G, fin + W * B + G
-        out.append((g_coll + (g_local * rb) / mem) + (r_coll + (r_local * rb) / mem))
-    return out
+                fin = max([(y - x if x != y else 0) if y == S else y + x
+                           for x, y in zip(n, a)])
+            if route == "unpack":
+                g, r = below_slot() + 2 * G, fin + W * B + G
+            elif transport is Transport.RAGGED:
+                g, r = below_slot(), fin
+            elif tp == 1:
+                g, r = 2 * mx, 2 * G + fin
+            else:
+                parts = [y % B for y in a]
+                g = max([(0 if x == span else span + x) + (2 * q if q else 0)
+                         for x, q in zip(n, parts)])
+                r = 2 * G + max([(B + q if q else (B if y < span else 0))
+                                 + ((y - x if x != y else 0) if y == S else y + x)
+                                 for x, y, q in zip(n, a, parts)])
+        total = (g_coll + (g * rb) / mem) + (r_coll + (r * rb) / mem)
+        out[i] = (total, True)
+        if best is None or total < best or (total == best and MODE_ORDER[modes[i]]
+                                            < MODE_ORDER[modes[best_i]]):
+            best, best_i = total, i
+    return best_i, out  # type: ignore[return-value]

@@ -40,11 +40,11 @@ if TYPE_CHECKING:
 __all__ = ["IN", "OUT", "Schedule", "ScheduleCache", "Template", "Variant", "build_schedule"]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Schedule:
     """The steps one rank runs for one op (see the module docstring). ``plan`` is the plan
     the values were filled in for; ``in_rows`` / ``out_rows`` the input's and output's
-    rows; ``route`` how the op moves its rows."""
+    rows; ``route`` how the op moves its rows. A value: nothing changes one once made."""
 
     plan: "DpPlan"
     op: Op
@@ -80,15 +80,16 @@ class Schedule:
 
 
 class TemplateKey(NamedTuple):
-    """Everything a template depends on besides the counts and the call's sizes."""
+    """Everything a template depends on besides the counts and the call's sizes (plain
+    values: it is hashed on every lookup)."""
 
     structure: Structure
-    op: Op
+    op: str  # an Op's value
     partial: bool
     rank: int | None
     device_counts: bool
-    transport: Transport
-    wire: Wire
+    transport: str  # a Transport's value
+    wire: str  # a Wire's value
     dequantize: bool
     in_place: bool
     in_rows_known: bool
@@ -100,7 +101,7 @@ class Variant:
     fails); ``host_index`` maps a value (by identity) to its place in that tuple."""
 
     __slots__ = ("key", "guards", "steps", "scratch", "wire_bufs", "notes", "route",
-                 "host_index", "values", "outputs")
+                 "host_index", "values", "outputs", "rank_ref", "_factory", "enums")
 
     def __init__(self, key: TemplateKey, emitter: Emitter, *, compiled: bool = True) -> None:
         self.key = key
@@ -128,49 +129,78 @@ class Variant:
         for _, rows in self.scratch:
             collect(rows)
         self.outputs = tuple(outputs)
+        self.rank_ref = emitter.rank
+        self.enums = (emitter.op, emitter.transport, emitter.wire)
+        self._factory: Any = None
         #: ``values(counts, params) -> tuple | None`` (see :func:`dpx.expr.compile_host`);
         #: a variant built for one call evaluates them without generating code
         self.values = (X.compile_host(outputs, self.guards) if compiled
-                       else self._interpret)
+                       else _interpreter(self.guards, self.outputs))
 
-    def _interpret(self, counts: tuple, params: tuple) -> tuple | None:
-        named = {k: v for k, v in zip(X.PARAMS, params) if v is not None}
-        ops = X.HostOps(counts, params=named)
-        memo: dict = {}
-        for g, want in self.guards:
-            if int(bool(X.evaluate(g, ops, memo))) != want:
-                return None
-        return tuple(X.evaluate(v, ops, memo) for v in self.outputs)
-
-    def resolve(self, v: Any, values: tuple, counts: tuple | None, params: dict,
-                memo: dict) -> Any:
-        """``v`` with this call's host values filled in (what stays symbolic reads device
-        counts or rank coordinates)."""
-        if isinstance(v, Ref):
-            return Ref(v.buf, self.resolve(v.first, values, counts, params, memo),
-                       self.resolve(v.rows, values, counts, params, memo))
-        if not isinstance(v, X.Expr):
-            return v
-        i = self.host_index.get(id(v))
-        if i is not None:
-            return values[i]
-        return X.substitute(v, counts=counts, params=params, memo=memo)
-
-    def concretize(self, plan: "DpPlan", rank: RankRef, values: tuple, counts: tuple | None,
+    def concretize(self, plan: "DpPlan", values: tuple, counts: tuple | None,
                    in_rows: int | None, out_rows: int) -> Schedule:
         """The :class:`Schedule` of this variant for one call's values."""
+        if self._factory is None:
+            self._factory = self._make_factory()
         k = self.key
         params = {"out_rows": out_rows}
         if in_rows is not None:
             params["in_rows"] = in_rows
         memo: dict = {}
-        steps = tuple(type(s)(**{f: self.resolve(v, values, counts, params, memo)
-                                 for f, v in s.fields().items()}) for s in self.steps)
-        scratch = tuple((name, self.resolve(rows, values, counts, params, memo))
-                        for name, rows in self.scratch)
-        return Schedule(plan, k.op, k.partial, rank, k.device_counts, k.transport, in_rows,
-                        out_rows, steps, scratch, self.notes, k.wire, self.wire_bufs,
+
+        def residual(v: X.Expr) -> Any:
+            return X.substitute(v, counts=counts, params=params, memo=memo)
+
+        steps, scratch = self._factory(values, residual)
+        op, transport, wire = self.enums
+        return Schedule(plan, op, k.partial, self.rank_ref, k.device_counts, transport,
+                        in_rows, out_rows, steps, scratch, self.notes, wire, self.wire_bufs,
                         self.route, k.in_place)
+
+    def _make_factory(self) -> Any:
+        """A generated function ``f(values, residual) -> (steps, scratch)`` building this
+        variant's steps with one call's host values filled in (``residual(v)`` fills in
+        what reads device counts or rank coordinates)."""
+        env: dict[str, Any] = {"Ref": Ref}
+
+        def bind(obj: Any) -> str:
+            name = f"k{len(env)}"
+            env[name] = obj
+            return name
+
+        def code(v: Any) -> str:
+            if v is None or type(v) is int:
+                return repr(v)
+            if isinstance(v, Ref):
+                return f"Ref({v.buf!r}, {code(v.first)}, {code(v.rows)})"
+            if isinstance(v, X.Expr):
+                i = self.host_index.get(id(v))
+                return f"v[{i}]" if i is not None else f"residual({bind(v)})"
+            return bind(v)  # enums, constant tuples
+
+        steps = ", ".join(
+            f"{bind(type(s))}(" + ", ".join(code(v) for v in s.fields().values()) + ")"
+            for s in self.steps)
+        scratch = ", ".join(f"({name!r}, {code(rows)})" for name, rows in self.scratch)
+        src = (f"def _f(v, residual):\n    return ({steps}{',' if self.steps else ''}), "
+               f"({scratch}{',' if self.scratch else ''})\n")
+        exec(compile(src, "<dpx schedule>", "exec"), env)  # noqa: S102 - generated above
+        return env.pop("_f")
+
+
+def _interpreter(guards: tuple, outputs: tuple) -> Any:
+    """``values(counts, params)`` of a variant built for one call: the guards and values
+    evaluated without generated code."""
+
+    def values(counts: tuple, params: tuple) -> tuple | None:
+        named = {k: v for k, v in zip(X.PARAMS, params) if v is not None}
+        ops = X.HostOps(counts, params=named)
+        memo: dict = {}
+        for g, want in guards:
+            if int(bool(X.evaluate(g, ops, memo))) != want:
+                return None
+        return tuple(X.evaluate(v, ops, memo) for v in outputs)
+    return values
 
 
 class Template:
@@ -202,13 +232,14 @@ def _emit(key: TemplateKey, counts: tuple, in_rows: int | None, out_rows: int, *
           compiled: bool = True) -> Variant:
     structure = key.structure
     geo = geometry(structure)
-    rank = symbolic_rank() if key.rank is None else concrete_rank(structure.layout, key.rank)
+    rank = symbolic_rank() if key.rank is None else concrete_rank(geo.layout, key.rank)
     params = {"out_rows": out_rows}
     if in_rows is not None:
         params["in_rows"] = in_rows
     cap = structure.capacity_rows[0] if structure.capacity_rows is not None else None
-    e = Emitter(geo, key.op, partial=key.partial, rank=rank, device_counts=key.device_counts,
-                transport=key.transport, wire=key.wire, dequantize=key.dequantize,
+    e = Emitter(geo, Op(key.op), partial=key.partial, rank=rank,
+                device_counts=key.device_counts, transport=Transport(key.transport),
+                wire=Wire(key.wire), dequantize=key.dequantize,
                 in_place=key.in_place, in_rows_known=key.in_rows_known, capacity=cap,
                 example=X.HostOps(() if key.device_counts else counts, params=params))
     e.emit()
@@ -221,7 +252,7 @@ class ScheduleCache:
     empties it. A communicator owns one; a server planning every step keeps one for its
     planning (new counts of a known structure then cost one generated function call)."""
 
-    def __init__(self, *, max_templates: int = 256, max_variants: int = 8) -> None:
+    def __init__(self, *, max_templates: int = 64, max_variants: int = 4) -> None:
         for name, v in (("max_templates", max_templates), ("max_variants", max_variants)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise DpxValueError(f"ScheduleCache({name}={v!r}): must be an int >= 1")
@@ -267,8 +298,8 @@ class ScheduleCache:
 def template_key(plan: "DpPlan", op: Op, *, rank: int | None, partial: bool,
                  device_counts: bool, transport: Transport, wire: Wire, dequantize: bool,
                  in_place: bool, in_rows_known: bool) -> TemplateKey:
-    return TemplateKey(structure_of(plan), op, partial, rank, device_counts, transport, wire,
-                       dequantize, in_place, in_rows_known)
+    return TemplateKey(structure_of(plan), op._value_, partial, rank, device_counts,
+                       transport._value_, wire._value_, dequantize, in_place, in_rows_known)
 
 
 def build_schedule(plan: "DpPlan", op: Op | str, *, rank: int | None, partial: bool = True,
@@ -287,11 +318,12 @@ def build_schedule(plan: "DpPlan", op: Op | str, *, rank: int | None, partial: b
     keeps the templates (a :class:`ScheduleCache`); without one the schedule is built
     afresh.
     """
-    op = Op.parse(op)
-    transport = Transport.parse(transport)
-    wire = Wire.parse(wire)
-    check_call(plan, op, rank=rank, device_counts=device_counts, wire=wire,
-               in_place=in_place, in_rows=in_rows)
+    op = op if type(op) is Op else Op.parse(op)
+    transport = transport if type(transport) is Transport else Transport.parse(transport)
+    wire = wire if type(wire) is Wire else Wire.parse(wire)
+    if device_counts or in_place or (rank is not None and type(rank) is not int):
+        check_call(plan, op, rank=rank, device_counts=device_counts, wire=wire,
+                   in_place=in_place, in_rows=in_rows)
     if out_rows is None:
         out_rows = op_rows(plan, op, rank, device_counts=device_counts).out
     key = template_key(plan, op, rank=rank, partial=bool(partial) or op is Op.GATHER_SUM,
@@ -304,8 +336,7 @@ def build_schedule(plan: "DpPlan", op: Op | str, *, rank: int | None, partial: b
         values = variant.values(counts, (in_rows, out_rows))
     else:
         variant, values = cache.variant(key, counts, in_rows, out_rows)
-    ref = symbolic_rank() if rank is None else concrete_rank(plan.layout, rank)
-    return variant.concretize(plan, ref, values, None if device_counts else counts, in_rows,
+    return variant.concretize(plan, values, None if device_counts else counts, in_rows,
                               out_rows)
 
 

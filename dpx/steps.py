@@ -42,8 +42,10 @@ def _v(value: Any) -> str:
 
 
 class Step:
-    """Base of every step. ``collective``: every rank of the group issues it together."""
+    """Base of every step. ``collective``: every rank of the group issues it together.
+    Steps are values: nothing changes one once it is made."""
 
+    __slots__ = ()
     collective = False
     kind = "step"
 
@@ -52,7 +54,7 @@ class Step:
 
 
 # ---------------------------------------------------------------- local passes
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class CheckCounts(Step):
     """Check a step's device counts against what the plan holds, before any row moves:
     every entry ``>= 0``; the per-replica counts (a shard table's ``group`` sums) at most
@@ -77,7 +79,7 @@ class CheckCounts(Step):
         return f"check   device counts: {', '.join(rules)} (flag a violation)"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Move(Step):
     """``dst[:rows] = 0`` except ``dst[dst_start + j] = src[src_start + j]`` for ``j <
     count``: one pass over ``dst`` (a *place* when ``src_start == 0``, a *take* when
@@ -113,7 +115,7 @@ def _same(a: Any, b: Any) -> bool:
     return a == b if type(a) is int and type(b) is int else a is b
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Zero(Step):
     """In place: every row of ``buf[:rows]`` outside ``[keep_start, keep_start +
     keep_count)`` becomes 0 (a slot's pad tail after a collective wrote it, or the rows
@@ -132,7 +134,7 @@ class Zero(Step):
                 f"[{_v(self.keep_start)} : +{_v(self.keep_count)}]")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Quantize(Step):
     """``dst[j] = fp8_wire(src[start + j])`` for ``j < count``; rows ``count..rows`` of
     ``dst`` are zero bytes (one pass: reads the rows once, writes payload and scales;
@@ -150,7 +152,7 @@ class Quantize(Step):
                 f"{self.dst}[{_v(self.rows)} fp8 rows], zero rows after")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Dequantize(Step):
     """``dst[:rows] = dequantize(src[:rows])``: fp8 wire rows back to the input's dtype
     (zero rows stay exact zeros)."""
@@ -164,7 +166,7 @@ class Dequantize(Step):
         return f"dequantize {self.src}[{_v(self.rows)} fp8 rows] -> {self.dst}"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class _ChunkPass(Step):
     """A one-pass kernel over ``dst``'s ``rows`` moving the chunks of a chunk table between
     their rows and ``block``-row pieces."""
@@ -177,7 +179,7 @@ class _ChunkPass(Step):
     block: Any
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Unpack(_ChunkPass):
     """``dst[:rows] = 0`` except ``dst[firsts[r] + j] = src[r*block + j]`` for ``j <
     lens[r]``: every rank's ``block``-row piece of an equal all-gather moved to its
@@ -191,7 +193,7 @@ class Unpack(_ChunkPass):
                 f"lens={_v(self.lens)}")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Pack(_ChunkPass):
     """``dst[r*block + j] = src[firsts[r] + j]`` for ``j < lens[r]``, zeros elsewhere:
     every rank's chunk moved to a ``block``-row piece of an equal reduce-scatter's input
@@ -209,7 +211,7 @@ def len_of(v: Any) -> int:
 
 
 # ---------------------------------------------------------------- collectives
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class AllGather(Step):
     """Equal all-gather over ``group``: ``dst`` (``group_size * rows``) is the group's
     ``src`` blocks (``rows`` each) in group-rank order."""
@@ -225,7 +227,7 @@ class AllGather(Step):
         return f"all_gather     {self.group.value}: {self.src}[{_v(self.rows)}] -> {self.dst}"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class ReduceScatter(Step):
     """Equal reduce-scatter over ``group``: ``dst`` (``rows``) is this rank's block of the
     sum over the group of ``src`` (``group_size * rows``)."""
@@ -242,7 +244,7 @@ class ReduceScatter(Step):
                 f"{self.dst}[{_v(self.rows)}]")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class AllReduce(Step):
     """In-place sum over ``group`` of ``buf`` (``rows``)."""
 
@@ -256,7 +258,7 @@ class AllReduce(Step):
         return f"all_reduce     {self.group.value}: {self.buf}[{_v(self.rows)}] in place"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class _Variable(Step):
     """Base of the variable-size collectives: rank ``r``'s chunk is rows ``[firsts[r],
     firsts[r] + lens[r])`` of the ``rows``-row global buffer; ``block`` is the chunk
@@ -273,7 +275,7 @@ class _Variable(Step):
         return f"chunks firsts={_v(self.firsts)} lens={_v(self.lens)}"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class BroadcastV(_Variable):
     """In place in ``buf``: every rank's chunk, already at its rows on its owner, is
     broadcast from that owner (grouped per-root broadcasts; host sizes). Rows outside the
@@ -287,7 +289,7 @@ class BroadcastV(_Variable):
                 f"{self._table()}")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class ReduceV(_Variable):
     """In place in ``buf``: each owner's chunk rows receive the sum over the group
     (grouped per-root reduces; host sizes). Other rows are left undefined."""
@@ -300,7 +302,7 @@ class ReduceV(_Variable):
                 f"{self._table()}")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class AllGatherV(_Variable):
     """``dst`` (``rows``): every rank's ``src[:lens[r]]`` at ``firsts[r]``; rows outside the
     chunks are 0 (a ragged all-to-all; sizes may be device data)."""
@@ -314,7 +316,7 @@ class AllGatherV(_Variable):
                 f"{self.dst}[{_v(self.rows)}], {self._table()}")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class ReduceScatterV(_Variable):
     """``dst`` (``block`` rows): row ``j < lens[me]`` is the sum over the group of
     ``src[firsts[me] + j]``; rows past ``lens[me]`` are 0 (a ragged all-to-all)."""

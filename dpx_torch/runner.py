@@ -46,11 +46,11 @@ class CacheLimits:
     ``programs``: compiled programs (one per variant in use); ``batches``: programs of
     several-tensor gathers; ``tables``: device copies of host index tables."""
 
-    calls: int = 256
-    templates: int = 128
-    variants: int = 8
-    programs: int = 256
-    batches: int = 64
+    calls: int = 64
+    templates: int = 64
+    variants: int = 4
+    programs: int = 128
+    batches: int = 32
     tables: int = 256
 
 
@@ -130,9 +130,9 @@ class Runner:
                 return hit
         rows = op_rows(plan, op, self.rank, device_counts=device_counts)
         out = rows.out if out_rows is None else out_rows
-        tkey = TemplateKey(structure_of(plan), op, partial, self.rank, device_counts,
-                           self.transport, wire, dequantize or wire is Wire.NATIVE,
-                           in_place, True)
+        tkey = TemplateKey(structure_of(plan), op._value_, partial, self.rank, device_counts,
+                           self.transport._value_, wire._value_,
+                           dequantize or wire is Wire.NATIVE, in_place, True)
         counts = host_counts(plan)
         if compiling:
             variant, values = ScheduleCache(max_templates=1).variant(tkey, counts, in_rows,

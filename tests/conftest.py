@@ -29,7 +29,7 @@ ORDER = (
     "test_planner", "test_schedules", "test_pricing", "test_registries",
     "test_kernels_torch", "test_wire", "test_errors",
     "test_torch_comm", "test_torch_autograd", "test_torch_compile", "test_faults",
-    "test_torch_serving", "test_torch_groups",
+    "test_torch_serving", "test_torch_groups", "test_torch_hotpath",
     "test_jax", "test_jax_serving", "test_jax_axes", "test_jax_multiprocess",
     "test_fuzz",
     "test_torch_gpu",
@@ -103,17 +103,19 @@ def nccl_comm1(world1):
 
 @pytest.fixture(scope="session")
 def gloo_worlds(tmp_path_factory):
-    """``get(world_size)`` -> a persistent :class:`harness.GlooWorld` shared by all tests."""
+    """``get(world_size, backend="gloo")`` -> a persistent :class:`harness.GlooWorld`
+    shared by all tests."""
     from harness import GlooWorld
 
-    worlds: dict[int, GlooWorld] = {}
+    worlds: dict[tuple, GlooWorld] = {}
     root = tmp_path_factory.mktemp("gloo")
 
-    def get(size: int) -> GlooWorld:
-        w = worlds.get(size)
+    def get(size: int, backend: str = "gloo") -> GlooWorld:
+        w = worlds.get((size, backend))
         if w is None or not w.alive:
-            w = GlooWorld(size, root / f"world{size}-{len(worlds)}")
-            worlds[size] = w
+            name = backend.replace(":", "_").replace(",", "_")
+            w = GlooWorld(size, root / f"world{size}-{name}-{len(worlds)}", backend)
+            worlds[(size, backend)] = w
         return w
 
     yield get

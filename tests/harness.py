@@ -39,14 +39,14 @@ class WorkerContext:
 
 
 def _worker(rank: int, size: int, init_file: str, jobs: mp.Queue, results: mp.Queue,
-            path: list[str]) -> None:
+            path: list[str], backend: str) -> None:
     sys.path[:0] = [p for p in path if p not in sys.path]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
                             world_size=size)
     ctx = WorkerContext(rank, size)
     try:
@@ -70,7 +70,10 @@ class WorkerError(AssertionError):
 
 
 class GlooWorld:
-    def __init__(self, size: int, directory: Path) -> None:
+    """``size`` processes in one process group (``backend``: a torch.distributed backend
+    spec, ``"gloo"`` by default; ``"cpu:gloo"`` etc. as a launcher would pass it)."""
+
+    def __init__(self, size: int, directory: Path, backend: str = "gloo") -> None:
         directory.mkdir(parents=True, exist_ok=True)
         ctx = mp.get_context("spawn")
         self.size = size
@@ -78,7 +81,8 @@ class GlooWorld:
         self.jobs = [ctx.Queue() for _ in range(size)]
         init_file = str(directory / "rendezvous")
         self.procs = [ctx.Process(target=_worker, args=(r, size, init_file, self.jobs[r],
-                                                        self.results, list(sys.path)),
+                                                        self.results, list(sys.path),
+                                                        backend),
                                   daemon=True) for r in range(size)]
         for p in self.procs:
             p.start()

@@ -5,7 +5,6 @@ communicator, bad counts named, and caches that stay bounded over many distinct 
 from __future__ import annotations
 
 import random
-import tracemalloc
 
 import numpy as np
 import torch
@@ -108,8 +107,9 @@ def in_place(ctx, layout_args, cases, *, rest=(4,)) -> int:
         plan, counts_t, eff = _plan_of(layout, case)
         d = layout.coords(r).attn_dp_rank
         rows = plan.slot_rows[d] if plan.is_static else held(plan, r, eff)[1]
-        x = _t(local_inputs(case.get("seed", 0), plan, rest, partial=partial, rows=rows,
-                            eff=eff)[r], dtype)
+        locs = local_inputs(case.get("seed", 0), plan, rest, partial=partial, eff=eff,
+                            rows=plan.max_slot_rows if plan.is_static else None)
+        x = _t(np.ascontiguousarray(locs[r][:rows]), dtype)
         want = comm.gather(x, plan, partial=partial, counts=counts_t)
         if case.get("refused"):
             o = torch.empty_like(want)
@@ -153,11 +153,18 @@ def in_place_steps(ctx, layout_args, cases) -> list[list[str]]:
     return out
 
 
+def _rss() -> int:
+    """This process's resident memory in bytes (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
 def soak(ctx, layout_args, steps: int, seed: int) -> dict:
     """Many steps with new host counts every step -- every mode, CP shards, capacity plans
     with device counts, masks, the fp8 wire, several tensors in one call, async calls --
-    then: every cache within its bound, and the host memory Python allocated in the second
-    half no more than in the first (flat after warm-up)."""
+    then: every cache within its bound, the bytes the caches hold at the end about what
+    they held half way, and the process's resident memory grown by little in the second
+    half."""
     layout = dpx.DpLayout(*layout_args)
     limits = dpx_torch.CacheLimits(calls=32, templates=16, variants=4, programs=32, batches=8,
                                    tables=32)
@@ -198,23 +205,43 @@ def soak(ctx, layout_args, steps: int, seed: int) -> dict:
 
     for i in range(steps // 2):
         one(i)
-    tracemalloc.start()
-    first = tracemalloc.take_snapshot()
-    for i in range(steps // 2, 3 * steps // 4):
+    mid_bytes, mid_rss = comm.runner.host_bytes(), _rss()
+    for i in range(steps // 2, steps):
         one(i)
-    mid = tracemalloc.take_snapshot()
-    for i in range(3 * steps // 4, steps):
-        one(i)
-    last = tracemalloc.take_snapshot()
-    tracemalloc.stop()
+    res = dict(sizes=comm.cache_sizes(), limits=limits.__dict__,
+               host_bytes=comm.runner.host_bytes(), mid_bytes=mid_bytes,
+               rss_growth=_rss() - mid_rss, builds=comm.runner.schedules.builds)
+    comm.destroy()
+    return res
 
-    def grown(a, b) -> int:
-        return sum(s.size_diff for s in b.compare_to(a, "filename")
-                   if "/dpx" in s.traceback[0].filename)
 
-    sizes = comm.cache_sizes()
-    res = dict(sizes=sizes, limits=limits.__dict__, host_bytes=comm.runner.host_bytes(),
-               grew_first=grown(first, mid), grew_second=grown(mid, last),
-               builds=comm.runner.schedules.builds)
+def backend_checks(ctx, layout_args, device: str) -> dict:
+    """On this world's backend (the spec a launcher used): what the groups carry, which
+    group serves host exchanges, the groups DpComm created, and a gather / reduce_scatter /
+    validate round on ``device`` tensors against the reference."""
+    import torch.distributed as dist
+
+    layout = dpx.DpLayout(*layout_args)
+    made: list = []
+    real = dist.new_group
+
+    def counting(*a, **k):
+        made.append(k.get("backend"))
+        return real(*a, **k)
+
+    dist.new_group = counting
+    try:
+        comm = dpx_torch.DpComm(layout, validate=True)
+    finally:
+        dist.new_group = real
+    plan = dpx.plan_step([3 + i for i in range(layout.dp_size)], layout, mode="gatherv")
+    locs = local_inputs(1, plan, (4,), partial=True)
+    x = _t(locs[ctx.rank], torch.float32).to(device)
+    got = comm.gather(x, plan, partial=True)
+    want = _t(ref_gather(locs, plan, partial=True), torch.float32)
+    res = dict(devices=sorted(comm.groups.devices), cpu_is_world=comm.groups.cpu is
+               comm.groups.world, created=made, spec=str(dist.get_backend()),
+               ok=bool(torch.equal(got.cpu(), want)), device=str(got.device),
+               counts=comm.sync_counts(3)[0])
     comm.destroy()
     return res

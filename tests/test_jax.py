@@ -147,6 +147,47 @@ def test_ops_bad_inputs():
         run(lambda l: dpx_jax.gather(l, plan, partial=1))
 
 
+def test_counts_errors_name_the_dtype_and_shape():
+    lay = dpx.DpLayout(4, 2)
+    plan = dpx.plan_step([0, 0], lay, capacity=8)
+    mesh = mesh_for(lay)
+    x = shard(mesh, [np.zeros((8, 3))] * 4, jnp.float32)
+
+    def run(c):
+        return jax.shard_map(lambda v: dpx_jax.gather(v, plan, partial=True, counts=c),
+                             mesh=mesh, in_specs=SPEC, out_specs=SPEC)(x)
+
+    with pytest.raises(dpx.DpxTypeError, match=r"must be an integer array .*got dtype float32"):
+        run(jnp.zeros(2, jnp.float32))
+    with pytest.raises(dpx.DpxTypeError, match=r"shape \(2,\) .*got shape \(3,\)"):
+        run(jnp.zeros(3, jnp.int32))
+
+
+@pytest.mark.parametrize("mode,cap,bad,why", [
+    ("max_len", 8, [12, 0, 0, 0], "exceed the MAX_LEN capacity 8"),
+    ("max_len", 8, [-1, 2, 0, 0], "negative entry"),
+    ("sum_len", 16, [6, 6, 6, 0], "sum past the capacity's 16 rows"),
+    ("gatherv", 16, [9, 9, 0, 0], "sum past the capacity's 16 rows")])
+def test_checkify_reports_counts_outside_the_capacity(mode, cap, bad, why):
+    """Device counts a capacity plan cannot hold are a checkify check inside the ops:
+    ``checkify.checkify(f)`` reports them (from every device); valid counts report
+    nothing; without checkify the program runs, inside its buffers."""
+    from jax.experimental import checkify
+
+    lay = dpx.DpLayout(4, 4)
+    plan = dpx.plan_step([0] * 4, lay, mode=mode, capacity=cap)
+    mesh = mesh_for(lay)
+    f = jax.shard_map(lambda v, c: dpx_jax.gather(v, plan, partial=True, counts=c),
+                      mesh=mesh, in_specs=(SPEC, P()), out_specs=SPEC)
+    x = shard(mesh, [np.ones((plan.max_slot_rows, 2))] * 4, jnp.float32)
+    checked = jax.jit(checkify.checkify(f))
+    err, _ = checked(x, jnp.asarray(bad, jnp.int32))
+    assert err.get() is not None and why in err.get()
+    err, out = checked(x, jnp.asarray([1, 0, 2, 0], jnp.int32))
+    assert err.get() is None and out.shape[0] == 4 * plan.global_rows
+    assert jax.jit(f)(x, jnp.asarray(bad, jnp.int32)).shape == out.shape
+
+
 # ---------------------------------------------------------------- gradients
 def _ref_global(X, plan, partial):
     """Plain jnp reference of gather on stacked inputs X [world, L, H] -> [G, H]."""

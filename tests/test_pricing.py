@@ -66,6 +66,16 @@ def test_closed_form_equals_priced_schedules(layout):
         counts = _counts(rng, lay.dp_size)
         shards = _shards(rng, counts, lay.cp_size) if lay.cp_size > 1 and i % 2 else None
         rb = rng.choice([256, 7168 * 2])
+        for transport in dpx.Transport:  # the policy takes the cheapest, ties to the first
+            full = [estimate_counts(counts, lay, m, row_bytes=rb, cost_model=model,
+                                    transport=transport,
+                                    cp_shards=None if shards is None else
+                                    tuple(map(tuple, shards))).seconds
+                    for m in dpx.PaddingMode]
+            chosen = dpx.plan_step(counts, lay, policy="cost", cost_model=model, row_bytes=rb,
+                                   transport=transport, cp_shards=shards)
+            assert chosen.mode is list(dpx.PaddingMode)[full.index(min(full))], \
+                (layout, counts, transport, full, chosen.reason)
         for mode in dpx.PaddingMode:
             plan = dpx.plan_step(counts, lay, mode=mode, cp_shards=shards)
             for transport in dpx.Transport:
@@ -84,7 +94,7 @@ def test_closed_form_equals_priced_schedules(layout):
                 if shards is None:  # the policy's fast path: the same seconds
                     fast = mode_seconds(plan.num_tokens, plan.aligned_tokens, lay, [mode],
                                         row_bytes=rb, cost_model=model, transport=transport)
-                    assert fast == [want.seconds], where
+                    assert fast == [(want.seconds, True)], where
                 cases += 1
     assert cases == 12 * 3 * 3
 

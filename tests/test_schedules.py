@@ -348,3 +348,33 @@ def test_context_parallel_plans(layout):
         plan = dpx.plan_step(run, lay, mode=mode, capacity=cap, cp_shards=shards)
         check_plan(plan, seed=5)                                        # host shards
         check_plan(plan, run=_shards_for(run[::-1], lay.cp_size, rng, 2), seed=6)  # device
+
+
+def test_a_full_schedule_cache_holds_a_bounded_few_mib():
+    """A ScheduleCache at its default bounds (64 templates x 4 variants), filled with
+    templates of a 1024-rank world (dp 128, attn-tp 8: the largest chunk tables), holds
+    what tracemalloc measures as well under 16 MiB, and never more than its bounds however
+    many structures and counts pass through it."""
+    import gc
+    import tracemalloc
+
+    lay = dpx.DpLayout(1024, 128)
+    cache = dpx.ScheduleCache()
+    rng = random.Random(11)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for i in range(90):
+        counts = [rng.randrange(0, 64) for _ in range(lay.dp_size)]
+        cap = 64 + 8 * (i % 30)  # 30 capacity buckets: many structures
+        for mode in MODES:
+            if mode is not PaddingMode.MAX_LEN:
+                cap *= lay.dp_size  # a SUM_LEN / GATHERV capacity holds every replica
+            plan = dpx.plan_step(counts, lay, mode=mode, capacity=cap if i % 2 else None)
+            for op in (Op.GATHER, Op.REDUCE_SCATTER):
+                build_schedule(plan, op, rank=i % 1024, partial=bool(i % 3), cache=cache)
+        assert len(cache) <= 64 and cache.variants() <= 64 * 4
+    gc.collect()  # what a step leaves behind, freed (the cache holds no reference cycle)
+    held = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename")
+               if "/dpx/" in s.traceback[0].filename or "<dpx" in s.traceback[0].filename)
+    tracemalloc.stop()
+    assert len(cache) == 64 and held < 16 * 2**20, (cache.variants(), held)

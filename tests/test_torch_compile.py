@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import dpx
+import dpx_torch
 
 
 @pytest.mark.parametrize("mode", ["max_len", "sum_len"])
@@ -35,3 +36,53 @@ def test_autograd_through_world1(comm1):
     expect = torch.zeros(4, 6)
     expect[:3] = w[:3]
     assert torch.equal(x.grad, expect)
+
+
+def _compiled_equals_eager(fn, *args):
+    torch._dynamo.reset()
+    eager = fn(*args)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(*args)
+    flat = lambda x: x if isinstance(x, tuple) else (x,)  # noqa: E731
+    for a, b in zip(flat(eager), flat(compiled)):
+        assert torch.equal(a, b)
+    return eager
+
+
+def test_capacity_gather_then_mask_compiles(comm1):
+    """A capacity plan's gather with device counts, then its pad rows masked: one graph."""
+    plan = dpx.plan_step([0], comm1.layout, mode="max_len", capacity=6)
+    counts = torch.tensor([4], dtype=torch.int32)
+
+    def step(x, ids):
+        g = comm1.gather(x, plan, partial=True, counts=counts)
+        m = dpx_torch.mask_pad_rows(ids.clone(), plan, counts=counts, fill=-1)
+        mask = dpx_torch.pad_row_mask(plan, counts=counts)
+        return g, m, mask
+
+    x, ids = torch.randn(6, 8), torch.arange(12).reshape(6, 2)
+    g, m, mask = _compiled_equals_eager(step, x, ids)
+    assert torch.equal(g[:4], x[:4]) and not g[4:].any()
+    assert (m[4:] == -1).all() and torch.equal(m[:4], ids[:4])
+    assert mask.tolist() == [False] * 4 + [True] * 2
+
+
+def test_several_tensors_and_exchange_counts_compile(comm1):
+    plan = dpx.plan_step([0], comm1.layout, mode="sum_len", capacity=8)
+
+    def step(h, ids, n):
+        counts = comm1.exchange_counts(n)
+        gh, gi = comm1.gather((h, ids), plan, partial=(True, False), counts=counts)
+        return gh, comm1.mask_pad_rows(gi, plan, counts=counts), counts
+
+    h, ids = torch.randn(8, 4), torch.arange(16).reshape(8, 2)
+    gh, gi, counts = _compiled_equals_eager(step, h, ids, torch.tensor([3], dtype=torch.int32))
+    assert counts.tolist() == [3] and torch.equal(gh[:4], torch.cat([h[:3], torch.zeros(1, 4)]))
+    assert (gi[4:] == -1).all()
+
+
+def test_host_count_gathers_compile_every_mode(comm1):
+    for mode in ("max_len", "sum_len", "gatherv"):
+        plan = dpx.plan_step([3], comm1.layout, mode=mode)
+        x = torch.randn(5, 6)
+        got = _compiled_equals_eager(lambda t: comm1.gather(t, plan, partial=False), x)
+        assert torch.equal(got[:3], x[:3])
