@@ -96,3 +96,20 @@ def profiled_us(fn: Callable[[], object], *, reps: int = 5) -> tuple[float, dict
             per_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
     total = sum(sum(v) for v in per_name.values()) / reps
     return total, {k: statistics.median(v) for k, v in per_name.items()}
+
+
+def import_jax_triton() -> object | None:
+    """Import jax-triton, keeping ``TRITON_CACHE_DIR`` as it was: jax-triton 0.3.x sets it
+    to ``""`` when imported, which makes Triton compiles launched from torch in the same
+    process fail afterwards. ``None`` when jax-triton cannot be imported here."""
+    before = os.environ.get("TRITON_CACHE_DIR")
+    try:
+        import jax_triton
+    except Exception:  # noqa: BLE001 - ImportError, or a jaxlib without GPU support
+        return None
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = before
+    return jax_triton

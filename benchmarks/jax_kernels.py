@@ -53,7 +53,7 @@ import torch
 from jax import lax
 
 import dpx_jax
-from common import out_dir, print_table, profiled_us, write_csv
+from common import import_jax_triton, out_dir, print_table, profiled_us, write_csv
 from dpx.kernels import launch
 from dpx.kernels import rows as kernels
 from dpx_torch import place_rows
@@ -104,6 +104,7 @@ def main() -> None:
     # read by jax-triton when it is first imported (dpx_jax imports it lazily, below)
     dump = tempfile.mkdtemp(prefix="jax_triton_dump_")
     os.environ["JAX_TRITON_DUMP_DIR"] = dump
+    import_jax_triton()
     rows = []
     for name, per in (("decode", 32), ("mid", 512), ("prefill", 4096)):
         G, n = dp * per, per
@@ -131,7 +132,7 @@ def main() -> None:
             prog = jax.jit(maker)
             dev[label], per_name = profiled_us(_synced(lambda prog=prog: prog(src, st3)), reps=20)
             if label == "triton":
-                kernel_only = per_name["place_rows_kernel"]
+                kernel_only = per_name["move_rows_kernel"]
                 # bitwise: the jax-triton launch gives the torch launch's result
                 a = np.asarray(prog(src, st3).astype(jnp.float32))
                 assert np.array_equal(a, out_t.float().cpu().numpy()), "launches disagree"
@@ -185,13 +186,15 @@ def _compare_ptx(dump: str, src: torch.Tensor, start: torch.Tensor, count: torch
                  out: torch.Tensor) -> None:
     """Print whether jax-triton's PTX of the place kernel equals the torch launch's."""
     block_r, block_c, warps = launch.row_blocks(out.shape[1])
-    compiled = kernels.place_rows_kernel[launch.grid(*out.shape)](
-        src, start, count, 0, 0, src.shape[0], out.shape[0], out, WIDTH=out.shape[1],
-        START_PTR=True, COUNT_PTR=True, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+    zero = torch.zeros(1, dtype=torch.int32, device=src.device)
+    compiled = kernels.move_rows_kernel[launch.grid(*out.shape)](
+        src, zero, start, count, 0, 0, 0, src.shape[0], out.shape[0], out, WIDTH=out.shape[1],
+        SRC_START_PTR=True, DST_START_PTR=True, COUNT_PTR=True, BLOCK_R=block_r,
+        BLOCK_C=block_c, num_warps=warps)
     torch_ptx = compiled.asm["ptx"]
-    jax_ptx = [open(f).read() for f in glob.glob(f"{dump}/*/place_rows_kernel.ptx")]
+    jax_ptx = [open(f).read() for f in glob.glob(f"{dump}/*/move_rows_kernel.ptx")]
     same = [p == torch_ptx for p in jax_ptx]
-    print(f"place_rows_kernel PTX: torch launch {len(torch_ptx.splitlines())} lines; "
+    print(f"move_rows_kernel PTX: torch launch {len(torch_ptx.splitlines())} lines; "
           f"jax-triton compiled {len(jax_ptx)} variant(s), identical to the torch launch's: "
           f"{same}")
 

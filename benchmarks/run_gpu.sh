@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # GPU validation and benchmarks in one go (for a GPU machine with no network):
-# installs dpx without build isolation, jax-triton from wheels in .whl/ if present, then
-# runs the GPU-marked tests and the kernel benchmarks. Output files go to $OUT.
+#   bash benchmarks/run_gpu.sh [STAGE ...]      (default: every stage)
+# Stages: tests (the GPU-marked tests), sweep (launch sweep), kernels, jax_kernels,
+# torch_step, serving, soak, example (examples/torch_serving.py with CUDA graphs).
+# Installs dpx without build isolation and jax-triton from wheels in .whl/ if present.
+# Output files go to $RESULTS (default benchmarks/out); with ARCHIVE=path, they are also
+# packed into that one .tar.gz (a device that returns few files takes that one).
 set -uo pipefail
-export OUT="${OUT:-benchmarks/out}" XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+export OUT="${RESULTS:-benchmarks/out}" XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests kernels jax_kernels torch_step serving soak example)
+want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -n 2
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -12,12 +19,19 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton, jax; print('torch', torch.__version__, 'triton', triton.__version__, 'jax', jax.__version__, jax.default_backend())"
-python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 25
+if want tests; then
+  python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 30
+fi
 cd benchmarks
-python3 kernels.py "$@" 2>&1 | tee "$OUT/kernels.log"
-python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"
-python3 torch_step.py 2>&1 | tee "$OUT/torch_step.log"
-python3 serving.py --gpu 2>&1 | tee "$OUT/serving.log"
+want sweep && python3 launch_sweep.py 2>&1 | tee "$OUT/launch_sweep.log"
+want kernels && python3 kernels.py 2>&1 | tee "$OUT/kernels.log"
+want jax_kernels && python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"
+want torch_step && python3 torch_step.py 2>&1 | tee "$OUT/torch_step.log"
+want serving && python3 serving.py --gpu 2>&1 | tee "$OUT/serving.log"
+want soak && python3 soak.py --steps 20000 2>&1 | tee "$OUT/soak.log"
 cd ..
-python3 -m torch.distributed.run --standalone --nproc-per-node 1 examples/torch_serving.py \
-  --attn-tp 1 --time 2>&1 | tee "$OUT/torch_serving.log"
+if want example; then
+  python3 -m torch.distributed.run --standalone --nproc-per-node 1 examples/torch_serving.py \
+    --attn-tp 1 --time 2>&1 | tee "$OUT/torch_serving.log"
+fi
+if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$OUT" .; fi

@@ -82,6 +82,8 @@ def _run(x: jax.Array, counts: jax.Array | None, spec: _Spec) -> jax.Array:
 
 
 def _run_fwd(x, counts, spec):
+    if spec.wire is not Wire.NATIVE:  # refused before the forward runs
+        spec.adjoint()
     return _run(x, counts, spec), (counts, x[:0])
 
 

@@ -121,14 +121,15 @@ def _triton_move(src, src_start, dst_start, count, rows: int):
     width = math.prod(rest)
     if rows == 0 or width == 0:
         return jnp.zeros((rows, *rest), src.dtype)
-    block_r, block_c, warps = launch.row_blocks(width)
+    tile = launch.tile_for(rows, width, jnp.dtype(src.dtype).itemsize)
+    block_r, block_c, warps = launch.row_blocks(width, tile)
     out = triton_call(
         src.reshape(m, width), src_start.reshape(1), dst_start.reshape(1), count.reshape(1),
         0, 0, 0, m, rows, kernel=kernels.move_rows_kernel,
         out=jax.ShapeDtypeStruct((rows, width), src.dtype),
-        grid=launch.grid(rows, width), num_warps=warps,
+        grid=launch.grid(rows, width, tile), num_warps=warps,
         WIDTH=width, SRC_START_PTR=True, DST_START_PTR=True, COUNT_PTR=True,
-        BLOCK_R=block_r, BLOCK_C=block_c)
+        BLOCK_R=block_r, BLOCK_C=block_c, WIDE=launch.wide(m * width, rows * width))
     # triton_call's outputs are typed invariant; they vary like the inputs
     return vary_like(out.reshape(rows, *rest), src, src_start, dst_start, count)
 
@@ -281,12 +282,13 @@ def _triton_chunks(kernel_name: str, src, firsts, lens, block: int, rows: int):
     width = math.prod(rest)
     if rows == 0 or width == 0:
         return jnp.zeros((rows, *rest), src.dtype)
-    block_r, block_c, warps = launch.row_blocks(width)
+    tile = launch.tile_for(rows, width, jnp.dtype(src.dtype).itemsize)
+    block_r, block_c, warps = launch.row_blocks(width, tile)
     out = triton_call(
         src.reshape(m, width), firsts, lens, m, rows, firsts.shape[0], block,
         kernel=getattr(kernels, kernel_name),
         out=jax.ShapeDtypeStruct((rows, width), src.dtype),
-        grid=launch.grid(rows, width), num_warps=warps,
+        grid=launch.grid(rows, width, tile), num_warps=warps,
         WIDTH=width, BLOCK_R=block_r, BLOCK_C=block_c)
     return vary_like(out.reshape(rows, *rest), src, firsts, lens)
 

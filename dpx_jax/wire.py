@@ -102,7 +102,7 @@ def quantize_take(src, start, count, rows: int, impl: Impl):
     rb = W.wire_row_bytes(h)
     if impl is not Impl.TRITON or rows == 0:
         return _quantize_xla(src, start, count, rows) if rows else jnp.zeros((0, rb), jnp.uint8)
-    from dpx.kernels import wire as kernels
+    from dpx.kernels import launch, wire as kernels
     from dpx_jax.triton_shim import triton_call
 
     out = triton_call(
@@ -111,7 +111,8 @@ def quantize_take(src, start, count, rows: int, impl: Impl):
         grid=(-(-rows // kernels.QUANTIZE_BLOCK_R),
               -(-(h // W.GROUP) // kernels.QUANTIZE_BLOCK_G)),
         num_warps=kernels.QUANTIZE_WARPS, H=h, ROW_BYTES=rb, START_PTR=True, COUNT_PTR=True,
-        BLOCK_R=kernels.QUANTIZE_BLOCK_R, BLOCK_G=kernels.QUANTIZE_BLOCK_G, COMPILED=True)
+        BLOCK_R=kernels.QUANTIZE_BLOCK_R, BLOCK_G=kernels.QUANTIZE_BLOCK_G, COMPILED=True,
+        WIDE=launch.wide(src.size, rows * rb))
     return vary_like(out, src, start, count)
 
 
@@ -119,14 +120,14 @@ def dequantize(src, dtype, impl: Impl):
     rows, h = src.shape[0], _width_of(src.shape[1])
     if impl is not Impl.TRITON or rows == 0:
         return _dequantize_xla(src, dtype)
-    from dpx.kernels import wire as kernels
+    from dpx.kernels import launch, wire as kernels
     from dpx_jax.triton_shim import triton_call
 
     out = triton_call(
         src, rows, kernel=kernels.dequantize_rows_kernel,
         out=jax.ShapeDtypeStruct((rows, h), dtype), grid=(-(-rows // _BLOCK_R), h // W.GROUP),
         num_warps=4, H=h, ROW_BYTES=src.shape[1], OUT_KIND=_OUT_KIND[jnp.dtype(dtype)],
-        BLOCK_R=_BLOCK_R)
+        BLOCK_R=_BLOCK_R, WIDE=launch.wide(src.size, rows * h))
     return vary_like(out, src)
 
 

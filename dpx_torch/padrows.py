@@ -6,9 +6,10 @@ boolean mask.
 table of a sharded plan; capacity plans only) makes the real rows device data: no host
 sync, and a captured CUDA graph replays with new counts. Without it the plan's host counts
 are used. The device copies of the host index tables come from ``tables`` (a
-:class:`dpx_torch.program.DeviceTables`; ``DpComm.mask_pad_rows`` passes its own, which a
-captured graph needs) or are made for the call. The mask kernel is the ``dpx::mask_rows_``
-custom op under torch.compile.
+:class:`dpx_torch.DeviceTables`; ``DpComm.mask_pad_rows`` passes its own) or are made for
+the call -- which a CUDA-graph capture cannot do: inside one, pass tables used once before
+it, or call ``DpComm.mask_pad_rows`` (a dpx error says so). The mask kernel is the
+``dpx::mask_rows_`` custom op under torch.compile.
 """
 
 from __future__ import annotations
@@ -55,6 +56,19 @@ def _check(plan: object, counts: torch.Tensor | None, device: torch.device) -> N
     check_counts(plan, counts, device)
 
 
+def _tables_for(tables: DeviceTables | None, device: torch.device
+                ) -> DeviceTables | FreshTables:
+    if tables is None:
+        if device.type == "cuda" and not torch.compiler.is_compiling() \
+                and torch.cuda.is_current_stream_capturing():
+            raise DpxValueError("mask_pad_rows / pad_row_mask inside a CUDA-graph capture "
+                                "need device tables made before it: call "
+                                "DpComm.mask_pad_rows (its tables), or pass tables= (a "
+                                "dpx_torch.DeviceTables used once before the capture)")
+        return FreshTables()
+    return tables_for_call(tables)
+
+
 def _tables(plan: DpPlan, counts: torch.Tensor | None, device: torch.device,
             tables: DeviceTables | FreshTables) -> tuple[torch.Tensor, torch.Tensor]:
     if counts is None:
@@ -82,11 +96,11 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
     check_counts(plan, counts, t.device)
     if t.numel() == 0:
         return t
-    firsts, lens = _tables(plan, counts, t.device,
-                           tables_for_call(tables if tables is not None else DeviceTables()))
+    firsts, lens = _tables(plan, counts, t.device, _tables_for(tables, t.device))
     if torch.compiler.is_compiling():
-        _mask_rows_(t, firsts, lens, float(fill), int(fill) if not isinstance(fill, float)
-                    or fill.is_integer() else 0, t.dtype.is_floating_point)
+        whole = float(fill).is_integer()
+        _mask_rows_(t, firsts, lens, float(fill), int(fill) if whole else 0,
+                    t.dtype.is_floating_point)
     else:
         _launch_mask(t, firsts, lens, fill)
     return t
@@ -99,8 +113,7 @@ def pad_row_mask(plan: DpPlan, *, counts: torch.Tensor | None = None,
     ``counts``' device (else ``device``, default CPU)."""
     dev = counts.device if isinstance(counts, torch.Tensor) else torch.device(device or "cpu")
     _check(plan, counts, dev)
-    firsts, lens = _tables(plan, counts, dev,
-                           tables_for_call(tables if tables is not None else DeviceTables()))
+    firsts, lens = _tables(plan, counts, dev, _tables_for(tables, dev))
     rows = torch.arange(plan.global_rows, device=dev, dtype=torch.int32)[:, None]
     real = ((rows >= firsts) & (rows < firsts + lens)).any(dim=1)
     return ~real

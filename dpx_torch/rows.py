@@ -35,7 +35,7 @@ import torch
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.kernels import launch as _launch
 from dpx.kernels import rows as _rows
-from dpx.kernels.launch import DEFAULT_TILE, Tile
+from dpx.kernels.launch import Tile
 
 Index = Union[int, torch.Tensor]
 
@@ -101,43 +101,48 @@ def _parts(v: Index) -> tuple[torch.Tensor | None, int]:
 
 def _launch_move(src: torch.Tensor, ss: torch.Tensor | None, ds: torch.Tensor | None,
                  c: torch.Tensor | None, ss_v: int, ds_v: int, c_v: int, out: torch.Tensor,
-                 tile: Tile = DEFAULT_TILE) -> None:
+                 tile: Tile | None = None) -> None:
     rows, width = out.shape[0], width_of(out)
     if out.numel() == 0:
         return
+    if tile is None:
+        tile = _launch.tile_for(rows, width, out.element_size())
     block_r, block_c, warps = _launch.row_blocks(width, tile)
     grid = (-(-rows // block_r), -(-width // block_c))
     kernel_for(_rows.move_rows_kernel, out.device)[grid](
         src, src if ss is None else ss, src if ds is None else ds, src if c is None else c,
         ss_v, ds_v, c_v, src.shape[0], rows, out, WIDTH=width, SRC_START_PTR=ss is not None,
         DST_START_PTR=ds is not None, COUNT_PTR=c is not None, BLOCK_R=block_r,
-        BLOCK_C=block_c, num_warps=warps)
+        BLOCK_C=block_c, WIDE=_launch.wide(src.numel(), out.numel()), num_warps=warps)
 
 
 def _launch_zero(out: torch.Tensor, s: torch.Tensor | None, c: torch.Tensor | None, s_v: int,
-                 c_v: int, tile: Tile = DEFAULT_TILE) -> None:
+                 c_v: int, tile: Tile | None = None) -> None:
     rows, width = out.shape[0], width_of(out)
     if out.numel() == 0:
         return
+    if tile is None:
+        tile = _launch.tile_for(rows, width, out.element_size())
     block_r, block_c, warps = _launch.row_blocks(width, tile)
     grid = (-(-rows // block_r), -(-width // block_c))
     anchor = out if s is None else s
     kernel_for(_rows.zero_rows_kernel, out.device)[grid](
         anchor, anchor if c is None else c, s_v, c_v, rows, out, WIDTH=width,
         START_PTR=s is not None, COUNT_PTR=c is not None, BLOCK_R=block_r, BLOCK_C=block_c,
-        num_warps=warps)
+        WIDE=_launch.wide(out.numel()), num_warps=warps)
 
 
 # ---------------------------------------------------------------- torch.library ops
 # Out-variants mutate ``out``; functional variants allocate and are differentiable.
 # ``tile`` travels as ``[elems, warps, max_block_c]`` (a custom op takes no dataclass).
 
-def _tile(t: list[int]) -> Tile:
-    return Tile(*t)
+def _tile(t: list[int]) -> Tile | None:
+    return Tile(*t) if t else None
 
 
-def _tile_list(t: Tile) -> list[int]:
-    return [t.elems, t.warps, t.max_block_c]
+def _tile_list(t: Tile | None) -> list[int]:
+    """A tile as a custom op takes it (``[]``: chosen by size, :func:`tile_for`)."""
+    return [] if t is None else [t.elems, t.warps, t.max_block_c]
 
 
 @torch.library.custom_op("dpx::move_rows_out", mutates_args=("out",))
@@ -234,7 +239,7 @@ def _both_ints(start: Index, count: Index) -> bool:
 
 
 def _move(src: torch.Tensor, ss: Index, ds: Index, count: Index, rows: int,
-          out: torch.Tensor | None, tile: Tile) -> torch.Tensor:
+          out: torch.Tensor | None, tile: Tile | None) -> torch.Tensor:
     ss_t, ss_v = _split_index("start", ss, src.device)
     ds_t, ds_v = _split_index("start", ds, src.device)
     c_t, c_v = _split_index("count", count, src.device)
@@ -250,7 +255,7 @@ def _move(src: torch.Tensor, ss: Index, ds: Index, count: Index, rows: int,
 
 
 def place_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
-               out: torch.Tensor | None = None, tile: Tile = DEFAULT_TILE) -> torch.Tensor:
+               out: torch.Tensor | None = None, tile: Tile | None = None) -> torch.Tensor:
     """``src [m, *rest] -> out [rows, *rest]`` with ``out[start:start+count] = src[:count]``,
     zeros elsewhere. Python-int ``start``/``count`` must satisfy ``count <= m`` and
     ``start + count <= rows``. Differentiable (adjoint: :func:`take_rows`)."""
@@ -264,7 +269,7 @@ def place_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
 
 
 def take_rows(src: torch.Tensor, start: Index, count: Index, rows: int, *,
-              out: torch.Tensor | None = None, tile: Tile = DEFAULT_TILE) -> torch.Tensor:
+              out: torch.Tensor | None = None, tile: Tile | None = None) -> torch.Tensor:
     """``src [m, *rest] -> out [rows, *rest]`` with ``out[:count] = src[start:start+count]``,
     zeros elsewhere. Python-int ``start``/``count`` must satisfy ``start + count <= m`` and
     ``count <= rows``. Differentiable (adjoint: :func:`place_rows`)."""
@@ -286,7 +291,7 @@ def move_into(src: torch.Tensor, src_start: Index, dst_start: Index, count: Inde
     ds_t, ds_v = _parts(dst_start)
     c_t, c_v = _parts(count)
     if torch.compiler.is_compiling():
-        _move_rows_out(src, ss_t, ds_t, c_t, ss_v, ds_v, c_v, out, _tile_list(DEFAULT_TILE))
+        _move_rows_out(src, ss_t, ds_t, c_t, ss_v, ds_v, c_v, out, [])
     else:
         _launch_move(src, ss_t, ds_t, c_t, ss_v, ds_v, c_v, out)
     return out
@@ -298,14 +303,14 @@ def zero_into(out: torch.Tensor, keep_start: Index, keep_count: Index) -> torch.
     s_t, s_v = _parts(keep_start)
     c_t, c_v = _parts(keep_count)
     if torch.compiler.is_compiling():
-        _zero_rows_(out, s_t, c_t, s_v, c_v, _tile_list(DEFAULT_TILE))
+        _zero_rows_(out, s_t, c_t, s_v, c_v, [])
     else:
         _launch_zero(out, s_t, c_t, s_v, c_v)
     return out
 
 
 def zero_rows_(out: torch.Tensor, keep_start: Index, keep_count: Index, *,
-               tile: Tile = DEFAULT_TILE) -> torch.Tensor:
+               tile: Tile | None = None) -> torch.Tensor:
     """In place: every row of ``out`` outside ``[keep_start, keep_start + keep_count)``
     becomes 0 (the kept rows are neither read nor written)."""
     s_t, s_v = _split_index("keep_start", keep_start, out.device)
@@ -325,11 +330,12 @@ def zero_rows_(out: torch.Tensor, keep_start: Index, keep_count: Index, *,
 # ``firsts`` / ``lens``: int32 ``[n]`` tensors on the data's device. The two are adjoint.
 
 def _launch_chunks(kernel, src: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor,
-                   block: int, out: torch.Tensor, tile: Tile = DEFAULT_TILE) -> None:
+                   block: int, out: torch.Tensor) -> None:
     rows, width = out.shape[0], width_of(out)
     if out.numel() == 0:
         return
-    block_r, block_c, warps = _launch.row_blocks(width, tile)
+    block_r, block_c, warps = _launch.row_blocks(width, _launch.tile_for(rows, width,
+                                                                         out.element_size()))
     grid = (-(-rows // block_r), -(-width // block_c))
     kernel_for(kernel, out.device)[grid](
         src, firsts, lens, src.shape[0], rows, firsts.shape[0], block, out, WIDTH=width,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from dpx import wire as W
+from dpx.kernels import launch as _launch
 from dpx.kernels import wire as _wire
 from dpx_torch.rows import Index, kernel_for
 
@@ -36,7 +37,8 @@ def _quantize(src, start, count, start_val, count_val, out) -> None:
         src, anchor if start is None else start, anchor if count is None else count,
         start_val, count_val, src.shape[0], rows, out, H=H, ROW_BYTES=out.shape[1],
         START_PTR=start is not None, COUNT_PTR=count is not None, BLOCK_R=br, BLOCK_G=bg,
-        COMPILED=out.device.type == "cuda", num_warps=_wire.QUANTIZE_WARPS)
+        COMPILED=out.device.type == "cuda", WIDE=_launch.wide(src.numel(), out.numel()),
+        num_warps=_wire.QUANTIZE_WARPS)
 
 
 def _dequantize(src, out) -> None:
@@ -46,7 +48,9 @@ def _dequantize(src, out) -> None:
     kern = kernel_for(_wire.dequantize_rows_kernel, out.device)
     kern[(-(-rows // _BLOCK_R), H // W.GROUP)](src, rows, out, H=H, ROW_BYTES=src.shape[1],
                                                OUT_KIND=_OUT_KIND[out.dtype],
-                                               BLOCK_R=_BLOCK_R, num_warps=4)
+                                               BLOCK_R=_BLOCK_R,
+                                               WIDE=_launch.wide(src.numel(), out.numel()),
+                                               num_warps=4)
 
 
 @torch.library.custom_op("dpx::quantize_rows_out", mutates_args=("out",))

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 import dpx
 from dpx.wire import EPS, FP8_MAX, GROUP
-from dpx_torch import DpComm, mask_pad_rows
+from dpx_torch import DpComm
 
 H, HEADS, E, TOPK, FFN = 256, 8, 8, 2, 64
 
@@ -139,7 +139,7 @@ class Server:
         att = attention(x, self.w, self.heads)
         g = comm.gather(att, plan, partial=True, counts=counts, wire="fp8")
         ids, wts = route(g, self.w)
-        mask_pad_rows(ids, plan, counts=counts, fill=-1)
+        comm.mask_pad_rows(ids, plan, counts=counts, fill=-1)
         return comm.reduce_scatter(moe(g, ids, wts, self.w, self.cols), plan, counts=counts)
 
     def decode(self, x: torch.Tensor, n_local: torch.Tensor,
@@ -153,7 +153,7 @@ class Server:
             dist.all_reduce(att, group=self.attn_tp_group)
         ids, wts = route(att, self.w)
         g, ids, wts = comm.gather((att, ids, wts), plan, partial=False, counts=counts)
-        mask_pad_rows(ids, plan, counts=counts, fill=-1)
+        comm.mask_pad_rows(ids, plan, counts=counts, fill=-1)
         return comm.reduce_scatter(moe(g, ids, wts, self.w, self.cols), plan, counts=counts)
 
 

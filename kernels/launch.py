@@ -1,4 +1,6 @@
-"""Launch shapes shared by the frontends: the tile and the grid (static in shapes)."""
+"""Launch shapes shared by the frontends: the tile, the grid and the index width -- pure
+functions of the buffers' shapes, so a torch launch and a jax-triton launch of the same
+kernel on the same shapes compile to the same program."""
 
 from __future__ import annotations
 
@@ -15,8 +17,7 @@ def _pow2_at_least(n: int) -> int:
 @dataclass(frozen=True)
 class Tile:
     """How many elements one program moves, with how many warps, and the widest column
-    block. The default (4096 elements, 16 warps: one 16-byte vector of bf16 per thread)
-    was chosen by the tile sweep in ``benchmarks/kernels.py`` on an H200."""
+    block."""
 
     elems: int = 4096
     warps: int = 16
@@ -24,6 +25,27 @@ class Tile:
 
 
 DEFAULT_TILE = Tile()
+
+#: The tile of the row kernels by the bytes a launch writes: (up to this many bytes, tile);
+#: chosen by ``benchmarks/launch_sweep.py`` on an H200 (see benchmarks/README.md).
+TILES_BY_BYTES: tuple[tuple[int, Tile], ...] = (
+    (2**62, DEFAULT_TILE),
+)
+
+
+def tile_for(rows: int, width: int, itemsize: int) -> Tile:
+    """The launch tile of a row pass writing ``rows x width`` elements of ``itemsize``
+    bytes (what both frontends launch with unless a caller passes a tile)."""
+    nbytes = rows * width * itemsize
+    for limit, tile in TILES_BY_BYTES:
+        if nbytes <= limit:
+            return tile
+    return DEFAULT_TILE
+
+
+def wide(*elements: int) -> bool:
+    """Whether a kernel over buffers of these element counts needs int64 index math."""
+    return max(elements, default=0) >= 2**31 - 1
 
 
 def row_blocks(width: int, tile: Tile = DEFAULT_TILE) -> tuple[int, int, int]:

@@ -4,11 +4,14 @@ Every kernel views its buffers as ``[rows, WIDTH]`` row-major matrices (trailing
 flattened into ``WIDTH``), writes every element of its output exactly once (one pass, no
 fill-then-copy), reads its row offsets and counts each either from device memory (``*_PTR``: int32
 scalars, so a captured CUDA graph or a compiled JAX function sees new values without a
-new launch) or from plain integer arguments, does index math in int64, and masks every access
-against the buffer bounds: a wrong count can never read or write out of bounds.
+new launch) or from plain integer arguments, and masks every access against the buffer bounds: a
+wrong count can never read or write out of bounds.
 Kernels call no other ``@triton.jit`` function, so each runs unchanged in Triton's
 interpreter (CPU tensors) without the process-wide interpret switch. The integer offsets
-and counts are never specialised (a value of 1 would otherwise become a constant).
+and counts are never specialised (a value of 1 would otherwise become a constant). Index math
+runs in int32 unless a buffer holds 2**31 elements or more (``WIDE``: int64); the launch
+shape is :func:`dpx.kernels.launch.tile_for`'s, a pure function of the buffer's rows, width
+and element size that both frontends call.
 
 ``pack_rows`` / ``unpack_rows`` move the chunks of a chunk table (int32 ``firsts`` and
 ``lens`` in device memory) between their rows of a buffer and equal ``block``-row pieces.
@@ -25,30 +28,39 @@ def move_rows_kernel(src_ptr, src_start_ptr, dst_start_ptr, count_ptr, src_start
                      dst_start_val, count_val, src_rows, out_rows, out_ptr,
                      WIDTH: tl.constexpr, SRC_START_PTR: tl.constexpr,
                      DST_START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr):
     """``out[dst_start + j] = src[src_start + j]`` for ``0 <= j < count``; every other row
     of ``out`` is 0 (a *place* when ``src_start`` is 0, a *take* when ``dst_start`` is 0).
 
     src ``[src_rows, WIDTH]`` -> out ``[out_rows, WIDTH]``. Rows of ``src`` outside
     ``[src_start, src_start + count)`` are never read. Each of ``src_start``,
     ``dst_start`` and ``count`` is read from device memory (``*_PTR``) or given as an int.
+    ``WIDE``: index math in int64 (buffers of 2**31 elements or more), else int32.
     """
     if SRC_START_PTR:
-        src_start = tl.load(src_start_ptr).to(tl.int64)
+        src_start = tl.load(src_start_ptr)
     else:
-        src_start = src_start_val.to(tl.int64)
+        src_start = src_start_val
     if DST_START_PTR:
-        dst_start = tl.load(dst_start_ptr).to(tl.int64)
+        dst_start = tl.load(dst_start_ptr)
     else:
-        dst_start = dst_start_val.to(tl.int64)
+        dst_start = dst_start_val
     if COUNT_PTR:
-        count = tl.load(count_ptr).to(tl.int64)
+        count = tl.load(count_ptr)
     else:
-        count = count_val.to(tl.int64)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
-    j = rows - dst_start
-    s = src_start + j
+        count = count_val
+    if WIDE:
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
+        j = rows - dst_start.to(tl.int64)
+        s = src_start.to(tl.int64) + j
+        count = count.to(tl.int64)
+    else:
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        j = rows - dst_start.to(tl.int32)
+        s = src_start.to(tl.int32) + j
+        count = count.to(tl.int32)
     row_real = (j >= 0) & (j < count) & (s >= 0) & (s < src_rows) & (rows < out_rows)
     col_ok = cols < WIDTH
     vals = tl.load(src_ptr + s[:, None] * WIDTH + cols[None, :],
@@ -60,7 +72,7 @@ def move_rows_kernel(src_ptr, src_start_ptr, dst_start_ptr, count_ptr, src_start
 @triton.jit(do_not_specialize=["start_val", "count_val"])
 def zero_rows_kernel(start_ptr, count_ptr, start_val, count_val, out_rows,
                      out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr):
     """In place: zero every row ``j < out_rows`` of ``out`` outside ``[start, start +
     count)`` (writes those rows only; the kept rows are neither read nor written).
 
@@ -68,15 +80,23 @@ def zero_rows_kernel(start_ptr, count_ptr, start_val, count_val, out_rows,
     and around a caller's own rows before an in-place collective.
     """
     if START_PTR:
-        start = tl.load(start_ptr).to(tl.int64)
+        start = tl.load(start_ptr)
     else:
-        start = start_val.to(tl.int64)
+        start = start_val
     if COUNT_PTR:
-        count = tl.load(count_ptr).to(tl.int64)
+        count = tl.load(count_ptr)
     else:
-        count = count_val.to(tl.int64)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
+        count = count_val
+    if WIDE:
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
+        start = start.to(tl.int64)
+        count = count.to(tl.int64)
+    else:
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        start = start.to(tl.int32)
+        count = count.to(tl.int32)
     pad = ((rows < start) | (rows >= start + count)) & (rows < out_rows)
     zeros = tl.full((BLOCK_R, BLOCK_C), 0, dtype=out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], zeros,

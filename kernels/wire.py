@@ -29,7 +29,7 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
                          out_rows, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
                          START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
-                         COMPILED: tl.constexpr):
+                         COMPILED: tl.constexpr, WIDE: tl.constexpr):
     """``out[j] = fp8_wire(src[start + j])`` for ``j < count``; rows ``count..out_rows`` of
     ``out`` are zero bytes. src ``[src_rows, H]`` (float32 / bfloat16 / float16) -> out
     uint8 ``[out_rows, ROW_BYTES]``. One program: ``BLOCK_R`` rows x ``BLOCK_G`` groups.
@@ -39,18 +39,28 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
     scale)`` and two corrections ``q += fma(-q, scale, x) * r`` (fused); after the first,
     ``q`` is within one ulp, so the second gives the correctly rounded quotient
     (Markstein) when its residual is exact. It is unless it underflows, which takes a
-    quotient far below ``2**-10`` (``scale >= 2**-43``), an e4m3fn zero either way. Zeros
-    keep their sign. Then the hardware's round-to-nearest-even conversion. Otherwise
-    ``div_rn`` and the conversion by bits. Both give the same bits."""
+    quotient far below ``2**-10`` (``scale >= 2**-43``), an e4m3fn zero either way. The
+    corrections are written so that a zero keeps its sign (Triton negates as ``0 - x``,
+    which turns -0.0 into +0.0: the residual is negated through ``-r``, never a zero).
+    Then the hardware's round-to-nearest-even conversion. Otherwise ``div_rn`` and the
+    conversion by bits. Both give the same bits. ``WIDE``: index math in int64 (buffers of
+    2**31 elements or more), else int32."""
     if START_PTR:
-        start = tl.load(start_ptr).to(tl.int64)
+        start = tl.load(start_ptr)
     else:
-        start = start_val.to(tl.int64)
+        start = start_val
     if COUNT_PTR:
-        count = tl.load(count_ptr).to(tl.int64)
+        count = tl.load(count_ptr)
     else:
-        count = count_val.to(tl.int64)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+        count = count_val
+    if WIDE:
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+        start = start.to(tl.int64)
+        count = count.to(tl.int64)
+    else:
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        start = start.to(tl.int32)
+        count = count.to(tl.int32)
     grps = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
     g_ok = grps < H // 128
     cols = grps[:, None] * 128 + tl.arange(0, 128)[None, :]            # [G, 128]
@@ -64,10 +74,12 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
     if COMPILED:
         s = scale[:, :, None]
         r = tl.math.div_rn(1.0, scale)[:, :, None]
+        nr = -r  # nonzero: its negation is exact (a negated zero would lose its sign)
         q = x * r
-        q = tl.fma(tl.fma(-q, s, x), r, q)
-        q = tl.fma(tl.fma(-q, s, x), r, q)
-        y = tl.where(x == 0.0, x, q)        # a zero's quotient keeps its sign
+        # q += (x - q*s) * r, written as fma(fma(q, s, -x), -r, q) so that a zero x gives
+        # fma(+0, -r, q) = q, the zero with x's sign
+        q = tl.fma(tl.fma(q, s, -x), nr, q)
+        y = tl.fma(tl.fma(q, s, -x), nr, q)
     else:
         y = tl.math.div_rn(x, scale[:, :, None])
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
@@ -82,8 +94,7 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
         normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
         sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # exact: a * 512 < 8
         code = (tl.where(a < 0.015625, sub, normal) | (sign << 7)).to(tl.uint8)
-    code = tl.where(load_ok, code, 0).to(tl.uint8)
-    row_ok = rows < out_rows
+    row_ok = rows < out_rows  # (rows past count loaded zeros: their codes are 0)
     row_base = out_ptr + rows * ROW_BYTES
     tl.store(row_base[:, None, None] + cols[None, :, :], code,
              mask=row_ok[:, None, None] & g_ok[None, :, None])
@@ -94,12 +105,18 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
 
 @triton.jit
 def dequantize_rows_kernel(src_ptr, rows_n, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
-                           OUT_KIND: tl.constexpr, BLOCK_R: tl.constexpr):
+                           OUT_KIND: tl.constexpr, BLOCK_R: tl.constexpr, WIDE: tl.constexpr):
     """``out[:rows_n] = dequantize(src[:rows_n])``: uint8 ``[rows_n, ROW_BYTES]`` wire rows ->
-    ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    grp = tl.program_id(1).to(tl.int64)
-    cols = grp * 128 + tl.arange(0, 128).to(tl.int64)
+    ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16). ``WIDE``: index
+    math in int64, else int32."""
+    if WIDE:
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+        grp = tl.program_id(1).to(tl.int64)
+        cols = grp * 128 + tl.arange(0, 128).to(tl.int64)
+    else:
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        grp = tl.program_id(1)
+        cols = grp * 128 + tl.arange(0, 128)
     ok = rows < rows_n
     c = tl.load(src_ptr + rows[:, None] * ROW_BYTES + cols[None, :], mask=ok[:, None],
                 other=0).to(tl.int32)

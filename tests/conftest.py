@@ -38,6 +38,23 @@ ORDER = (
 )
 
 
+def pytest_configure(config):
+    """On a GPU machine, import jax-triton first and keep ``TRITON_CACHE_DIR``: jax-triton
+    0.3.x sets it to ``""`` when imported, which breaks Triton compiles launched from
+    torch later in the same process (the GPU tests launch from both)."""
+    if not _cuda_available():
+        return
+    before = os.environ.get("TRITON_CACHE_DIR")
+    try:
+        import jax_triton  # noqa: F401
+    except Exception:  # noqa: BLE001 - not installed, or a jaxlib without GPU support
+        pass
+    if before is None:
+        os.environ.pop("TRITON_CACHE_DIR", None)
+    else:
+        os.environ["TRITON_CACHE_DIR"] = before
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(ORDER)}
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(ORDER)))

@@ -13,6 +13,7 @@ import dpx
 import dpx_torch
 from reference import held, local_inputs, ref_gather
 from serving_jobs import _raises
+import torch_jobs
 from torch_jobs import DTYPES, _plan_of, _t
 
 
@@ -29,15 +30,16 @@ def over_capacity(ctx, layout_args, cases) -> list[dict]:
     for case in cases:
         plan = dpx.plan_step(case["counts"], layout, mode=case["mode"],
                              capacity=case["capacity"], cp_shards=case.get("shards"))
-        bad = torch.tensor(case["bad"], dtype=torch.int32)
-        good = torch.tensor(case["good"], dtype=torch.int32)
-        x = torch.ones(plan.slot_rows[d], 3)
-        sentinel = torch.full((plan.global_rows, 3), 7.0)
+        dev = torch_jobs.DEVICE
+        bad = torch.tensor(case["bad"], dtype=torch.int32, device=dev)
+        good = torch.tensor(case["good"], dtype=torch.int32, device=dev)
+        x = torch.ones(plan.slot_rows[d], 3, device=dev)
+        sentinel = torch.full((plan.global_rows, 3), 7.0, device=dev)
         res = {"case": case}
         res["gather"] = _raises(lambda: strict.gather(x, plan, partial=True, counts=bad,
                                                        out=sentinel))
         res["untouched"] = bool((sentinel == 7).all())
-        glob = torch.ones(plan.global_rows, 3)
+        glob = torch.ones(plan.global_rows, 3, device=dev)
         res["reduce_scatter"] = _raises(lambda: strict.reduce_scatter(glob, plan, counts=bad))
         lax.reset_overflow()
         lax.gather(x, plan, partial=False, counts=good)
@@ -118,7 +120,8 @@ def in_place(ctx, layout_args, cases, *, rest=(4,)) -> int:
             done += 1
             continue
         for run in ("sync", "async"):
-            out = torch.full((plan.global_rows, *rest), float("nan")).to(dtype)
+            out = torch.full((plan.global_rows, *rest), float("nan"),
+                             device=torch_jobs.DEVICE).to(dtype)
             if not dtype.is_floating_point:
                 out.fill_(-77)
             slot = comm.local_slot_for(out, plan, counts=counts_t)
@@ -245,3 +248,94 @@ def backend_checks(ctx, layout_args, device: str) -> dict:
                counts=comm.sync_counts(3)[0])
     comm.destroy()
     return res
+
+
+def mixed_backend(ctx) -> dict:
+    """A world initialised as a launcher would ("cuda:nccl,cpu:gloo", or plain "nccl"):
+    what the groups carry, which group serves host exchanges, the groups DpComm made, and
+    gathers of CUDA tensors (three tensors in one grouped launch) with validate."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.set_device(0)
+    lay = dpx.DpLayout(1, 1)
+    made: list = []
+    real = dist.new_group
+
+    def counting(*a, **k):
+        made.append(k.get("backend"))
+        return real(*a, **k)
+
+    dist.new_group = counting
+    try:
+        comm = dpx_torch.DpComm(lay, validate=True)
+    finally:
+        dist.new_group = real
+    plan = dpx.plan_step([32], lay, mode="max_len")
+    xs = (torch.randn(32, 512, device="cuda", dtype=torch.bfloat16),
+          torch.randint(0, 9, (32, 8), device="cuda", dtype=torch.int32),
+          torch.randn(32, 8, device="cuda"))
+    comm.gather(xs, plan, partial=(True, False, False))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = comm.gather(xs, plan, partial=(True, False, False))
+        torch.cuda.synchronize()
+    launches = [e.name for e in prof.events() if e.name.startswith("nccl:")]
+    res = dict(devices=sorted(comm.groups.devices), cpu_is_world=comm.groups.cpu is
+               comm.groups.world, created=made, launches=launches,
+               ok=all(torch.equal(g, x) for g, x in zip(got, xs)),
+               sync=comm.sync_counts(7)[0])
+    comm.destroy()
+    return res
+
+
+def graph_checks(ctx) -> dict:
+    """NCCL world 1 under CUDA graphs: an in-place capacity gather replays with new counts
+    bitwise equal to the out-of-place one; counts over the capacity set the overflow flag
+    inside a replay (rows beyond the slot are lost, never written out of bounds), and the
+    flag stays set until reset."""
+    torch.cuda.set_device(0)
+    comm = ctx.comm(dpx.DpLayout(1, 1))
+    H, cap = 256, 48
+    plan = dpx.plan_step([0], comm.layout, mode="max_len", capacity=cap)
+    counts = torch.tensor([cap], dtype=torch.int32, device="cuda")
+    src = torch.randn(cap, H, device="cuda")
+    out_in = torch.empty(plan.global_rows, H, device="cuda")
+    out_ref = torch.empty_like(out_in)
+    slot = comm.local_slot(out_in, plan)
+
+    def step():
+        slot.copy_(src)  # the layer writing its rows where the gather reads them
+        comm.gather(slot, plan, partial=True, counts=counts, out=out_in)
+        comm.gather(src, plan, partial=True, counts=counts, out=out_ref)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    equal = []
+    for n in (3, 0, cap, 17):
+        counts.fill_(n)
+        src.copy_(torch.randn_like(src))
+        g.replay()
+        torch.cuda.synchronize()
+        want = torch.zeros_like(out_ref)
+        want[:n] = src[:n]
+        equal.append(bool(torch.equal(out_in, want) and torch.equal(out_ref, want)))
+    clear = not comm.overflowed()
+    counts.fill_(cap + 5)
+    g.replay()
+    torch.cuda.synchronize()
+    flagged, reason = comm.overflowed(), comm.overflow_reason()
+    counts.fill_(4)
+    g.replay()
+    still = comm.overflowed()
+    comm.reset_overflow()
+    g.replay()
+    torch.cuda.synchronize()
+    return dict(equal=equal, clear=clear, flagged=flagged, reason=reason, sticky=still,
+                reset=not comm.overflowed())

@@ -17,6 +17,7 @@ _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16:
 
 
 def _bitwise(name: str, got: torch.Tensor, want: torch.Tensor, case) -> None:
+    got, want = got.cpu(), want.cpu()
     if got.shape != want.shape or got.dtype != want.dtype or not torch.equal(
             got.view(_BITS.get(got.dtype, got.dtype)), want.view(_BITS.get(want.dtype,
                                                                            want.dtype))):
@@ -35,7 +36,7 @@ def _raises(fn) -> str:
 
 def fp8_reference(plan, locs, partial, dtype, eff):
     """(input-dtype gathered rows as float32, payload, scales, dequantized in dtype)."""
-    want = _t(ref_gather(locs, plan, partial=partial, counts=eff), dtype).float().numpy()
+    want = _t(ref_gather(locs, plan, partial=partial, counts=eff), dtype).float().cpu().numpy()
     payload, scales = quantize_fp8(want, real_rows(plan, eff))
     deq = torch.from_numpy(dequantize_fp8(payload, scales)).to(dtype)
     return want, payload, scales, deq
@@ -78,7 +79,7 @@ def check_serving(ctx, layout_args, cases, *, width: int = 256) -> int:
         # pad rows
         real = real_rows(plan, eff)
         mask = dpx_torch.pad_row_mask(plan, counts=counts_t)
-        assert mask.dtype == torch.bool and np.array_equal(mask.numpy(), ~real), case
+        assert mask.dtype == torch.bool and np.array_equal(mask.cpu().numpy(), ~real), case
         masked = dpx_torch.mask_pad_rows(got[1], plan, counts=counts_t, fill=-1)
         assert masked is got[1]
         _eq("mask_pad_rows", masked, np.where(real[:, None], want_ids, -1), torch.int32, case)
@@ -95,8 +96,8 @@ def check_serving(ctx, layout_args, cases, *, width: int = 256) -> int:
         p_got, s_got = comm.gather(x, plan, partial=partial, counts=counts_t, wire="fp8",
                                    dequantize=False)
         assert p_got.dtype == torch.float8_e4m3fn and s_got.dtype == torch.float32
-        assert np.array_equal(p_got.view(torch.uint8).numpy(), payload), case
-        assert np.array_equal(s_got.numpy().view(np.int32), scales.view(np.int32)), case
+        assert np.array_equal(p_got.view(torch.uint8).cpu().numpy(), payload), case
+        assert np.array_equal(s_got.cpu().numpy().view(np.int32), scales.view(np.int32)), case
         g = comm.gather(x, plan, partial=partial, counts=counts_t, wire=dpx.Wire.FP8)
         _bitwise("gather(wire=fp8)", g, deq, case)
         # the stated error bound, before rounding to the output dtype

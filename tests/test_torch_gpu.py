@@ -58,11 +58,11 @@ def test_cuda_graph_replay_with_new_counts(nccl1, mode, cap):
     with torch.cuda.stream(s):
         step()  # warm-up: kernels compiled, pool sized
     torch.cuda.current_stream().wait_stream(s)
-    allocations = nccl1.pool.allocations
+    allocations = nccl1.runner.pool.allocations
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    assert nccl1.pool.allocations == allocations, "the pool grew inside capture"
+    assert nccl1.runner.pool.allocations == allocations, "the pool grew inside capture"
     for n in (3, 0, cap, 17, 1):
         counts.fill_(n)
         local.copy_(torch.randn_like(local))
@@ -121,9 +121,9 @@ def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
         del y
         if i >= len(warm):
             reserved.append(torch.cuda.memory_reserved())
-            buffers.append(len(nccl1.pool))
-            allocations.append(nccl1.pool.allocations)
-    assert len(nccl1.overlap.events) == 4, nccl1.overlap.events.keys()
+            buffers.append(len(nccl1.runner.pool))
+            allocations.append(nccl1.runner.pool.allocations)
+    assert len(nccl1.runner.overlap.events) == 4, nccl1.runner.overlap.events.keys()
     assert len(set(buffers)) == 1, "pool gained buffers after warm-up"
     assert len(set(allocations)) == 1, "pool reallocated after warm-up"
     # the caching allocator may add one 2 MiB small-allocation segment (for the tiny result
@@ -157,8 +157,6 @@ def test_nccl_world1_fp8_gather_matches_reference(nccl1, mode, dtype):
 def test_captured_step_exchanges_counts_masks_and_gathers(nccl1):
     """exchange_counts -> capacity-plan gather of (hidden, ids) -> mask_pad_rows, captured
     once in a CUDA graph and replayed with new counts written into n_local."""
-    from dpx_torch import mask_pad_rows
-
     H, cap = 256, 64
     plan = dpx.plan_step([1], nccl1.layout, capacity=cap, mode="max_len")
     n_local = torch.tensor([cap], dtype=torch.int32, device="cuda")
@@ -170,7 +168,7 @@ def test_captured_step_exchanges_counts_masks_and_gathers(nccl1):
         counts = nccl1.exchange_counts(n_local)
         h, i = nccl1.gather((hidden, ids), plan, partial=(True, False), counts=counts,
                             wire=("fp8", "native"))
-        res["h"], res["ids"] = h, mask_pad_rows(i, plan, counts=counts, fill=-1)
+        res["h"], res["ids"] = h, nccl1.mask_pad_rows(i, plan, counts=counts, fill=-1)
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -249,3 +247,86 @@ def test_jax_fp8_wire_rows_equal_torch_bitwise_on_gpu(nccl1, impl):
     assert np.array_equal(np.asarray(jp).view(np.uint8), tp.view(torch.uint8).cpu().numpy())
     assert np.array_equal(np.asarray(js).view(np.int32), ts.cpu().numpy().view(np.int32))
     assert np.array_equal(np.asarray(jdeq).view(np.int16), tdeq.view(torch.int16).cpu().numpy())
+
+
+# ---------------------------------------------------------------- several ranks, one GPU
+@pytest.mark.multiproc
+@pytest.mark.parametrize("layout", [(2, 2), (2, 1), (4, 2), (4, 1, 2), (4, 2, 2)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
+def test_gloo_with_cuda_tensors_on_one_gpu(gloo_worlds, layout):
+    """Worlds of 2 and 4 processes sharing the one GPU over gloo with CUDA tensors: the
+    compiled kernels run with real multi-rank offsets -- every mode, partial and
+    replicated, capacity plans with device counts, attn-tp and CP layouts (shards too),
+    fp8, masks, several tensors, the in-place gather, counts over the capacity."""
+    import test_torch_hotpath as hp
+    import test_torch_serving as ts
+
+    world = gloo_worlds(layout[0])
+    dp, cp = layout[1], (layout[2] if len(layout) > 2 else 1)
+    idle = [0 if i % 2 else 3 + 2 * i for i in range(dp)]
+    cases = [dict(counts=c, mode=m, partial=p, dtype=d, seed=i)
+             for i, (c, m, p, d) in enumerate(
+                 (c, m, p, d) for c in (idle, [5] * dp) for m in ("max_len", "sum_len",
+                                                                  "gatherv")
+                 for p in (True, False) for d in ("bfloat16", "int64"))]
+    cases += [dict(counts=[0] * dp, mode=m, capacity=8 * dp, partial=p, seed=7,
+                   run_counts=[min(2 + i, 8) for i in range(dp)])
+              for m in ("max_len", "sum_len", "gatherv") for p in (True, False)]
+    if cp > 1:
+        cases += [dict(counts=[5] * dp, shards=[[5 - i, i] + [0] * (cp - 2)
+                                                for i in range(dp)], mode=m, partial=p)
+                  for m in ("max_len", "gatherv") for p in (True, False)]
+    assert world.run("torch_jobs:use_device", "cuda") == ["cuda"] * layout[0]
+    try:
+        assert world.run("torch_jobs:check_cases", layout, cases, timeout=300)[0] > 0
+        assert world.run("serving_jobs:check_serving", layout, ts._fixed_cases(dp, cp),
+                         timeout=300)[0] > 0
+        cases = hp._in_place_cases(dp, cp)
+        assert world.run("hotpath_jobs:in_place", layout, cases,
+                         timeout=300) == [len(cases)] * layout[0]
+        res = world.run("hotpath_jobs:over_capacity", layout, hp._over_cases(dp, cp))
+        assert all(r["flagged"] and r["untouched"] for rank in res for r in rank)
+    finally:
+        world.run("torch_jobs:use_device", "cpu")
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("spec,created", [("cuda:nccl,cpu:gloo", []), ("nccl", ["gloo"])])
+def test_mixed_and_nccl_backends(gloo_worlds, spec, created):
+    """A world initialised "cuda:nccl,cpu:gloo" serves host exchanges itself (no gloo group
+    made) and coalesces the CUDA collectives of a three-tensor gather into one launch; a
+    plain "nccl" world gets one gloo group, made for host exchanges."""
+    r = gloo_worlds(1, spec).run("hotpath_jobs:mixed_backend")[0]
+    assert r["ok"] and r["sync"] == (7,) and r["created"] == created, r
+    assert r["cpu_is_world"] == (spec != "nccl")
+    assert "cuda" in r["devices"]
+    assert len(r["launches"]) == 1 and "coalesced" in r["launches"][0], r["launches"]
+
+
+@pytest.mark.multiproc
+def test_in_place_gather_and_overflow_flag_under_cuda_graphs(gloo_worlds):
+    r = gloo_worlds(1, "nccl").run("hotpath_jobs:graph_checks")[0]
+    assert r["equal"] == [True] * 4 and r["clear"], r
+    assert r["flagged"] and "MAX_LEN" in r["reason"] and r["sticky"] and r["reset"], r
+
+
+def test_inductor_compiles_the_serving_ops(nccl1):
+    """gather with device counts, several tensors, exchange_counts, mask_pad_rows and
+    pad_row_mask under torch.compile(fullgraph=True) with inductor: equal to eager."""
+    torch._dynamo.reset()
+    plan = dpx.plan_step([0], nccl1.layout, mode="max_len", capacity=16)
+
+    def step(h, ids, n):
+        counts = nccl1.exchange_counts(n)
+        gh, gi = nccl1.gather((h, ids), plan, partial=(True, False), counts=counts)
+        return gh, nccl1.mask_pad_rows(gi, plan, counts=counts), nccl1.pad_row_mask(
+            plan, counts=counts)
+
+    h = torch.randn(16, 64, device="cuda")
+    ids = torch.arange(32, device="cuda", dtype=torch.int32).reshape(16, 2)
+    n = torch.tensor([5], dtype=torch.int32, device="cuda")
+    eager = step(h, ids.clone(), n)
+    compiled = torch.compile(step, fullgraph=True)(h, ids.clone(), n)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+    assert (eager[1][5:] == -1).all() and eager[2].tolist() == [False] * 5 + [True] * 11

@@ -12,13 +12,27 @@ from reference import (global_inputs, held, local_inputs, ref_gather, ref_reduce
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "int32": torch.int32, "int64": torch.int64}
 
+#: Where this process's jobs put their tensors (``use_device``): CPU, or the one GPU that
+#: several gloo ranks share.
+DEVICE = torch.device("cpu")
+
+
+def use_device(ctx, device: str) -> str:
+    """Run this world's next jobs on ``device`` tensors (gloo carries CUDA tensors too)."""
+    global DEVICE
+    DEVICE = torch.device(device)
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(DEVICE.index or 0)
+    return str(DEVICE)
+
 
 def _t(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
+    return torch.from_numpy(np.ascontiguousarray(x)).to(dtype).to(DEVICE)
 
 
 def _eq(name: str, got: torch.Tensor, want: np.ndarray, dtype: torch.dtype, case) -> None:
-    want_t = _t(want, dtype)
+    got = got.cpu()
+    want_t = _t(want, dtype).cpu()
     if got.shape != want_t.shape or not torch.equal(got, want_t):
         bad = (got.double() - want_t.double()).abs()
         raise AssertionError(f"{name} differs for case {case}: shape {tuple(got.shape)} vs "
@@ -33,7 +47,7 @@ def _run_of(plan, case):
     if run is None:
         return None, None
     eff = tuple(tuple(x) for x in run) if plan.sharded else tuple(run)
-    return torch.tensor(run, dtype=torch.int32), eff
+    return torch.tensor(run, dtype=torch.int32, device=DEVICE), eff
 
 
 def check_cases(ctx, layout_args, cases, *, rest=(5,)) -> int:

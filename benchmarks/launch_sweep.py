@@ -1,0 +1,112 @@
+"""The sweep that picks the row kernels' launch tile by size, and the fp8 quantize kernel's
+launch shape: every candidate timed on every size, against a device-to-device copy of the
+same bytes in the same run (GPU only).
+
+    python benchmarks/launch_sweep.py [--hidden 7168] [--dp 8]
+
+Sizes: a DP step's global buffer of ``dp * n`` rows, ``n`` = 32 .. 8192 per replica.
+Kernels: ``place_slot`` (one ``n``-row slot placed at row ``3n`` of a zero ``dp*n``-row
+buffer, device start/count: what a capacity plan's gather runs), ``place_full`` (every
+row), ``take_slot`` (a slot taken back out), and fp8 ``quantize`` of every row. Prints, per
+kernel and size, each candidate's ratio to the copy, and the best; writes
+``launch_sweep.csv`` to ``$OUT``. ``dpx.kernels.launch.TILES_BY_BYTES`` holds the choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from common import cuda_time_us, out_dir, print_table, write_csv
+from dpx.kernels import Tile
+from dpx.kernels import wire as wire_kernels
+from dpx_torch import place_rows, take_rows
+
+TILES = [Tile(2048, 4), Tile(2048, 8), Tile(4096, 8), Tile(4096, 16), Tile(8192, 8),
+         Tile(8192, 16), Tile(16384, 16), Tile(16384, 32), Tile(8192, 16, 2048),
+         Tile(16384, 32, 2048), Tile(32768, 32, 2048)]
+QUANT = [(8, 4, 4), (4, 4, 4), (8, 2, 4), (16, 2, 8), (8, 4, 8), (4, 8, 8), (16, 4, 8),
+         (2, 8, 4), (32, 1, 8)]
+
+
+def _copy_us(nbytes_each_way: int, cache: dict) -> float:
+    if nbytes_each_way not in cache:
+        a = torch.empty(nbytes_each_way, dtype=torch.uint8, device="cuda")
+        b = torch.empty_like(a)
+        cache[nbytes_each_way] = cuda_time_us(lambda: b.copy_(a))
+    return cache[nbytes_each_way]
+
+
+def _quantize(src, out, br: int, bg: int, warps: int) -> None:
+    from dpx import wire as W
+
+    rows, H = out.shape[0], src.shape[1]
+    wire_kernels.quantize_rows_kernel[(-(-rows // br), -(-(H // W.GROUP) // bg))](
+        src, src, src, 0, rows, src.shape[0], rows, out, H=H, ROW_BYTES=out.shape[1],
+        START_PTR=False, COUNT_PTR=False, BLOCK_R=br, BLOCK_G=bg, COMPILED=True,
+        WIDE=False, num_warps=warps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--dp", type=int, default=8)
+    ap.add_argument("--max-n", type=int, default=8192)
+    args = ap.parse_args()
+    from dpx.wire import wire_row_bytes
+
+    H, dp = args.hidden, args.dp
+    rb = H * 2
+    copies: dict = {}
+    rows = []
+    n = 32
+    while n <= args.max_n:
+        G = dp * n
+        big = torch.randn(G, H, device="cuda").to(torch.bfloat16)
+        slot = big[:n].clone()
+        out = torch.empty_like(big)
+        small = torch.empty_like(slot)
+        s_dev = torch.tensor([3 * n], dtype=torch.int32, device="cuda")
+        n_dev = torch.tensor([n], dtype=torch.int32, device="cuda")
+        cases = {
+            "place_slot": (lambda t: place_rows(slot, s_dev, n_dev, G, out=out, tile=t),
+                           (n + G) * rb),
+            "place_full": (lambda t: place_rows(big, 0, G, G, out=out, tile=t), 2 * G * rb),
+            "take_slot": (lambda t: take_rows(big, s_dev, n_dev, n, out=small, tile=t),
+                          2 * n * rb),
+        }
+        for kernel, (fn, nbytes) in cases.items():
+            copy = _copy_us(nbytes // 2, copies)
+            for t in TILES:
+                us = cuda_time_us(lambda: fn(t))
+                rows.append(dict(kernel=kernel, n=n, MiB=round(G * rb / 2**20, 2),
+                                 config=f"{t.elems}/{t.warps}/{t.max_block_c}", us=us,
+                                 copy_ratio=copy / us))
+        wout = torch.empty(G, wire_row_bytes(H), device="cuda", dtype=torch.uint8)
+        qbytes = G * rb + G * wire_row_bytes(H)
+        copy = _copy_us(qbytes // 2, copies)
+        for br, bg, warps in QUANT:
+            us = cuda_time_us(lambda: _quantize(big, wout, br, bg, warps))
+            rows.append(dict(kernel="quantize", n=n, MiB=round(qbytes / 2**20, 2),
+                             config=f"{br}x{bg}/{warps}", us=us, copy_ratio=copy / us))
+        del big, slot, out, small, wout
+        torch.cuda.empty_cache()
+        n *= 2
+    best = []
+    for kernel in ("place_slot", "place_full", "take_slot", "quantize"):
+        for size in sorted({r["n"] for r in rows if r["kernel"] == kernel}):
+            cand = [r for r in rows if r["kernel"] == kernel and r["n"] == size]
+            top = max(cand, key=lambda r: r["copy_ratio"])
+            default = cand[0]
+            best.append(dict(kernel=kernel, n=size, MiB=top["MiB"], best=top["config"],
+                             best_ratio=top["copy_ratio"], first=default["config"],
+                             first_ratio=default["copy_ratio"]))
+    print(f"device: {torch.cuda.get_device_name()}  hidden {H} bf16, dp {dp}: the best "
+          f"launch per kernel and size (ratio to a D2D copy of the same bytes)")
+    print_table(best, list(best[0]))
+    write_csv(out_dir() / "launch_sweep.csv", rows)
+
+
+if __name__ == "__main__":
+    main()
