@@ -39,6 +39,7 @@ jax_kernels.png.
 from __future__ import annotations
 
 import argparse
+import difflib
 import glob
 import os
 import statistics
@@ -185,18 +186,29 @@ def main() -> None:
 def _compare_ptx(dump: str, src: torch.Tensor, start: torch.Tensor, count: torch.Tensor,
                  out: torch.Tensor) -> None:
     """Print whether jax-triton's PTX of the place kernel equals the torch launch's."""
-    block_r, block_c, warps = launch.row_blocks(out.shape[1])
+    rows, width = out.shape
+    tile = launch.tile_for(rows, width, out.element_size(), src_rows=src.shape[0])
+    block_r, block_c, warps = launch.row_blocks(width, tile)
     zero = torch.zeros(1, dtype=torch.int32, device=src.device)
-    compiled = kernels.move_rows_kernel[launch.grid(*out.shape)](
-        src, zero, start, count, 0, 0, 0, src.shape[0], out.shape[0], out, WIDTH=out.shape[1],
+    compiled = kernels.move_rows_kernel[launch.grid(rows, width, tile)](
+        src, zero, start, count, 0, 0, 0, src.shape[0], rows, out, WIDTH=width,
         SRC_START_PTR=True, DST_START_PTR=True, COUNT_PTR=True, BLOCK_R=block_r,
-        BLOCK_C=block_c, num_warps=warps)
+        BLOCK_C=block_c, WIDE=launch.wide(src.numel(), out.numel()), STREAM=tile.stream,
+        num_warps=warps)
     torch_ptx = compiled.asm["ptx"]
     jax_ptx = [open(f).read() for f in glob.glob(f"{dump}/*/move_rows_kernel.ptx")]
     same = [p == torch_ptx for p in jax_ptx]
-    print(f"move_rows_kernel PTX: torch launch {len(torch_ptx.splitlines())} lines; "
-          f"jax-triton compiled {len(jax_ptx)} variant(s), identical to the torch launch's: "
-          f"{same}")
+    print(f"move_rows_kernel PTX: torch launch at the last size {len(torch_ptx.splitlines())} "
+          f"lines; jax-triton compiled {len(jax_ptx)} variant(s) (one per launch tile), "
+          f"identical to the torch launch's: {same}; one identical: {any(same)}")
+    (out_dir() / "move_rows_torch.ptx").write_text(torch_ptx)
+    for i, p in enumerate(jax_ptx):
+        (out_dir() / f"move_rows_jax{i}.ptx").write_text(p)
+        if p != torch_ptx and not any(same):
+            diff = list(difflib.unified_diff(torch_ptx.splitlines(), p.splitlines(),
+                                             "torch", f"jax{i}", n=0, lineterm=""))
+            print(f"jax{i} vs torch: {len(diff)} diff lines; the first 40:")
+            print("\n".join(diff[:40]))
 
 
 def _plot(rows: list[dict], path) -> None:

@@ -9,7 +9,8 @@ Kernels: ``place_slot`` (one ``n``-row slot placed at row ``3n`` of a zero ``dp*
 buffer, device start/count: what a capacity plan's gather runs), ``place_full`` (every
 row), ``take_slot`` (a slot taken back out), and fp8 ``quantize`` of every row. Prints, per
 kernel and size, each candidate's ratio to the copy, and the best; writes
-``launch_sweep.csv`` to ``$OUT``. ``dpx.kernels.launch.TILES_BY_BYTES`` holds the choice.
+``launch_sweep.csv`` to ``$OUT``. ``dpx.kernels.launch.tile_for`` holds the choice
+(``TILES_BY_BYTES``, ``STREAM_BYTES``); ``chosen`` rows are that choice.
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ from common import cuda_time_us, out_dir, print_table, write_csv
 from dpx.kernels import Tile
 from dpx.kernels import wire as wire_kernels
 from dpx_torch import place_rows, take_rows
+from dpx_torch.wire import quantize_into
 
-TILES = [Tile(2048, 4), Tile(2048, 8), Tile(4096, 8), Tile(4096, 16), Tile(8192, 8),
+TILES = [None, Tile(2048, 4), Tile(2048, 8), Tile(4096, 8), Tile(4096, 16), Tile(8192, 8),
          Tile(8192, 16), Tile(16384, 16), Tile(16384, 32), Tile(8192, 16, 2048),
-         Tile(16384, 32, 2048), Tile(32768, 32, 2048)]
-QUANT = [(8, 4, 4), (4, 4, 4), (8, 2, 4), (16, 2, 8), (8, 4, 8), (4, 8, 8), (16, 4, 8),
+         Tile(16384, 32, 2048), Tile(32768, 32, 2048), Tile(4096, 16, stream=True),
+         Tile(8192, 16, 2048, stream=True), Tile(16384, 32, 2048, stream=True)]
+
+
+def _name(t: Tile | None) -> str:
+    """``elems/warps/max_block_c[/cs]``; ``chosen``: the library's own choice by size."""
+    if t is None:
+        return "chosen"
+    return f"{t.elems}/{t.warps}/{t.max_block_c}" + ("/cs" if t.stream else "")
+QUANT = [None, (8, 4, 4), (4, 4, 4), (8, 2, 4), (16, 2, 8), (8, 4, 8), (4, 8, 8), (16, 4, 8),
          (2, 8, 4), (32, 1, 8)]
 
 
@@ -38,10 +48,16 @@ def _copy_us(nbytes_each_way: int, cache: dict) -> float:
     return cache[nbytes_each_way]
 
 
-def _quantize(src, out, br: int, bg: int, warps: int) -> None:
+def _quantize(src, out, shape: tuple[int, int, int] | None) -> None:
+    """The quantize kernel at ``(rows, groups, warps)``; ``None``: :func:`quantize_into`
+    (the library's own choice by size)."""
     from dpx import wire as W
 
     rows, H = out.shape[0], src.shape[1]
+    if shape is None:
+        quantize_into(src, 0, rows, out)
+        return
+    br, bg, warps = shape
     wire_kernels.quantize_rows_kernel[(-(-rows // br), -(-(H // W.GROUP) // bg))](
         src, src, src, 0, rows, src.shape[0], rows, out, H=H, ROW_BYTES=out.shape[1],
         START_PTR=False, COUNT_PTR=False, BLOCK_R=br, BLOCK_G=bg, COMPILED=True,
@@ -81,15 +97,16 @@ def main() -> None:
             for t in TILES:
                 us = cuda_time_us(lambda: fn(t))
                 rows.append(dict(kernel=kernel, n=n, MiB=round(G * rb / 2**20, 2),
-                                 config=f"{t.elems}/{t.warps}/{t.max_block_c}", us=us,
+                                 config=_name(t), us=us,
                                  copy_ratio=copy / us))
         wout = torch.empty(G, wire_row_bytes(H), device="cuda", dtype=torch.uint8)
         qbytes = G * rb + G * wire_row_bytes(H)
         copy = _copy_us(qbytes // 2, copies)
-        for br, bg, warps in QUANT:
-            us = cuda_time_us(lambda: _quantize(big, wout, br, bg, warps))
+        for shape in QUANT:
+            us = cuda_time_us(lambda: _quantize(big, wout, shape))
+            name = "chosen" if shape is None else "{}x{}/{}".format(*shape)
             rows.append(dict(kernel="quantize", n=n, MiB=round(qbytes / 2**20, 2),
-                             config=f"{br}x{bg}/{warps}", us=us, copy_ratio=copy / us))
+                             config=name, us=us, copy_ratio=copy / us))
         del big, slot, out, small, wout
         torch.cuda.empty_cache()
         n *= 2
@@ -98,10 +115,10 @@ def main() -> None:
         for size in sorted({r["n"] for r in rows if r["kernel"] == kernel}):
             cand = [r for r in rows if r["kernel"] == kernel and r["n"] == size]
             top = max(cand, key=lambda r: r["copy_ratio"])
-            default = cand[0]
+            chosen = cand[0]
             best.append(dict(kernel=kernel, n=size, MiB=top["MiB"], best=top["config"],
-                             best_ratio=top["copy_ratio"], first=default["config"],
-                             first_ratio=default["copy_ratio"]))
+                             best_ratio=top["copy_ratio"], chosen=chosen["config"],
+                             chosen_ratio=chosen["copy_ratio"]))
     print(f"device: {torch.cuda.get_device_name()}  hidden {H} bf16, dp {dp}: the best "
           f"launch per kernel and size (ratio to a D2D copy of the same bytes)")
     print_table(best, list(best[0]))

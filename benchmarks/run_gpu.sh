@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU validation and benchmarks in one go (for a GPU machine with no network):
 #   bash benchmarks/run_gpu.sh [STAGE ...]      (default: every stage)
-# Stages: tests (the GPU-marked tests), sweep (launch sweep), kernels, jax_kernels,
+# Stages: tests (the GPU-marked tests), sweep (launch sweep), probe (the slot place
+# against its write ceiling), kernels, jax_kernels,
 # torch_step, serving, soak, example (examples/torch_serving.py with CUDA graphs).
 # Installs dpx without build isolation and jax-triton from wheels in .whl/ if present.
 # Output files go to $RESULTS (default benchmarks/out); with ARCHIVE=path, they are also
@@ -24,6 +25,7 @@ if want tests; then
 fi
 cd benchmarks
 want sweep && python3 launch_sweep.py 2>&1 | tee "$OUT/launch_sweep.log"
+want probe && python3 place_probe.py 2>&1 | tee "$OUT/place_probe.log"
 want kernels && python3 kernels.py 2>&1 | tee "$OUT/kernels.log"
 want jax_kernels && python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"
 want torch_step && python3 torch_step.py 2>&1 | tee "$OUT/torch_step.log"

@@ -10,6 +10,8 @@ GPU tables (hidden 7168 bf16; device times from one CUDA graph of 50 calls, medi
   quantize : the fused quantize-and-place pass (reads ``n`` bf16 rows once, writes ``n``
              fp8 wire rows) vs a device-to-device copy of as many bytes (read + written)
              and vs two launches (quantize into a scratch, then place the wire rows);
+             and the dequantize of those wire rows back to bf16 vs a copy of its output
+             bytes (``n`` bf16 rows read and written);
   decode   : mask_pad_rows at decode (8 replicas x 32 rows x 8 ids, device counts); a
              three-tensor gather (hidden, top-k ids, top-k weights) vs three gathers, and
              the NCCL collectives each issues (ProcessGroupNCCL's ``nccl:*`` profiler
@@ -82,7 +84,7 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
     from common import cuda_time_us
     from dpx_torch import DeviceTables, DpComm, mask_pad_rows
     from dpx_torch.rows import move_into
-    from dpx_torch.wire import quantize_into
+    from dpx_torch.wire import dequantize_into, quantize_into
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"file://{tempfile.mkdtemp()}/rdv", rank=0,
@@ -97,10 +99,15 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
         t_copy = _copy_ceiling_us(moved)
         t_fused = cuda_time_us(lambda: quantize_into(x, 0, n, out))
         t_two = cuda_time_us(lambda: (quantize_into(x, 0, n, tmp), move_into(tmp, 0, 0, n, out)))
+        back = torch.empty_like(x)
+        quantize_into(x, 0, n, out)
+        t_deq = cuda_time_us(lambda: dequantize_into(out, back))
+        t_deq_copy = _copy_ceiling_us(2 * n * H * 2)
         quant.append(dict(rows=n, MiB=moved / 2**20, fused_us=t_fused, copy_us=t_copy,
                           two_launch_us=t_two, vs_copy=t_copy / t_fused,
                           vs_two_launch=t_two / t_fused,
-                          fused_GBs=moved / t_fused / 1e3))
+                          fused_GBs=moved / t_fused / 1e3, dequantize_us=t_deq,
+                          dequantize_vs_copy=t_deq_copy / t_deq))
     comm = DpComm(dpx.DpLayout(1, 1))
     dec = []
     lay8 = dpx.DpLayout(8, 8)
@@ -166,6 +173,7 @@ def quantize_sweep() -> list[dict]:
 
     from common import cuda_time_us
     from dpx.kernels import wire as K
+    from dpx.kernels.launch import quantize_shape
 
     wrb = wire_row_bytes(H)
     rows = []
@@ -181,7 +189,8 @@ def quantize_sweep() -> list[dict]:
                 num_warps=warps)
 
         want = torch.empty(n, wrb, device="cuda", dtype=torch.uint8)
-        launch(want, K.QUANTIZE_BLOCK_R, K.QUANTIZE_BLOCK_G, K.QUANTIZE_WARPS, True)
+        q = quantize_shape(n, H, 2)
+        launch(want, q.block_r, q.block_g, q.warps, True)
         for br, bg, warps, compiled in SWEEP_SHAPES:
             out = torch.empty_like(want)
             launch(out, br, bg, warps, compiled)

@@ -98,7 +98,7 @@ def _launch_paths(H: int) -> list[dict]:
     fns = {"direct launch (eager dpx)": lambda i: _launch_move(src, None, None, None, 0, 0, n,
                                                                 out),
            "torch.library custom op": lambda i: torch.ops.dpx.move_rows_out(
-               src, None, None, None, 0, 0, n, out, [4096, 16, 1024])}
+               src, None, None, None, 0, 0, n, out, [4096, 16, 1024, 0])}
     try:
         from torch.library import triton_op, wrap_triton
 
@@ -110,7 +110,8 @@ def _launch_paths(H: int) -> list[dict]:
             wrap_triton(kernels.move_rows_kernel)[launch.grid(*out.shape)](
                 src, src, src, src, 0, 0, count, src.shape[0], out.shape[0], out,
                 WIDTH=out.shape[1], SRC_START_PTR=False, DST_START_PTR=False,
-                COUNT_PTR=False, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+                COUNT_PTR=False, BLOCK_R=block_r, BLOCK_C=block_c, WIDE=False, STREAM=False,
+                num_warps=warps)
 
         fns["torch.library.triton_op + wrap_triton"] = lambda i: move_triton(src, n, out)
     except ImportError as exc:

@@ -121,7 +121,7 @@ def _triton_move(src, src_start, dst_start, count, rows: int):
     width = math.prod(rest)
     if rows == 0 or width == 0:
         return jnp.zeros((rows, *rest), src.dtype)
-    tile = launch.tile_for(rows, width, jnp.dtype(src.dtype).itemsize)
+    tile = launch.tile_for(rows, width, jnp.dtype(src.dtype).itemsize, src_rows=m)
     block_r, block_c, warps = launch.row_blocks(width, tile)
     out = triton_call(
         src.reshape(m, width), src_start.reshape(1), dst_start.reshape(1), count.reshape(1),
@@ -129,7 +129,8 @@ def _triton_move(src, src_start, dst_start, count, rows: int):
         out=jax.ShapeDtypeStruct((rows, width), src.dtype),
         grid=launch.grid(rows, width, tile), num_warps=warps,
         WIDTH=width, SRC_START_PTR=True, DST_START_PTR=True, COUNT_PTR=True,
-        BLOCK_R=block_r, BLOCK_C=block_c, WIDE=launch.wide(m * width, rows * width))
+        BLOCK_R=block_r, BLOCK_C=block_c, WIDE=launch.wide(m * width, rows * width),
+        STREAM=tile.stream)
     # triton_call's outputs are typed invariant; they vary like the inputs
     return vary_like(out.reshape(rows, *rest), src, src_start, dst_start, count)
 

@@ -105,13 +105,12 @@ def quantize_take(src, start, count, rows: int, impl: Impl):
     from dpx.kernels import launch, wire as kernels
     from dpx_jax.triton_shim import triton_call
 
+    q = launch.quantize_shape(rows, h, jnp.dtype(src.dtype).itemsize)
     out = triton_call(
         src, start.reshape(1), count.reshape(1), 0, 0, src.shape[0], rows,
         kernel=kernels.quantize_rows_kernel, out=jax.ShapeDtypeStruct((rows, rb), jnp.uint8),
-        grid=(-(-rows // kernels.QUANTIZE_BLOCK_R),
-              -(-(h // W.GROUP) // kernels.QUANTIZE_BLOCK_G)),
-        num_warps=kernels.QUANTIZE_WARPS, H=h, ROW_BYTES=rb, START_PTR=True, COUNT_PTR=True,
-        BLOCK_R=kernels.QUANTIZE_BLOCK_R, BLOCK_G=kernels.QUANTIZE_BLOCK_G, COMPILED=True,
+        grid=launch.quantize_grid(rows, h, q), num_warps=q.warps, H=h, ROW_BYTES=rb,
+        START_PTR=True, COUNT_PTR=True, BLOCK_R=q.block_r, BLOCK_G=q.block_g, COMPILED=True,
         WIDE=launch.wide(src.size, rows * rb))
     return vary_like(out, src, start, count)
 

@@ -372,8 +372,13 @@ class BatchProgram:
                     fn(*args)
                     continue
                 first = batch.items[0][1]
-                with self._runner.coalesced(first.group, device,
-                                            collected=isinstance(first, _COLLECTED)):
+                # torch collects all-gathers and reduce-scatters of mixed dtypes into one
+                # ``*_coalesced`` call, but all-reduces only of one dtype: mixed ones are
+                # grouped by the backend's start/end of coalescing instead
+                collected = isinstance(first, _COLLECTED) and not (
+                    isinstance(first, AllReduce)
+                    and len({calls[i][0].dtype for i, _ in batch.items}) > 1)
+                with self._runner.coalesced(first.group, device, collected=collected):
                     for fn, args in items:
                         getattr(fn, "ungrouped", fn)(*args)
         return tuple(call[1] for call in calls)

@@ -106,14 +106,15 @@ def _launch_move(src: torch.Tensor, ss: torch.Tensor | None, ds: torch.Tensor | 
     if out.numel() == 0:
         return
     if tile is None:
-        tile = _launch.tile_for(rows, width, out.element_size())
+        tile = _launch.tile_for(rows, width, out.element_size(), src_rows=src.shape[0])
     block_r, block_c, warps = _launch.row_blocks(width, tile)
     grid = (-(-rows // block_r), -(-width // block_c))
     kernel_for(_rows.move_rows_kernel, out.device)[grid](
         src, src if ss is None else ss, src if ds is None else ds, src if c is None else c,
         ss_v, ds_v, c_v, src.shape[0], rows, out, WIDTH=width, SRC_START_PTR=ss is not None,
         DST_START_PTR=ds is not None, COUNT_PTR=c is not None, BLOCK_R=block_r,
-        BLOCK_C=block_c, WIDE=_launch.wide(src.numel(), out.numel()), num_warps=warps)
+        BLOCK_C=block_c, WIDE=_launch.wide(src.numel(), out.numel()), STREAM=tile.stream,
+        num_warps=warps)
 
 
 def _launch_zero(out: torch.Tensor, s: torch.Tensor | None, c: torch.Tensor | None, s_v: int,
@@ -122,27 +123,28 @@ def _launch_zero(out: torch.Tensor, s: torch.Tensor | None, c: torch.Tensor | No
     if out.numel() == 0:
         return
     if tile is None:
-        tile = _launch.tile_for(rows, width, out.element_size())
+        tile = _launch.tile_for(rows, width, out.element_size(), src_rows=0)
     block_r, block_c, warps = _launch.row_blocks(width, tile)
     grid = (-(-rows // block_r), -(-width // block_c))
     anchor = out if s is None else s
     kernel_for(_rows.zero_rows_kernel, out.device)[grid](
         anchor, anchor if c is None else c, s_v, c_v, rows, out, WIDTH=width,
         START_PTR=s is not None, COUNT_PTR=c is not None, BLOCK_R=block_r, BLOCK_C=block_c,
-        WIDE=_launch.wide(out.numel()), num_warps=warps)
+        WIDE=_launch.wide(out.numel()), STREAM=tile.stream, num_warps=warps)
 
 
 # ---------------------------------------------------------------- torch.library ops
 # Out-variants mutate ``out``; functional variants allocate and are differentiable.
-# ``tile`` travels as ``[elems, warps, max_block_c]`` (a custom op takes no dataclass).
+# ``tile`` travels as ``[elems, warps, max_block_c, stream]`` (a custom op takes no
+# dataclass).
 
 def _tile(t: list[int]) -> Tile | None:
-    return Tile(*t) if t else None
+    return Tile(t[0], t[1], t[2], bool(t[3])) if t else None
 
 
 def _tile_list(t: Tile | None) -> list[int]:
     """A tile as a custom op takes it (``[]``: chosen by size, :func:`tile_for`)."""
-    return [] if t is None else [t.elems, t.warps, t.max_block_c]
+    return [] if t is None else [t.elems, t.warps, t.max_block_c, int(t.stream)]
 
 
 @torch.library.custom_op("dpx::move_rows_out", mutates_args=("out",))

@@ -32,13 +32,13 @@ def _quantize(src, start, count, start_val, count_val, out) -> None:
         return
     anchor = src
     kern = kernel_for(_wire.quantize_rows_kernel, out.device)
-    br, bg = _wire.QUANTIZE_BLOCK_R, _wire.QUANTIZE_BLOCK_G
-    kern[(-(-rows // br), -(-(H // W.GROUP) // bg))](
+    q = _launch.quantize_shape(rows, H, src.element_size())
+    kern[_launch.quantize_grid(rows, H, q)](
         src, anchor if start is None else start, anchor if count is None else count,
         start_val, count_val, src.shape[0], rows, out, H=H, ROW_BYTES=out.shape[1],
-        START_PTR=start is not None, COUNT_PTR=count is not None, BLOCK_R=br, BLOCK_G=bg,
-        COMPILED=out.device.type == "cuda", WIDE=_launch.wide(src.numel(), out.numel()),
-        num_warps=_wire.QUANTIZE_WARPS)
+        START_PTR=start is not None, COUNT_PTR=count is not None, BLOCK_R=q.block_r,
+        BLOCK_G=q.block_g, COMPILED=out.device.type == "cuda",
+        WIDE=_launch.wide(src.numel(), out.numel()), num_warps=q.warps)
 
 
 def _dequantize(src, out) -> None:

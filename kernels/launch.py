@@ -4,7 +4,7 @@ kernel on the same shapes compile to the same program."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 def _pow2_at_least(n: int) -> int:
@@ -22,6 +22,8 @@ class Tile:
     elems: int = 4096
     warps: int = 16
     max_block_c: int = 1024
+    #: streaming stores (``.cs``: written once, evicted first) instead of write-back ones
+    stream: bool = False
 
 
 DEFAULT_TILE = Tile()
@@ -29,18 +31,58 @@ DEFAULT_TILE = Tile()
 #: The tile of the row kernels by the bytes a launch writes: (up to this many bytes, tile);
 #: chosen by ``benchmarks/launch_sweep.py`` on an H200 (see benchmarks/README.md).
 TILES_BY_BYTES: tuple[tuple[int, Tile], ...] = (
-    (2**62, DEFAULT_TILE),
+    (16 * 2**20, DEFAULT_TILE),
+    (2**62, Tile(8192, 16, 2048)),
+)
+
+#: A pass that writes at least this many bytes, mostly zeros (it reads at most half the
+#: rows it writes), stores with ``.cs``: measured by ``benchmarks/place_probe.py`` on an
+#: H200, a slot place of 28 / 56 / 112 MiB went from 0.69 / 0.87 / 0.90 to 0.74 / 1.09 /
+#: 1.06 of a copy of the same traffic; below 16 MiB it made no difference.
+STREAM_BYTES = 16 * 2**20
+
+
+def tile_for(rows: int, width: int, itemsize: int, *, src_rows: int | None = None) -> Tile:
+    """The launch tile of a row pass writing ``rows x width`` elements of ``itemsize``
+    bytes from ``src_rows`` source rows (``0``: a pass that only writes zeros; ``None``:
+    unknown), what both frontends launch with unless a caller passes a tile."""
+    nbytes = rows * width * itemsize
+    tile = next((t for limit, t in TILES_BY_BYTES if nbytes <= limit), DEFAULT_TILE)
+    if src_rows is not None and 2 * src_rows <= rows and nbytes >= STREAM_BYTES:
+        tile = replace(tile, stream=True)
+    return tile
+
+
+@dataclass(frozen=True)
+class QuantizeShape:
+    """fp8 quantize's launch: rows x 128-element groups per program, and warps."""
+
+    block_r: int = 8
+    block_g: int = 4
+    warps: int = 4
+
+
+#: fp8 quantize's launch by the bytes it moves (bf16/fp32 rows read + wire rows written):
+#: (up to this many bytes, shape); chosen by ``benchmarks/launch_sweep.py`` on an H200,
+#: where 2 rows x 8 groups beat 8 x 4 below 24 MiB (0.71 against 0.64 of a copy at 5 MiB)
+#: and from 512 MiB up.
+QUANTIZE_BY_BYTES: tuple[tuple[int, QuantizeShape], ...] = (
+    (24 * 2**20, QuantizeShape(2, 8, 4)),
+    (512 * 2**20, QuantizeShape(8, 4, 4)),
+    (2**62, QuantizeShape(2, 8, 4)),
 )
 
 
-def tile_for(rows: int, width: int, itemsize: int) -> Tile:
-    """The launch tile of a row pass writing ``rows x width`` elements of ``itemsize``
-    bytes (what both frontends launch with unless a caller passes a tile)."""
-    nbytes = rows * width * itemsize
-    for limit, tile in TILES_BY_BYTES:
-        if nbytes <= limit:
-            return tile
-    return DEFAULT_TILE
+def quantize_shape(rows: int, hidden: int, itemsize: int) -> QuantizeShape:
+    """The launch of an fp8 quantize writing ``rows`` wire rows of ``hidden`` elements read
+    at ``itemsize`` bytes (both frontends launch with it)."""
+    nbytes = rows * (hidden * itemsize + hidden + hidden // 128 * 4)
+    return next((q for limit, q in QUANTIZE_BY_BYTES if nbytes <= limit), QuantizeShape())
+
+
+def quantize_grid(rows: int, hidden: int, q: QuantizeShape) -> tuple[int, int]:
+    """Programs of an fp8 quantize writing ``rows`` wire rows."""
+    return -(-rows // q.block_r), -(-(hidden // 128) // q.block_g)
 
 
 def wide(*elements: int) -> bool:

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["n_ranges"])
+@triton.jit(do_not_specialize=["n_ranges", "fill", "rows_n"])
 def mask_rows_kernel(firsts_ptr, lens_ptr, n_ranges, fill, rows_n, buf_ptr,
                      WIDTH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """``buf[i] = fill`` for every row ``i < rows_n`` outside all ranges ``[firsts[k],

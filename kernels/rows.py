@@ -7,11 +7,13 @@ scalars, so a captured CUDA graph or a compiled JAX function sees new values wit
 new launch) or from plain integer arguments, and masks every access against the buffer bounds: a
 wrong count can never read or write out of bounds.
 Kernels call no other ``@triton.jit`` function, so each runs unchanged in Triton's
-interpreter (CPU tensors) without the process-wide interpret switch. The integer offsets
-and counts are never specialised (a value of 1 would otherwise become a constant). Index math
+interpreter (CPU tensors) without the process-wide interpret switch. No integer argument is
+specialised (Triton would otherwise fold a 1 into a constant and assume divisibility by 16
+of others, which jax-triton never does): a torch launch and a jax-triton launch compile to
+the same PTX, except that jax-triton always folds an argument equal to 1. Index math
 runs in int32 unless a buffer holds 2**31 elements or more (``WIDE``: int64); the launch
-shape is :func:`dpx.kernels.launch.tile_for`'s, a pure function of the buffer's rows, width
-and element size that both frontends call.
+shape and the store kind (``STREAM``) are :func:`dpx.kernels.launch.tile_for`'s, a pure
+function of the buffers' rows, width and element size that both frontends call.
 
 ``pack_rows`` / ``unpack_rows`` move the chunks of a chunk table (int32 ``firsts`` and
 ``lens`` in device memory) between their rows of a buffer and equal ``block``-row pieces.
@@ -23,12 +25,14 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["src_start_val", "dst_start_val", "count_val"])
+@triton.jit(do_not_specialize=["src_start_val", "dst_start_val", "count_val", "src_rows",
+                             "out_rows"])
 def move_rows_kernel(src_ptr, src_start_ptr, dst_start_ptr, count_ptr, src_start_val,
                      dst_start_val, count_val, src_rows, out_rows, out_ptr,
                      WIDTH: tl.constexpr, SRC_START_PTR: tl.constexpr,
                      DST_START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr):
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr,
+                     STREAM: tl.constexpr):
     """``out[dst_start + j] = src[src_start + j]`` for ``0 <= j < count``; every other row
     of ``out`` is 0 (a *place* when ``src_start`` is 0, a *take* when ``dst_start`` is 0).
 
@@ -36,6 +40,7 @@ def move_rows_kernel(src_ptr, src_start_ptr, dst_start_ptr, count_ptr, src_start
     ``[src_start, src_start + count)`` are never read. Each of ``src_start``,
     ``dst_start`` and ``count`` is read from device memory (``*_PTR``) or given as an int.
     ``WIDE``: index math in int64 (buffers of 2**31 elements or more), else int32.
+    ``STREAM``: streaming (``.cs``) stores.
     """
     if SRC_START_PTR:
         src_start = tl.load(src_start_ptr)
@@ -65,14 +70,19 @@ def move_rows_kernel(src_ptr, src_start_ptr, dst_start_ptr, count_ptr, src_start
     col_ok = cols < WIDTH
     vals = tl.load(src_ptr + s[:, None] * WIDTH + cols[None, :],
                    mask=row_real[:, None] & col_ok[None, :], other=0)
-    tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], vals,
-             mask=(rows < out_rows)[:, None] & col_ok[None, :])
+    ptrs = out_ptr + rows[:, None] * WIDTH + cols[None, :]
+    keep = (rows < out_rows)[:, None] & col_ok[None, :]
+    if STREAM:
+        tl.store(ptrs, vals, mask=keep, cache_modifier=".cs")
+    else:
+        tl.store(ptrs, vals, mask=keep)
 
 
-@triton.jit(do_not_specialize=["start_val", "count_val"])
+@triton.jit(do_not_specialize=["start_val", "count_val", "out_rows"])
 def zero_rows_kernel(start_ptr, count_ptr, start_val, count_val, out_rows,
                      out_ptr, WIDTH: tl.constexpr, START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr):
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr,
+                     STREAM: tl.constexpr):
     """In place: zero every row ``j < out_rows`` of ``out`` outside ``[start, start +
     count)`` (writes those rows only; the kept rows are neither read nor written).
 
@@ -99,11 +109,15 @@ def zero_rows_kernel(start_ptr, count_ptr, start_val, count_val, out_rows,
         count = count.to(tl.int32)
     pad = ((rows < start) | (rows >= start + count)) & (rows < out_rows)
     zeros = tl.full((BLOCK_R, BLOCK_C), 0, dtype=out_ptr.dtype.element_ty)
-    tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], zeros,
-             mask=pad[:, None] & (cols < WIDTH)[None, :])
+    ptrs = out_ptr + rows[:, None] * WIDTH + cols[None, :]
+    keep = pad[:, None] & (cols < WIDTH)[None, :]
+    if STREAM:
+        tl.store(ptrs, zeros, mask=keep, cache_modifier=".cs")
+    else:
+        tl.store(ptrs, zeros, mask=keep)
 
 
-@triton.jit(do_not_specialize=["n_chunks", "block"])
+@triton.jit(do_not_specialize=["src_rows", "out_rows", "n_chunks", "block"])
 def unpack_rows_kernel(src_ptr, firsts_ptr, lens_ptr, src_rows, out_rows, n_chunks, block,
                        out_ptr, WIDTH: tl.constexpr, BLOCK_R: tl.constexpr,
                        BLOCK_C: tl.constexpr):
@@ -130,7 +144,7 @@ def unpack_rows_kernel(src_ptr, firsts_ptr, lens_ptr, src_rows, out_rows, n_chun
              mask=(rows < out_rows)[:, None] & col_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["n_chunks", "block"])
+@triton.jit(do_not_specialize=["src_rows", "out_rows", "n_chunks", "block"])
 def pack_rows_kernel(src_ptr, firsts_ptr, lens_ptr, src_rows, out_rows, n_chunks, block,
                      out_ptr, WIDTH: tl.constexpr, BLOCK_R: tl.constexpr,
                      BLOCK_C: tl.constexpr):

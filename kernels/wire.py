@@ -18,13 +18,7 @@ block of rows and block of 128-element groups; dequantize ``(cdiv(rows, BLOCK_R)
 import triton
 import triton.language as tl
 
-# quantize's launch shape: rows x 128-element groups per program, and warps
-QUANTIZE_BLOCK_R = 8
-QUANTIZE_BLOCK_G = 4
-QUANTIZE_WARPS = 4
-
-
-@triton.jit(do_not_specialize=["start_val", "count_val"])
+@triton.jit(do_not_specialize=["start_val", "count_val", "src_rows", "out_rows"])
 def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_rows,
                          out_rows, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
                          START_PTR: tl.constexpr, COUNT_PTR: tl.constexpr,
@@ -103,7 +97,7 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
              mask=row_ok[:, None] & g_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows_n"])
 def dequantize_rows_kernel(src_ptr, rows_n, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
                            OUT_KIND: tl.constexpr, BLOCK_R: tl.constexpr, WIDE: tl.constexpr):
     """``out[:rows_n] = dequantize(src[:rows_n])``: uint8 ``[rows_n, ROW_BYTES]`` wire rows ->

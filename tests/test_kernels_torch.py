@@ -120,6 +120,47 @@ def test_zero_rows_keeps_only_the_window(device, dtype):
             assert torch.equal(y, ref), (keep_start, keep_count, as_tensor)
 
 
+def test_tile_for_is_a_pure_function_of_shapes():
+    from dpx.kernels.launch import DEFAULT_TILE, STREAM_BYTES, TILES_BY_BYTES, tile_for
+
+    width = 7168
+    small = tile_for(8, width, 2, src_rows=1)
+    assert small == DEFAULT_TILE and not small.stream
+    rows = -(-STREAM_BYTES // (width * 2))
+    assert tile_for(rows, width, 2, src_rows=rows // 2).stream      # mostly zeros: streamed
+    assert not tile_for(rows, width, 2, src_rows=rows).stream       # a full copy: not
+    assert not tile_for(rows, width, 2).stream                      # reads unknown: not
+    assert tile_for(rows, width, 2, src_rows=0).stream              # zeros only
+    assert tile_for(rows, width, 2) == TILES_BY_BYTES[-1][1]
+    assert tile_for(rows, width, 2, src_rows=5) == tile_for(rows, width, 2, src_rows=5)
+    from dpx.kernels.launch import QUANTIZE_BY_BYTES, quantize_grid, quantize_shape
+
+    assert quantize_shape(256, 7168, 2) == QUANTIZE_BY_BYTES[0][1]       # 5.3 MiB
+    assert quantize_shape(4096, 7168, 2) == QUANTIZE_BY_BYTES[1][1]      # 85 MiB
+    assert quantize_shape(65536, 7168, 2) == QUANTIZE_BY_BYTES[2][1]     # 1.3 GiB
+    q = quantize_shape(33, 384, 4)
+    assert quantize_grid(33, 384, q) == (-(-33 // q.block_r), -(-3 // q.block_g))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_every_launch_tile_moves_and_zeroes_the_same_rows(device):
+    """Each tile (shape and store kind) a launch can pick gives the reference result."""
+    from dpx.kernels import Tile
+
+    gen = torch.Generator().manual_seed(5)
+    src = _rand((6, 3, 40), torch.bfloat16, gen, device)
+    for tile in (Tile(), Tile(256, 4, 32), Tile(8192, 16, 2048, stream=True),
+                 Tile(64, 4, 16, stream=True)):
+        for start, count, rows in ((0, 6, 6), (3, 4, 11), (2, 0, 5)):
+            got = place_rows(src, start, count, rows, tile=tile)
+            assert torch.equal(got, _ref_place(src, start, count, rows)), (tile, start)
+            y = _rand((9, 3, 40), torch.bfloat16, gen, device)
+            ref = torch.zeros_like(y)
+            ref[start:start + count] = y[start:start + count]
+            zero_rows_(y, start, count, tile=tile)
+            assert torch.equal(y, ref), (tile, start, count)
+
+
 @pytest.mark.parametrize("device", device_params())
 def test_gradients_are_adjoint(device):
     src = torch.randn(5, 3, device=device, dtype=torch.float64).float().requires_grad_()

@@ -218,6 +218,26 @@ def test_three_tensor_gather_is_one_grouped_launch(nccl1):
         assert g.dtype == x.dtype and torch.equal(g, x)
 
 
+@pytest.mark.parametrize("mode", ["max_len", "sum_len", "gatherv"])
+def test_mixed_dtype_batches_on_nccl(nccl1, mode):
+    """Several tensors of different dtypes in one call on every route, host and device
+    counts: torch coalesces all-reduces only of one dtype, so a mixed batch of them is
+    grouped another way; each result equals the tensor's own gather."""
+    xs = (torch.randn(64, 64, device="cuda", dtype=torch.bfloat16),
+          torch.randint(0, 9, (64, 8), device="cuda"),
+          torch.randn(64, 8, device="cuda"))
+    for n, capacity in ((40, None), (0, None), (17, 64), (0, 64)):
+        plan = dpx.plan_step([0 if capacity else n], nccl1.layout, mode=mode,
+                             capacity=capacity)
+        counts = torch.tensor([n], dtype=torch.int32, device="cuda") if capacity else None
+        local = tuple(x[:max(n, 1)] if capacity is None else x for x in xs)
+        for partial in ((True, False, False), (True, True, True)):
+            got = nccl1.gather(local, plan, partial=partial, counts=counts)
+            for g, x, p in zip(got, local, partial):
+                want = nccl1.gather(x, plan, partial=p, counts=counts)
+                assert g.dtype == x.dtype and torch.equal(g, want), (mode, n, capacity, p)
+
+
 @pytest.mark.skipif(not __import__("conftest").jax_gpu_available(), reason="needs JAX on GPU")
 @pytest.mark.parametrize("impl", ["triton", "xla"])
 def test_jax_fp8_wire_rows_equal_torch_bitwise_on_gpu(nccl1, impl):

@@ -63,6 +63,29 @@ def test_quantize_take_and_dequantize_match_stock_ops(device, dtype):
     assert torch.equal(y[count:].view(BITS[dtype]), torch.zeros_like(y[count:]).view(BITS[dtype]))
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_every_quantize_launch_shape_gives_the_same_bytes(device):
+    """Each launch shape the size rule can pick (and the default) writes the reference
+    bytes, including rows past a program's block and the zeroed tail."""
+    from dpx.kernels import wire as K
+    from dpx.kernels.launch import QUANTIZE_BY_BYTES, QuantizeShape, quantize_grid
+    from dpx_torch.rows import kernel_for
+
+    h = 384
+    x = _hard_rows(torch.bfloat16, h).to(device)
+    want = torch.empty(21, wire_row_bytes(h), dtype=torch.uint8, device=device)
+    quantize_into(x, 1, 19, want)
+    q, sc = _ref_quantize(x[1:20])
+    assert torch.equal(split_wire(want)[0][:19].view(torch.uint8), q.view(torch.uint8))
+    for shape in {QuantizeShape(), *(qs for _, qs in QUANTIZE_BY_BYTES)}:
+        out = torch.full_like(want, 0x5A)
+        kernel_for(K.quantize_rows_kernel, out.device)[quantize_grid(21, h, shape)](
+            x, x, x, 1, 19, x.shape[0], 21, out, H=h, ROW_BYTES=out.shape[1],
+            START_PTR=False, COUNT_PTR=False, BLOCK_R=shape.block_r, BLOCK_G=shape.block_g,
+            COMPILED=out.device.type == "cuda", WIDE=False, num_warps=shape.warps)
+        assert torch.equal(out, want), shape
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
