@@ -344,6 +344,17 @@ class Program:
 
 
 _COLLECTED = (AllGather, ReduceScatter, AllReduce)
+#: Kinds torch collects into one ``*_coalesced`` call only when every tensor has one dtype
+#: (``allreduce_coalesced`` refuses mixed ones; all-gathers of mixed dtypes are fine).
+_ONE_DTYPE = (AllReduce, ReduceScatter)
+
+
+def _by_dtype(items: list, dtypes: list) -> list[list]:
+    """``items`` split by dtype, in first-seen order (one coalesced launch per dtype)."""
+    parts: dict = {}
+    for item, dtype in zip(items, dtypes):
+        parts.setdefault(dtype, []).append(item)
+    return list(parts.values())
 
 
 class BatchProgram:
@@ -372,13 +383,13 @@ class BatchProgram:
                     fn(*args)
                     continue
                 first = batch.items[0][1]
-                # torch collects all-gathers and reduce-scatters of mixed dtypes into one
-                # ``*_coalesced`` call, but all-reduces only of one dtype: mixed ones are
-                # grouped by the backend's start/end of coalescing instead
-                collected = isinstance(first, _COLLECTED) and not (
-                    isinstance(first, AllReduce)
-                    and len({calls[i][0].dtype for i, _ in batch.items}) > 1)
-                with self._runner.coalesced(first.group, device, collected=collected):
-                    for fn, args in items:
-                        getattr(fn, "ungrouped", fn)(*args)
+                collected = isinstance(first, _COLLECTED)
+                for part in (_by_dtype(items, [calls[i][0].dtype for i, _ in batch.items])
+                             if isinstance(first, _ONE_DTYPE) else (items,)):
+                    if len(part) == 1:
+                        part[0][0](*part[0][1])
+                        continue
+                    with self._runner.coalesced(first.group, device, collected=collected):
+                        for fn, args in part:
+                            getattr(fn, "ungrouped", fn)(*args)
         return tuple(call[1] for call in calls)
