@@ -169,7 +169,7 @@ def main() -> None:
         g = _timed({"bare": lambda i: g_bare.replay(), "in_place": lambda i: g_in.replay(),
                     "copy": lambda i: g_copy.replay()})
         (hb, tb), (ho, to) = t["bare"], t["ours"]
-        (hbn, tbn), (hon, ton) = t["bare_new"], t["ours_new"]
+        (hbn, _), (hon, _) = t["bare_new"], t["ours_new"]
         rows.append(dict(
             name=name, rows=n, MiB=round(n * H * 2 / 2**20, 1),
             bare_host_us=hb, dpx_host_us=ho, host_ratio=ho / hb, dpx_python_us=hp,

@@ -22,6 +22,8 @@ from typing import Sequence
 from dpx.schedule import Schedule
 from dpx.steps import Step
 
+__all__ = ["Batch", "lockstep", "Stage"]
+
 
 @dataclass(frozen=True)
 class Batch:

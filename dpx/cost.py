@@ -31,6 +31,11 @@ from dpx.steps import (AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts
                        Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
                        ReduceV, Step, Unpack, Zero, moved_buffer)
 
+__all__ = [
+    "CostModel", "estimate", "estimate_op", "group_size", "ModeEstimate", "op_estimate",
+    "OpEstimate", "price", "PRICERS", "split_costs", "StepCost"
+]
+
 if TYPE_CHECKING:
     from dpx.plan import DpPlan
 

@@ -23,6 +23,8 @@ from dpx.errors import DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 
+__all__ = ["capacity_problems", "check_counts", "check_shards", "disagreements", "sources"]
+
 if TYPE_CHECKING:
     from dpx.plan import DpPlan
 

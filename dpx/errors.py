@@ -7,6 +7,8 @@ that already catch the built-in kinds keep working.
 
 from __future__ import annotations
 
+__all__ = ["DpxCapacityError", "DpxError", "DpxMismatchError", "DpxTypeError", "DpxValueError"]
+
 
 class DpxError(Exception):
     """Base class of every dpx error."""

@@ -15,6 +15,8 @@ from dpx.modes import Op, Transport, Wire
 from dpx.schedule import build_schedule
 from dpx.wire import wire_row_bytes
 
+__all__ = ["buffer_picture", "explain_plan", "fmt_bytes", "schedule_lines"]
+
 if TYPE_CHECKING:
     from dpx.plan import DpPlan
 

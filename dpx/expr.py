@@ -33,6 +33,15 @@ import itertools
 import operator
 from typing import Any, Callable, Sequence, Union
 
+__all__ = [
+    "add", "ArrayOps", "ceil_align", "ceil_div", "clip", "compile_host", "Coord", "coord",
+    "counts_leaf", "deps_of", "eq", "evaluate", "exclusive_cumsum", "Expr", "floordiv",
+    "gather", "group_cumsum_excl", "group_sum", "host_value", "HostFunction", "HostOps",
+    "index", "is_const", "land", "le", "lt", "maximum", "minimum", "mul", "ne", "param",
+    "PARAMS", "render", "repeat", "Scalar", "size_of", "sub", "substitute", "vall", "Value",
+    "vmax", "vsum"
+]
+
 #: Leaf kinds a node depends on (:attr:`Expr.deps`, a bit set).
 COUNTS, COORD, PARAM = 1, 2, 4
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from dpx.errors import DpxValueError
 from dpx.modes import Op, PaddingMode
 
+__all__ = ["held_rows", "local_rows", "op_rows", "OpRows"]
+
 if TYPE_CHECKING:
     from dpx.plan import DpPlan
 

@@ -41,6 +41,8 @@ from dpx import expr as X
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 
+__all__ = ["clamp", "Geometry", "geometry", "host_counts", "Structure", "structure_of"]
+
 if TYPE_CHECKING:  # the plan module sits above this one
     from dpx.plan import DpPlan
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from dpx.errors import DpxTypeError, DpxValueError
 
+__all__ = ["DpLayout", "RankCoords"]
+
 
 def _check_int(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):

@@ -6,6 +6,8 @@ import enum
 
 from dpx.errors import DpxTypeError, DpxValueError
 
+__all__ = ["Group", "Op", "PaddingMode", "Policy", "Transport", "Wire"]
+
 
 class _ParsableEnum(enum.Enum):
     @classmethod

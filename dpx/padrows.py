@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from dpx import expr as X
 from dpx.geometry import geometry, host_counts, structure_of
 
+__all__ = ["real_ranges"]
+
 if TYPE_CHECKING:
     from dpx.plan import DpPlan
 

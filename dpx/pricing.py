@@ -20,6 +20,8 @@ from dpx.layout import DpLayout
 from dpx.modes import Op, PaddingMode, Transport
 from dpx.routes import Route
 
+__all__ = ["cheapest", "estimate_counts", "MODE_ORDER", "mode_seconds"]
+
 _SUM, _EQUAL, _UNPACK, _RAGGED, _PER_ROOT = (Route.SUM_SLOTS, Route.EQUAL_BLOCKS,
                                              Route.BLOCKS_UNPACK, Route.RAGGED, Route.PER_ROOT)
 

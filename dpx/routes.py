@@ -48,6 +48,11 @@ from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, Ch
                        Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
                        ReduceV, Ref, Step, Unpack, Zero)
 
+__all__ = [
+    "choose_route", "concrete_rank", "count_rule", "count_rule_of", "Emitter", "RankRef",
+    "Route", "symbolic_rank"
+]
+
 
 if TYPE_CHECKING:
     from dpx.plan import DpPlan

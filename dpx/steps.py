@@ -20,6 +20,13 @@ from typing import Any, NamedTuple
 from dpx import expr as X
 from dpx.modes import Group, Transport
 
+__all__ = [
+    "AllGather", "AllGatherV", "AllReduce", "BroadcastV", "CheckCounts", "Dequantize",
+    "kinds_for", "len_of", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter",
+    "ReduceScatterV", "ReduceV", "Ref", "Step", "STEP_KINDS", "Unpack", "VARIABLE_KINDS",
+    "Zero"
+]
+
 IN, OUT = "in", "out"
 
 

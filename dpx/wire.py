@@ -26,6 +26,8 @@ from __future__ import annotations
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.modes import PaddingMode
 
+__all__ = ["check_fp8", "EPS", "FLOAT_DTYPES", "FP8_MAX", "GROUP", "wire_row_bytes"]
+
 GROUP = 128
 FP8_MAX = 448.0
 EPS = 1e-10

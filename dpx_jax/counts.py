@@ -9,6 +9,8 @@ from jax import lax
 from dpx.errors import DpxTypeError
 from dpx_jax.mesh import DEFAULT_AXES, Axes
 
+__all__ = ["exchange_counts"]
+
 
 def exchange_counts(n_local: jax.Array, *, shards: bool = False,
                     axes: Axes = DEFAULT_AXES) -> jax.Array:

@@ -29,6 +29,8 @@ from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, _pack, _unpack, move
 from dpx_jax.wire import dequantize, quantize_take
 
+__all__ = ["group_axes", "HANDLERS", "JaxValues", "run_schedule"]
+
 
 
 def group_axes(axes: Axes, group: Group) -> tuple[str, ...]:

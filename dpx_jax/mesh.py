@@ -12,6 +12,8 @@ from jax.sharding import Mesh
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
 
+__all__ = ["AXES", "Axes", "DEFAULT_AXES", "make_mesh", "Names"]
+
 #: Mesh axes, slowest first; together they are the world (rank order = device order).
 AXES: tuple[str, str, str] = ("dp", "cp", "tp")
 

@@ -41,6 +41,8 @@ from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, match_vma, on_gpu, resolve_impl, vary_over
 from dpx_jax.wire import split_wire
 
+__all__ = ["gather", "reduce_scatter", "scatter"]
+
 
 @dataclass(frozen=True)
 class _Spec:

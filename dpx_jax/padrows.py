@@ -16,6 +16,8 @@ from dpx.plan import DpPlan
 from dpx_jax.interpreter import JaxValues
 from dpx_jax.ops import _check_plan, _counts
 
+__all__ = ["mask_pad_rows", "pad_row_mask"]
+
 
 def pad_row_mask(plan: DpPlan, *, counts: jax.Array | None = None) -> jax.Array:
     """Boolean ``[plan.global_rows]``: True at the rows :func:`mask_pad_rows` fills."""

@@ -30,6 +30,11 @@ import numpy as np
 
 from dpx.errors import DpxTypeError, DpxValueError
 
+__all__ = [
+    "Impl", "match_vma", "move", "move_rows", "on_gpu", "pack_rows", "place_rows", "platform",
+    "resolve_impl", "take_rows", "unpack_rows", "vary_like", "vary_over"
+]
+
 
 class Impl(enum.Enum):
     """Which implementation runs the row kernels."""

@@ -18,6 +18,8 @@ from jax import lax
 from dpx import wire as W
 from dpx_jax.rows import Impl, _index, _take_xla, vary_like
 
+__all__ = ["dequantize", "quantize_take", "split_wire"]
+
 _BLOCK_R = 16
 _OUT_KIND = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.bfloat16): 1, jnp.dtype(jnp.float16): 2}
 

@@ -1,10 +1,11 @@
 """PyTorch frontend of dpx: the DP-attention communicator ``DpComm``, its row kernels and
 the pad-row helpers."""
 
-from dpx_torch.comm import CacheLimits, DpComm, counts_tensor
+from dpx_torch.comm import DpComm, counts_tensor
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import mask_pad_rows, pad_row_mask
 from dpx_torch.program import DeviceTables
+from dpx_torch.runner import CacheLimits
 from dpx_torch.rows import pack_rows, place_rows, take_rows, unpack_rows, zero_rows_
 from dpx_torch.wire import split_wire
 

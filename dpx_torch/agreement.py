@@ -22,6 +22,8 @@ from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups
 from dpx_torch.program import all_gather_single
 
+__all__ = ["Agreement"]
+
 #: The plan fields a mismatch message compares, in the order it names them.
 _PLAN_FIELDS = ("mode", "num_tokens", "cp_shards", "capacity", "is_extend", "layout")
 

@@ -12,6 +12,8 @@ import torch
 
 from dpx_torch.runner import Call, Runner
 
+__all__ = ["OpFunction"]
+
 
 class OpFunction(torch.autograd.Function):
     """``apply(x, runner, call)``: the call's schedule forward, its adjoint's backward."""

@@ -13,6 +13,8 @@ from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups
 from dpx_torch.rows import overlaps
 
+__all__ = ["check_counts", "InputChecks", "SUPPORTED_DTYPES"]
+
 SUPPORTED_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.int32,
                               torch.int64})
 _DTYPE_NAMES = ", ".join(str(d) for d in (torch.float32, torch.bfloat16, torch.float16,

@@ -36,7 +36,7 @@ from dpx.routes import count_rule_of
 from dpx.schedule import Schedule, build_schedule
 from dpx_torch.agreement import Agreement
 from dpx_torch.autograd import OpFunction
-from dpx_torch.checks import SUPPORTED_DTYPES, InputChecks
+from dpx_torch.checks import InputChecks
 from dpx_torch.groups import DpGroups, adopt_groups, build_groups
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import mask_pad_rows, pad_row_mask
@@ -45,7 +45,7 @@ from dpx_torch.rows import overlaps
 from dpx_torch.runner import Call, CacheLimits, Prepared, Runner
 from dpx_torch.wire import split_wire
 
-__all__ = ["CacheLimits", "DpComm", "DpWork", "SUPPORTED_DTYPES", "counts_tensor"]
+__all__ = ["DpComm", "counts_tensor"]
 
 Tensors = tuple[torch.Tensor, ...]
 

@@ -18,6 +18,8 @@ from dpx.kernels import counts as _kernels
 from dpx.steps import CheckCounts
 from dpx_torch.rows import kernel_for
 
+__all__ = ["FLAG_BITS", "OverflowFlags"]
+
 #: What each bit of the flag means.
 FLAG_BITS = {1: "a negative count", 2: "a replica's count over a MAX_LEN capacity",
              4: "the aligned counts over a SUM_LEN / GATHERV capacity"}

@@ -20,6 +20,8 @@ from dpx.errors import DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.modes import Group
 
+__all__ = ["adopt_groups", "build_groups", "coalesces", "device_types", "DpGroups"]
+
 
 def device_types(pg: dist.ProcessGroup) -> frozenset[str]:
     """The device types ``pg``'s backends carry."""

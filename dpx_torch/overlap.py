@@ -14,6 +14,8 @@ import torch
 
 from dpx_torch.pool import BufferPool
 
+__all__ = ["DpWork", "Overlap"]
+
 
 class DpWork:
     """Handle of an overlapped call: ``wait()`` makes the current stream wait for the

@@ -20,6 +20,8 @@ import math
 
 import torch
 
+__all__ = ["BufferPool"]
+
 
 class BufferPool:
     def __init__(self) -> None:

@@ -30,6 +30,11 @@ from dpx.wire import wire_row_bytes
 from dpx_torch.rows import move_into, pack_into, unpack_into, zero_into
 from dpx_torch.wire import dequantize_into, quantize_into
 
+__all__ = [
+    "all_gather_single", "BatchProgram", "COMPILERS", "DeviceTables", "DeviceValues",
+    "FreshTables", "Getter", "Program", "reduce_scatter_single", "StepFn", "tables_for_call"
+]
+
 if TYPE_CHECKING:
     from dpx_torch.runner import Runner
 

@@ -37,6 +37,8 @@ from dpx_torch.overlap import Overlap
 from dpx_torch.pool import BufferPool
 from dpx_torch.program import BatchProgram, DeviceTables, Program
 
+__all__ = ["CacheLimits", "Call", "Prepared", "Runner"]
+
 
 @dataclass(frozen=True)
 class CacheLimits:

@@ -9,6 +9,8 @@ Grid: ``(1,)``.
 import triton
 import triton.language as tl
 
+__all__ = ["check_counts_kernel"]
+
 
 @triton.jit
 def check_counts_kernel(counts_ptr, flag_ptr, ENTRIES: tl.constexpr, GROUP: tl.constexpr,

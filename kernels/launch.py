@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+__all__ = [
+    "DEFAULT_TILE", "grid", "QUANTIZE_BY_BYTES", "quantize_grid", "quantize_shape",
+    "QuantizeShape", "row_blocks", "STREAM_BYTES", "Tile", "tile_for", "TILES_BY_BYTES",
+    "wide"
+]
+
 
 def _pow2_at_least(n: int) -> int:
     p = 1

@@ -9,6 +9,8 @@ Grid: ``(cdiv(rows, BLOCK_R), cdiv(WIDTH, BLOCK_C))``.
 import triton
 import triton.language as tl
 
+__all__ = ["mask_rows_kernel"]
+
 
 @triton.jit(do_not_specialize=["n_ranges", "fill", "rows_n"])
 def mask_rows_kernel(firsts_ptr, lens_ptr, n_ranges, fill, rows_n, buf_ptr,

@@ -24,6 +24,8 @@ Grid for all: ``(cdiv(out_rows, BLOCK_R), cdiv(WIDTH, BLOCK_C))``.
 import triton
 import triton.language as tl
 
+__all__ = ["move_rows_kernel", "pack_rows_kernel", "unpack_rows_kernel", "zero_rows_kernel"]
+
 
 @triton.jit(do_not_specialize=["src_start_val", "dst_start_val", "count_val", "src_rows",
                              "out_rows"])

@@ -18,6 +18,8 @@ block of rows and block of 128-element groups; dequantize ``(cdiv(rows, BLOCK_R)
 import triton
 import triton.language as tl
 
+__all__ = ["dequantize_rows_kernel", "quantize_rows_kernel"]
+
 @triton.jit(do_not_specialize=["start_val", "count_val", "src_rows", "out_rows"])
 def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src_rows,
                          out_rows, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,

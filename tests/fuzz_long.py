@@ -1,11 +1,14 @@
 """Long round-trip fuzz run (a script, not part of CI):
 
-    python tests/fuzz_long.py --plans 10000 [--seed 0]
+    python tests/fuzz_long.py --plans 10000 [--seed S]
 
 Draws random cases (tests/fuzz_cases.py) for gloo worlds of 2, 3 and 4 ranks and every
 layout they allow, runs gather / scatter / reduce_scatter on every rank and compares each
 with the NumPy reference; then runs JAX capacity plans on 8 simulated CPU devices with
 random counts. Prints the number of plans checked and any failure.
+
+Each run draws a new seed (from the OS) unless ``--seed`` is given, prints it first, and on
+a failure prints the seed to rerun with (``--seed S`` replays the same cases).
 """
 
 from __future__ import annotations
@@ -24,8 +27,20 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=10000)
     ap.add_argument("--jax-plans", type=int, default=2000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=None,
+                    help="replay a run (default: a new seed from the OS, printed)")
     args = ap.parse_args()
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}", flush=True)
+    try:
+        return _run(args, seed)
+    except BaseException:
+        print(f"FAILED: rerun with python tests/fuzz_long.py --plans {args.plans} "
+              f"--jax-plans {args.jax_plans} --seed {seed}", flush=True)
+        raise
+
+
+def _run(args: argparse.Namespace, seed: int) -> int:
 
     import random
 
@@ -34,7 +49,7 @@ def main() -> int:
     from fuzz_cases import case_for, counts_for
     from harness import GlooWorld
 
-    rng = random.Random(args.seed)
+    rng = random.Random(seed)
     layouts = [(2, 2), (2, 1), (3, 3), (3, 1), (4, 4), (4, 2), (4, 1), (2, 1, 2), (3, 1, 3),
                (4, 1, 2), (4, 2, 2), (4, 1, 4)]
     per_layout = -(-args.plans // len(layouts))

@@ -9,7 +9,7 @@ import torch
 
 import dpx
 import dpx_torch
-from reference import (dequantize_fp8, held, local_inputs, quantize_fp8, real_rows,
+from reference import (dequantize_fp8, local_inputs, quantize_fp8, real_rows,
                        ref_gather)
 from torch_jobs import DTYPES, _eq, _plan_of, _t
 

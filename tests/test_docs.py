@@ -45,6 +45,15 @@ def test_doc_block_runs(lang, code, tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env,
                          timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    if "print(\"OK" in code:  # the README's snippets say so when they succeed
+        assert re.search(r"^OK: ", res.stdout, re.M), res.stdout[-3000:]
+
+
+def test_readme_snippets_each_print_ok():
+    """Every python block of the README ends by printing one OK line."""
+    blocks = [m.group(2) for m in BLOCK.finditer((ROOT / "README.md").read_text())
+              if m.group(1) == "python"]
+    assert blocks and all(b.rstrip().splitlines()[-1].startswith('print("OK') for b in blocks)
 
 
 def test_main_job_runs():

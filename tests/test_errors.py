@@ -51,6 +51,22 @@ def _torch_rows():
     return dpx_torch
 
 
+def _destroyed(comm):
+    """A second communicator on the world-1 group, destroyed (it owns no group)."""
+    from dpx_torch import DpComm
+
+    other = DpComm(comm.layout)
+    other.destroy()
+    return other
+
+
+def _strict(comm):
+    """A ``validate=True`` communicator on the world-1 group."""
+    from dpx_torch import DpComm
+
+    return DpComm(comm.layout, validate=True)
+
+
 P5_SUM = dpx.plan_step([5], L1, mode="sum_len")
 P5_MAX = dpx.plan_step([5], L1, mode="max_len")
 
@@ -176,6 +192,24 @@ CASES = {
                       DpxValueError, r"out= cannot be used when local requires grad"),
     "comm-sync-counts": (lambda c: c.sync_counts(-3), DpxMismatchError,
                          r"sync_counts: rank 0 passed num_tokens=-3 \(it must be an int >= 0\)"),
+    "comm-destroyed": (lambda c: _destroyed(c).gather(_x(), P5, partial=True), DpxValueError,
+                       r"this DpComm was destroyed \(DpComm.destroy\(\)\)"),
+    "comm-local-slot": (lambda c: c.local_slot_for(_x(8), dpx.plan_step([0], L1, mode="sum_len",
+                                                                        capacity=8),
+                                                   counts=torch.tensor([3], dtype=torch.int32)),
+                        DpxValueError, r"lie at a place the device counts decide"),
+    "validate-capacity": (lambda c: _strict(c).gather(
+        _x(8), dpx.plan_step([0], L1, capacity=4), partial=True,
+        counts=torch.tensor([6], dtype=torch.int32)),
+        DpxCapacityError, r"validate: device counts \[6\] do not fit the plan: replica 0 has "
+                          r"count 6 > capacity 4"),
+    "exchange-capacity": (lambda c: _strict(c).exchange_counts(
+        torch.tensor([-2], dtype=torch.int32), plan=dpx.plan_step([0], L1, capacity=4)),
+        DpxMismatchError, r"exchange_counts: rank 0 reported -2 < 0"),
+    "exchange-plan": (lambda c: c.exchange_counts(torch.tensor([1], dtype=torch.int32),
+                                                  plan=P5),
+                      DpxValueError, r"exchange_counts\(plan=...\) checks the counts of a "
+                                     r"capacity plan; this plan has none"),
     "jax-impl": (lambda c: _jax().place_rows(__import__("jax.numpy").numpy.zeros((4, 3)), 0, 1,
                                             4, impl="cuda"),
                  DpxValueError, r"impl='cuda' must be one of 'auto', 'triton', 'xla'"),
@@ -188,6 +222,11 @@ CASES = {
         DpxValueError, r"counts= needs a capacity plan"),
     "jax-mesh-devices": (lambda c: _jax().make_mesh(dpx.DpLayout(64, 8)), DpxValueError,
                          r"layout.world_size=64 needs that many devices; 8 given"),
+    "jax-counts-dtype": (lambda c: _jax_in_shard_map(
+        lambda l, lay: _jax().scatter(l, dpx.plan_step([1, 1], lay, capacity=4),
+                                      counts=__import__("jax.numpy").numpy.zeros(2, "float32"))),
+        DpxTypeError, r"counts must be an integer array \(counts of this step\), got dtype "
+                      r"float32"),
     "jax-counts-shards": (lambda c: _jax_in_shard_map(
         lambda l, lay: _jax().scatter(l, dpx.plan_step([0], dpx.DpLayout(2, 1, 2), capacity=8,
                                                        cp_shards=[(0, 0)]),

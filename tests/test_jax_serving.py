@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import dpx  # noqa: E402
 import dpx_jax  # noqa: E402
-from jax_harness import SPEC, mesh_for, shard, unstack  # noqa: E402
+from jax_harness import SPEC, mesh_for, shard  # noqa: E402
 from reference import (dequantize_fp8, local_inputs, quantize_fp8, real_rows,  # noqa: E402
                        ref_gather)
 

@@ -49,3 +49,45 @@ def test_jax_frontend_runs_its_transports_kinds():
     from dpx_jax.interpreter import HANDLERS
 
     assert not _missing(HANDLERS, kinds_for(Transport.RAGGED) | kinds_for(Transport.EQUAL))
+
+
+def _modules(package: str) -> list:
+    import importlib
+    import pkgutil
+
+    pkg = importlib.import_module(package)
+    return [pkg] + [importlib.import_module(f"{package}.{m.name}")
+                    for m in pkgutil.iter_modules(pkg.__path__)
+                    if m.name != "__main__" and not (package == "dpx" and m.name == "kernels")]
+
+
+@pytest.mark.parametrize("package", ["dpx", "dpx.kernels", "dpx_torch", "dpx_jax"])
+def test_public_modules_define_all(package):
+    """Every module says what it offers (``__all__``): each name exists, and a module's
+    own ``__all__`` lists what it defines, not what it imports."""
+    if package == "dpx_jax":
+        pytest.importorskip("jax")
+    for mod in _modules(package):
+        names = getattr(mod, "__all__", None)
+        assert isinstance(names, list) and names, f"{mod.__name__} has no __all__"
+        assert len(set(names)) == len(names), mod.__name__
+        for name in names:
+            assert hasattr(mod, name), f"{mod.__name__}.__all__ names missing {name!r}"
+            obj = getattr(mod, name)
+            owner = getattr(obj, "__module__", None)
+            if mod.__name__ != package and callable(obj) \
+                    and isinstance(owner, str) and owner.startswith(package.split(".")[0]):
+                assert owner == mod.__name__, f"{mod.__name__}.__all__ re-exports {name!r}"
+
+
+def test_readme_names_only_exported_kernels():
+    import re
+    from pathlib import Path
+
+    import dpx.kernels
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `dpx.kernels` |"))
+    named = set(re.findall(r"`(\w+_kernel)`", row))
+    assert named and named <= set(dpx.kernels.__all__), named - set(dpx.kernels.__all__)
+    assert {n for n in dpx.kernels.__all__ if n.endswith("_kernel")} <= named
