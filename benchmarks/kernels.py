@@ -44,38 +44,11 @@ def _kernel_launches(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
 
 
-def _sweep(H: int, dtype, dp: int, copy_cache: dict) -> None:
-    from dpx.kernels import Tile
-
-    rb = H * torch.empty(0, dtype=dtype).element_size()
-    rows = []
-    for G in (dp * 4096, dp * 16384):
-        big = torch.randn(G, H, device="cuda").to(dtype)
-        out = torch.empty_like(big)
-        slot = big[: G // dp].clone()
-        copy = _copy_us(G * rb, copy_cache)
-        for tile in (4096, 8192, 16384, 32768):
-            for warps in (4, 8, 16):
-                t = Tile(elems=tile, warps=warps)
-                t_full = cuda_time_us(lambda: place_rows(big, 0, G, G, out=out, tile=t))
-                t_slot = cuda_time_us(lambda: place_rows(slot, 3 * (G // dp), G // dp, G,
-                                                         out=out, tile=t))
-                rows.append(dict(global_rows=G, tile=tile, warps=warps,
-                                 place_full_copy_ratio=copy / t_full,
-                                 place_slot_copy_ratio=_copy_us((G + G // dp) * rb // 2,
-                                                                copy_cache) / t_slot))
-        del big, out, slot
-    print("tile sweep (place kernels, CUDA-graph timed):")
-    print_table(rows, list(rows[0]))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--dp", type=int, default=8)
-    ap.add_argument("--sweep-tiles", action="store_true",
-                    help="also time place_full at prefill sizes for other tile shapes")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     H, dp = args.hidden, args.dp
@@ -136,8 +109,6 @@ def main() -> None:
     print(f"CUDA kernel launches in one decode-size place_rows call (profiler): {launches}")
     od = out_dir()
     write_csv(od / "kernels.csv", rows_out)
-    if args.sweep_tiles:
-        _sweep(H, dtype, dp, copy_cache)
     try:
         import matplotlib
 

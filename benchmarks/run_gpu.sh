@@ -3,7 +3,8 @@
 #   bash benchmarks/run_gpu.sh [STAGE ...]      (default: every stage)
 # Stages: tests (the GPU-marked tests), sweep (launch sweep), probe (the slot place
 # against its write ceiling), kernels, jax_kernels,
-# torch_step, serving, soak, example (examples/torch_serving.py with CUDA graphs).
+# torch_step, serving, soak, rss (process memory per kind of call),
+# example (examples/torch_serving.py with CUDA graphs).
 # Installs dpx without build isolation and jax-triton from wheels in .whl/ if present.
 # Output files go to $RESULTS (default benchmarks/out); with ARCHIVE=path, they are also
 # packed into that one .tar.gz (a device that returns few files takes that one).
@@ -31,6 +32,7 @@ want jax_kernels && python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"
 want torch_step && python3 torch_step.py 2>&1 | tee "$OUT/torch_step.log"
 want serving && python3 serving.py --gpu 2>&1 | tee "$OUT/serving.log"
 want soak && python3 soak.py --steps 20000 2>&1 | tee "$OUT/soak.log"
+want rss && python3 rss_probe.py 20000 2>&1 | tee "$OUT/rss_probe.log"
 cd ..
 if want example; then
   python3 -m torch.distributed.run --standalone --nproc-per-node 1 examples/torch_serving.py \

@@ -4,7 +4,6 @@ count exchange, each against its baseline measured in the same run.
 
     python benchmarks/serving.py            # the wire-bytes table only (no GPU needed)
     python benchmarks/serving.py --gpu      # plus the GPU tables (one H200: world size 1)
-    python benchmarks/serving.py --sweep-quantize   # the quantize kernel's launch shapes
 
 GPU tables (hidden 7168 bf16; device times from one CUDA graph of 50 calls, median of 7):
   quantize : the fused quantize-and-place pass (reads ``n`` bf16 rows once, writes ``n``
@@ -17,8 +16,8 @@ GPU tables (hidden 7168 bf16; device times from one CUDA graph of 50 calls, medi
              the NCCL collectives each issues (ProcessGroupNCCL's ``nccl:*`` profiler
              ranges); exchange_counts replayed in a graph vs sync_counts eager (host wall
              time per call).
-Writes serving_wire.csv, serving_quantize.csv, serving_decode.csv and serving.png (the
-sweep: serving_quantize_sweep.csv) to $OUT or benchmarks/out.
+Writes serving_wire.csv, serving_quantize.csv, serving_decode.csv and serving.png to $OUT
+or benchmarks/out. The quantize kernel's launch shapes are swept by launch_sweep.py.
 """
 
 from __future__ import annotations
@@ -156,51 +155,6 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
     return quant, dec
 
 
-SWEEP_SHAPES = ((16, 1, 4, False), (16, 1, 4, True), (1, 8, 4, True), (2, 8, 4, True),
-                (4, 8, 4, True), (4, 8, 8, True), (8, 4, 4, True), (8, 8, 8, True),
-                (2, 4, 4, True), (4, 4, 4, True), (1, 4, 2, True), (16, 2, 8, True),
-                (1, 16, 8, True), (2, 16, 8, True))
-
-
-def quantize_sweep() -> list[dict]:
-    """The quantize kernel's launch shapes (rows x groups per program, warps) and its two
-    arithmetics (``COMPILED``: reciprocal with two corrections and the conversion
-    instruction; the interpreter's: ``div_rn`` and the conversion by bits) at 42 and
-    339 MiB, each against the copy ceiling of the same run and checked bitwise against the
-    launcher's own shape."""
-    import torch
-    import triton
-
-    from common import cuda_time_us
-    from dpx.kernels import wire as K
-    from dpx.kernels.launch import quantize_shape
-
-    wrb = wire_row_bytes(H)
-    rows = []
-    for n in (2048, 16384):
-        x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
-        moved = n * H * 2 + n * wrb
-        t_copy = _copy_ceiling_us(moved)
-
-        def launch(out, br, bg, warps, compiled):
-            K.quantize_rows_kernel[(triton.cdiv(n, br), triton.cdiv(H // 128, bg))](
-                x, x, x, 0, n, n, n, out, H=H, ROW_BYTES=wrb, START_PTR=False,
-                COUNT_PTR=False, BLOCK_R=br, BLOCK_G=bg, COMPILED=compiled, WIDE=False,
-                num_warps=warps)
-
-        want = torch.empty(n, wrb, device="cuda", dtype=torch.uint8)
-        q = quantize_shape(n, H, 2)
-        launch(want, q.block_r, q.block_g, q.warps, True)
-        for br, bg, warps, compiled in SWEEP_SHAPES:
-            out = torch.empty_like(want)
-            launch(out, br, bg, warps, compiled)
-            t = cuda_time_us(lambda: launch(out, br, bg, warps, compiled))
-            rows.append(dict(MiB=moved / 2**20, block_r=br, block_g=bg, warps=warps,
-                             arithmetic="compiled" if compiled else "interpreter's", us=t,
-                             vs_copy=t_copy / t, same_bits=bool(torch.equal(out, want))))
-    return rows
-
-
 def _plot(quant: list[dict], path) -> None:
     try:
         import matplotlib
@@ -228,16 +182,8 @@ def _plot(quant: list[dict], path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", action="store_true", help="also run the GPU tables")
-    ap.add_argument("--sweep-quantize", action="store_true",
-                    help="only time the quantize kernel's launch shapes (GPU)")
     args = ap.parse_args()
     od = out_dir()
-    if args.sweep_quantize:
-        sweep = quantize_sweep()
-        print_table(sweep, ["MiB", "block_r", "block_g", "warps", "arithmetic", "us",
-                            "vs_copy", "same_bits"])
-        write_csv(od / "serving_quantize_sweep.csv", sweep)
-        return
     wire = wire_table()
     print_table(wire, ["layout", "size", "pattern", "mode", "bf16_MiB", "fp8_MiB",
                        "fp8_vs_bf16"])

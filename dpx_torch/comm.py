@@ -315,16 +315,17 @@ class DpComm:
 
     def reduce_scatter_async(self, global_: torch.Tensor, plan: DpPlan, *,
                              counts: torch.Tensor | None = None,
+                             out: torch.Tensor | None = None,
                              key: object = 0) -> tuple[torch.Tensor, DpWork]:
-        """:meth:`reduce_scatter` on :attr:`comm_stream`; see :meth:`gather_async` (pool key
-        ``("reduce_scatter", key)``)."""
+        """:meth:`reduce_scatter` on :attr:`comm_stream`; see :meth:`gather_async` (``out``
+        or a pooled buffer keyed by ``("reduce_scatter", key)``)."""
         self._alive()
         self._no_grad("reduce_scatter_async", global_)
         prep = self._checked("reduce_scatter", plan, global_, True, counts,
                              self._global_checks, Op.REDUCE_SCATTER, global_, plan, counts,
-                             None)
+                             out)
         return self.runner.overlap.launch("reduce_scatter", key, global_, prep.out_rows,
-                                          self._runner(prep, _flat(counts), global_))
+                                          self._runner(prep, _flat(counts), global_), out=out)
 
     def sync_counts(self, num_tokens: int, *,
                     is_extend: bool = False) -> tuple[tuple[int, ...], bool]:

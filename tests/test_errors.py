@@ -67,6 +67,17 @@ def _strict(comm):
     return DpComm(comm.layout, validate=True)
 
 
+def _sglang(comm):
+    """``dpx_torch.sglang`` set up on ``comm`` (torn down when ``comm`` is None)."""
+    import dpx_torch.sglang as sg
+
+    if comm is None:
+        sg.teardown()
+    else:
+        sg.setup(comm, hidden_size=4, dtype=torch.float32, device="cpu")
+    return sg
+
+
 P5_SUM = dpx.plan_step([5], L1, mode="sum_len")
 P5_MAX = dpx.plan_step([5], L1, mode="max_len")
 
@@ -210,6 +221,12 @@ CASES = {
                                                   plan=P5),
                       DpxValueError, r"exchange_counts\(plan=...\) checks the counts of a "
                                      r"capacity plan; this plan has none"),
+    "sglang-setup": (lambda c: _sglang(None).get_attention_dp_rank(), DpxValueError,
+                     r"dpx_torch.sglang is not set up: call dpx_torch.sglang.setup"),
+    "sglang-buffer": (lambda c: _sglang(c).dp_gather_partial(
+        _x(4), _x(), __import__("sglang_layer").ForwardBatch([5], torch.tensor([5]),
+                                                             _sglang(c).DpPaddingMode.MAX_LEN)),
+        DpxValueError, r"global_tokens has shape \(4, 4\); this step's plan needs 5 rows"),
     "jax-impl": (lambda c: _jax().place_rows(__import__("jax.numpy").numpy.zeros((4, 3)), 0, 1,
                                             4, impl="cuda"),
                  DpxValueError, r"impl='cuda' must be one of 'auto', 'triton', 'xla'"),

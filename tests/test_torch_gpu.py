@@ -350,3 +350,54 @@ def test_inductor_compiles_the_serving_ops(nccl1):
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
     assert (eager[1][5:] == -1).all() and eager[2].tolist() == [False] * 5 + [True] * 11
+
+
+def test_sglang_layer_on_nccl_and_under_cuda_graphs(nccl1):
+    """The layer written against dpx_torch.sglang's names (tests/sglang_layer.py): eager
+    steps with host counts in both padding modes, then one captured bucket step replayed
+    with new device counts, each against the dense reference; the async gather's
+    persistent event."""
+    import dpx_torch.sglang as sg
+    import sglang_layer as L
+
+    sg.setup(nccl1, hidden_size=L.H, dtype=torch.float32, device="cuda")
+    try:
+        w = {k: v.cuda() for k, v in L.weights().items()}
+        for n, extend in ((5, False), (9, True), (0, False)):
+            xs = torch.randn(n, L.H, device="cuda")
+            fb, rows = L.prepare([n], extend, "cuda")
+            x = torch.zeros(rows, L.H, device="cuda")
+            x[:n] = xs
+            y = L.layer(x, w, fb)
+            assert torch.allclose(y[:n], L.dense(xs, w), atol=1e-4), n
+            g = sg.get_global_dp_buffer()
+            ev = sg.dp_gather_partial_async(g, x, fb, ("gather", 1))
+            assert isinstance(ev, torch.cuda.Event)
+            assert sg.dp_gather_partial_async(g, x, fb, ("gather", 1)) is ev  # persistent
+            torch.cuda.current_stream().wait_event(ev)
+            want = sg.get_global_dp_buffer()
+            sg.dp_gather_partial(want, x, fb)
+            assert torch.equal(g, want)
+        bucket = 16
+        counts = torch.tensor([bucket], dtype=torch.int32, device="cuda")
+        fb = L.graph_batch(bucket, counts)
+        x = torch.zeros(bucket, L.H, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            L.layer(x, w, fb)  # warm-up
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = L.layer(x, w, fb)
+        for n in (3, 0, bucket, 11):
+            xs = torch.randn(n, L.H, device="cuda")
+            counts.fill_(n)
+            x.zero_()
+            x[:n] = xs
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.allclose(y[:n], L.dense(xs, w), atol=1e-4), n
+            assert not y[n:].any(), n
+    finally:
+        sg.teardown()

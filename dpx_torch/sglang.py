@@ -1,0 +1,690 @@
+"""sglang's DP-attention data path (``sglang.srt.layers.dp_attention``) on a :class:`DpComm`.
+
+Model code written against sglang's module switches by changing one import::
+
+    from dpx_torch.sglang import dp_gather_partial, dp_scatter, ...   # was: sglang's module
+
+The names, positional arguments and in-place writes into the caller's tensors are
+sglang's; the work is dpx's (plans, schedules, kernels). All state -- the communicator,
+the buffer metadata, the per-forward buffer lengths, the extend flag, the speculative
+``disable_dp_size`` override, the attn-CP groups -- lives in one :class:`DpAttention`.
+:func:`setup` builds it (in place of sglang's ``initialize_dp_attention(server_args,
+model_config)``) and installs it; the module functions act on the installed one, and every
+function is also a method of the object for code that holds it.
+
+**A forward batch** is any object with sglang's attribute names. Read:
+``global_num_tokens_cpu`` (host per-replica counts, or None), ``global_num_tokens_gpu``
+(device per-replica counts, read when the host ones are None), ``dp_padding_mode`` (a
+:class:`DpPaddingMode`, or None: the mode :func:`set_dp_buffer_len` recorded). Written
+(by :func:`get_dp_local_info`, as sglang does): ``dp_local_start_pos``,
+``dp_local_num_tokens``.
+
+**Per step**, the gather's plan is ``dpx.plan_step(counts, layout, mode=...)`` with the
+batch's host counts and padding mode (SUM_LEN becomes GATHERV where sglang's
+``SGLANG_DP_USE_GATHERV`` would: ``use_gatherv=True``, attn_tp 1 and no CP). With device
+counts only (``global_num_tokens_cpu is None``, e.g. inside a CUDA graph) it is a capacity
+plan: each MAX_LEN slot holds ``get_local_dp_buffer_len()`` rows, a SUM_LEN / GATHERV
+buffer ``get_global_dp_buffer_len()``; the counts travel as device data and rows past them
+are pad rows (zero). ``dp_reduce_scatter_tensor`` has no batch: it plans from
+:func:`set_dp_buffer_len`'s ``global_num_tokens`` (equal slots of ``global_len / dp``
+rows when None) and its ``dp_max_padding``.
+
+Where sglang's behaviour differs from dpx's, the drop-in keeps dpx's (docs/sglang.md lists
+each difference): no input is modified, pad rows are zero, the overlapped calls are right
+with attn_tp > 1, and bad input raises a dpx error before any collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from collections import OrderedDict
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+import dpx
+from dpx.errors import DpxTypeError, DpxValueError
+from dpx.layout import DpLayout
+from dpx.modes import PaddingMode
+from dpx.plan import DpPlan
+from dpx.policy import sglang_mode
+from dpx_torch.comm import DpComm
+from dpx_torch.program import all_gather_single, reduce_scatter_single
+
+__all__ = [
+    "DpAttention", "DpPaddingMode", "attn_cp_all_gather_into_tensor",
+    "attn_cp_reduce_scatter_tensor", "attn_tp_all_gather_into_tensor", "attn_tp_all_reduce",
+    "attn_tp_reduce_scatter_tensor", "compute_dp_attention_world_info", "current",
+    "disable_dp_size", "dp_gather_partial", "dp_gather_partial_async",
+    "dp_gather_replicate", "dp_reduce_scatter_tensor", "dp_reduce_scatterv_async",
+    "dp_scatter", "get_attention_cp_rank", "get_attention_cp_size", "get_attention_dp_rank",
+    "get_attention_dp_size", "get_attention_tp_rank", "get_attention_tp_size",
+    "get_dp_device", "get_dp_dtype", "get_dp_global_num_tokens", "get_dp_hidden_size",
+    "get_dp_local_info", "get_dp_local_slice_cpu", "get_global_dp_buffer",
+    "get_global_dp_buffer_len", "get_is_extend_in_batch", "get_local_dp_buffer",
+    "get_local_dp_buffer_len", "get_tbo_persistent_buffer", "is_allocation_symmetric",
+    "is_dp_attention_enabled", "is_dp_gatherv_active", "is_dp_max_padding",
+    "set_dp_buffer_len", "set_is_extend_in_batch", "setup", "teardown",
+]
+
+#: Plans kept per :class:`DpAttention` (least recently used out first).
+PLAN_CACHE = 64
+
+
+class DpPaddingMode(enum.IntEnum):
+    """sglang's two padding modes (GATHERV is chosen by ``use_gatherv``, as in sglang)."""
+
+    MAX_LEN = 1
+    SUM_LEN = 2
+
+    def is_max_len(self) -> bool:
+        return self is DpPaddingMode.MAX_LEN
+
+    def is_sum_len(self) -> bool:
+        return self is DpPaddingMode.SUM_LEN
+
+    @classmethod
+    def get_dp_padding_mode(cls, is_extend_in_batch: bool,
+                            global_num_tokens: Sequence[int]) -> "DpPaddingMode":
+        """sglang's rule (:func:`dpx.policy.sglang_mode`) for the installed set-up's dp
+        size (1 inside :func:`disable_dp_size`) and ``max_len_with_idle``."""
+        st = current()
+        mode, _ = sglang_mode(tuple(int(x) for x in global_num_tokens),
+                              st.get_attention_dp_size(), bool(is_extend_in_batch),
+                              max_len_with_idle=st.max_len_with_idle)
+        return cls.MAX_LEN if mode is PaddingMode.MAX_LEN else cls.SUM_LEN
+
+    @classmethod
+    def get_default_mode_in_cuda_graph(cls) -> "DpPaddingMode":
+        return cls.MAX_LEN
+
+
+def compute_dp_attention_world_info(enable_dp_attention: bool, tp_rank: int, tp_size: int,
+                                    dp_size: int, attn_cp_size: int = 1
+                                    ) -> tuple[int, int, int, int]:
+    """``(attn_tp_rank, attn_tp_size, attn_dp_rank, attn_dp_size)`` of ``tp_rank``: the
+    coordinates of :class:`dpx.DpLayout` ``(tp_size, dp_size, attn_cp_size)`` (one replica
+    when DP attention is off)."""
+    layout = DpLayout(tp_size, dp_size if enable_dp_attention else 1, attn_cp_size)
+    c = layout.coords(tp_rank)
+    return c.attn_tp_rank, layout.attn_tp_size, c.attn_dp_rank, layout.dp_size
+
+
+class DpAttention:
+    """The state of sglang's DP-attention module, for one :class:`DpComm`.
+
+    ``hidden_size``, ``dtype``, ``device``: what the dp buffers hold. ``use_gatherv``:
+    sglang's ``SGLANG_DP_USE_GATHERV`` (True: SUM_LEN steps run GATHERV where attn_tp is 1
+    and there is no CP). ``max_len_with_idle``: sglang's hybrid-SSM flag for
+    :meth:`DpPaddingMode.get_dp_padding_mode`. ``attn_cp_group``: this rank's attn-CP
+    group (ranks sharing its replica and attn-tp rank); when None and the layout has CP,
+    the constructor creates every attn-CP group (a collective call, like ``new_group``).
+    """
+
+    def __init__(self, comm: DpComm, *, hidden_size: int, dtype: torch.dtype,
+                 device: torch.device | str, use_gatherv: bool = False,
+                 max_len_with_idle: bool = False,
+                 attn_cp_group: dist.ProcessGroup | None = None) -> None:
+        if not isinstance(comm, DpComm):
+            raise DpxTypeError(f"comm={comm!r} must be a dpx_torch.DpComm")
+        if type(hidden_size) is not int or hidden_size < 1:
+            raise DpxValueError(f"hidden_size={hidden_size!r} must be an int >= 1")
+        if not isinstance(dtype, torch.dtype):
+            raise DpxTypeError(f"dtype={dtype!r} must be a torch.dtype")
+        self.comm = comm
+        self.layout: DpLayout = comm.layout
+        self.coords = self.layout.coords(comm.rank)
+        self.hidden_size = hidden_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.use_gatherv = bool(use_gatherv)
+        self.max_len_with_idle = bool(max_len_with_idle)
+        self.attn_cp_group, self._owned = self._cp_group(attn_cp_group)
+        self._dp_size_override: int | None = None
+        self._global_len = 0
+        self._local_len = 0
+        self._max_padding = True
+        self._global_num_tokens: list[int] | None = None
+        self._is_extend = False
+        self._plans: OrderedDict = OrderedDict()
+
+    def _cp_group(self, given: dist.ProcessGroup | None
+                  ) -> tuple[dist.ProcessGroup | None, tuple]:
+        lay = self.layout
+        if lay.cp_size == 1:
+            return None, ()
+        ranks = self.comm.groups.global_ranks
+        mine = next(g for g in lay.attn_cp_groups() if self.comm.rank in g)
+        if given is not None:
+            got = tuple(dist.get_process_group_ranks(given))
+            want = tuple(ranks[r] for r in mine)
+            if got != want:
+                raise DpxValueError(f"attn_cp_group holds global ranks {list(got)}; this "
+                                    f"rank's attn-CP group is {list(want)}")
+            return given, ()
+        made = [dist.new_group([ranks[r] for r in g]) for g in lay.attn_cp_groups()]
+        return made[lay.attn_cp_groups().index(mine)], tuple(made)
+
+    def destroy(self) -> None:
+        """Destroy the attn-CP groups this object created (collective)."""
+        for pg in self._owned:
+            dist.barrier(group=pg)
+            dist.destroy_process_group(pg)
+        self._owned = ()
+        self.attn_cp_group = None
+
+    # ------------------------------------------------------------ world info
+    def is_dp_attention_enabled(self) -> bool:
+        return True
+
+    def get_attention_dp_rank(self) -> int:
+        return self.coords.attn_dp_rank
+
+    def get_attention_dp_size(self) -> int:
+        o = self._dp_size_override
+        return self.layout.dp_size if o is None else o
+
+    def get_attention_tp_rank(self) -> int:
+        return self.coords.attn_tp_rank
+
+    def get_attention_tp_size(self) -> int:
+        return self.layout.attn_tp_size
+
+    def get_attention_cp_rank(self) -> int:
+        return self.coords.attn_cp_rank
+
+    def get_attention_cp_size(self) -> int:
+        return self.layout.cp_size
+
+    @contextlib.contextmanager
+    def disable_dp_size(self) -> Iterator[None]:
+        """Inside, :meth:`get_attention_dp_size` is 1 (sglang's speculative-decoding
+        switch for draft workers); the data path is unchanged."""
+        old, self._dp_size_override = self._dp_size_override, 1
+        try:
+            yield
+        finally:
+            self._dp_size_override = old
+
+    # ------------------------------------------------------------ per-forward state
+    def set_dp_buffer_len(self, global_dp_buffer_len: int, local_dp_buffer_len: int,
+                          dp_max_padding: bool,
+                          global_num_tokens: Sequence[int] | None = None) -> None:
+        for name, v in (("global_dp_buffer_len", global_dp_buffer_len),
+                        ("local_dp_buffer_len", local_dp_buffer_len)):
+            if type(v) is not int or v < 0:
+                raise DpxValueError(f"{name}={v!r} must be an int >= 0")
+        self._global_len = global_dp_buffer_len
+        self._local_len = local_dp_buffer_len
+        self._max_padding = bool(dp_max_padding)
+        self._global_num_tokens = (None if global_num_tokens is None
+                                   else [int(x) for x in global_num_tokens])
+
+    def get_global_dp_buffer(self, group: Any = None) -> torch.Tensor:
+        """A new ``[global_dp_buffer_len, hidden_size]`` buffer (``group`` is accepted for
+        sglang's signature; dpx has no symmetric-memory allocator)."""
+        return torch.empty(self._global_len, self.hidden_size, dtype=self.dtype,
+                           device=self.device)
+
+    def get_local_dp_buffer(self, group: Any = None) -> torch.Tensor:
+        return torch.empty(self._local_len, self.hidden_size, dtype=self.dtype,
+                           device=self.device)
+
+    def get_global_dp_buffer_len(self) -> int:
+        return self._global_len
+
+    def get_local_dp_buffer_len(self) -> int:
+        return self._local_len
+
+    def get_dp_global_num_tokens(self) -> list[int] | None:
+        return self._global_num_tokens
+
+    def get_dp_hidden_size(self) -> int:
+        return self.hidden_size
+
+    def get_dp_dtype(self) -> torch.dtype:
+        return self.dtype
+
+    def get_dp_device(self) -> torch.device:
+        return self.device
+
+    def is_dp_max_padding(self) -> bool:
+        return self._max_padding
+
+    def is_allocation_symmetric(self) -> bool:
+        return self._max_padding
+
+    def set_is_extend_in_batch(self, is_extend_in_batch: bool) -> None:
+        self._is_extend = bool(is_extend_in_batch)
+
+    def get_is_extend_in_batch(self) -> bool:
+        return self._is_extend
+
+    def is_dp_gatherv_active(self) -> bool:
+        """sglang's condition: ``use_gatherv``, attn_tp 1, no CP, and a SUM_LEN step."""
+        lay = self.layout
+        return (self.use_gatherv and lay.attn_tp_size == 1 and lay.cp_size == 1
+                and not self._max_padding)
+
+    # ------------------------------------------------------------ plans
+    def _mode(self, padding: DpPaddingMode | None) -> str:
+        max_len = self._max_padding if padding is None else \
+            DpPaddingMode(padding) is DpPaddingMode.MAX_LEN
+        if max_len:
+            return "max_len"
+        lay = self.layout
+        gatherv = self.use_gatherv and lay.attn_tp_size == 1 and lay.cp_size == 1
+        return "gatherv" if gatherv else "sum_len"
+
+    def _cached(self, key: tuple, make) -> DpPlan:
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = make()
+            if len(self._plans) > PLAN_CACHE:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        return plan
+
+    def plan_of(self, forward_batch: Any) -> tuple[DpPlan, torch.Tensor | None]:
+        """The plan of a forward batch and its device counts (None with host counts)."""
+        mode = self._mode(getattr(forward_batch, "dp_padding_mode", None))
+        host = getattr(forward_batch, "global_num_tokens_cpu", None)
+        if host is not None:
+            counts = tuple(int(x) for x in host)
+            return self._cached((mode, counts), lambda: dpx.plan_step(
+                list(counts), self.layout, mode=mode)), None
+        dev = getattr(forward_batch, "global_num_tokens_gpu", None)
+        if not isinstance(dev, torch.Tensor):
+            raise DpxValueError("the forward batch has neither global_num_tokens_cpu nor a "
+                                "global_num_tokens_gpu tensor: no counts for this step")
+        cap = self._local_len if mode == "max_len" else self._global_len
+        plan = self._cached((mode, "capacity", cap), lambda: dpx.plan_step(
+            [0] * self.layout.dp_size, self.layout, mode=mode, capacity=cap))
+        counts = dev if dev.dtype == torch.int32 and dev.is_contiguous() else \
+            dev.to(torch.int32).contiguous()
+        return plan, counts
+
+    def _scatter_plan(self) -> DpPlan:
+        lay = self.layout
+        counts = self._global_num_tokens
+        if counts is None:
+            counts = [self._global_len // lay.dp_size] * lay.dp_size
+        mode = self._mode(None)
+        key = (mode, "rs", tuple(counts))
+        return self._cached(key, lambda: dpx.plan_step(list(counts), lay, mode=mode))
+
+    # ------------------------------------------------------------ data path
+    def get_dp_local_info(self, forward_batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(start, num_tokens)`` of this replica's rows in the global buffer as device
+        tensors (the plan's slot offset, and its count), cached on the batch as sglang
+        does (``dp_local_start_pos``, ``dp_local_num_tokens``)."""
+        if getattr(forward_batch, "dp_local_start_pos", None) is None:
+            plan, counts = self.plan_of(forward_batch)
+            d = self.coords.attn_dp_rank
+            dev = self._counts_device(forward_batch)
+            if counts is None:
+                start = torch.tensor(plan.offsets[d], dtype=torch.int64, device=dev)
+                num = torch.tensor(plan.num_tokens[d], dtype=torch.int64, device=dev)
+            else:
+                m = self.layout.replica_size
+                aligned = (counts.to(torch.int64) + (m - 1)) // m * m
+                if plan.mode is PaddingMode.MAX_LEN:
+                    start = torch.full((), d * plan.slot_rows[0], dtype=torch.int64,
+                                       device=dev)
+                else:
+                    start = aligned[:d].sum()
+                num = counts[d].to(torch.int64)
+            forward_batch.dp_local_start_pos = start
+            forward_batch.dp_local_num_tokens = num
+        return forward_batch.dp_local_start_pos, forward_batch.dp_local_num_tokens
+
+    def _counts_device(self, forward_batch: Any) -> torch.device:
+        dev = getattr(forward_batch, "global_num_tokens_gpu", None)
+        return dev.device if isinstance(dev, torch.Tensor) else self.device
+
+    def get_dp_local_slice_cpu(self, forward_batch: Any, can_run_graph: bool,
+                               cuda_graph_batch: int | None) -> tuple[int, int]:
+        """``(start, num_tokens)`` as host ints: ``dp_rank * cuda_graph_batch`` when the
+        step runs a graph, else the plan's slot offset; the count from
+        ``global_num_tokens_cpu``."""
+        host = forward_batch.global_num_tokens_cpu
+        d = self.coords.attn_dp_rank
+        if can_run_graph:
+            return d * int(cuda_graph_batch), int(host[d])
+        plan, _ = self.plan_of(forward_batch)
+        return plan.offsets[d], int(host[d])
+
+    def _gather(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
+                forward_batch: Any, partial: bool) -> None:
+        plan, counts = self.plan_of(forward_batch)
+        self._check_rows("global_tokens", global_tokens, plan.global_rows)
+        self.comm.gather(local_tokens, plan, partial=partial, counts=counts, out=global_tokens)
+
+    def dp_gather_partial(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
+                          forward_batch: Any) -> None:
+        """``global_tokens[...] =`` :meth:`DpComm.gather` ``(local_tokens, plan,
+        partial=True)``: slot d holds the sum over replica d's attn-tp ranks of their
+        rows, every other row 0."""
+        self._gather(global_tokens, local_tokens, forward_batch, True)
+
+    def dp_gather_replicate(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
+                            forward_batch: Any) -> None:
+        """As :meth:`dp_gather_partial` with ``partial=False``: the replica's attn-tp ranks
+        hold the same rows (``local_tokens`` is not modified, unlike sglang's)."""
+        self._gather(global_tokens, local_tokens, forward_batch, False)
+
+    def dp_scatter(self, local_tokens: torch.Tensor, global_tokens: torch.Tensor,
+                   forward_batch: Any) -> None:
+        """``local_tokens[:n] =`` this replica's rows of ``global_tokens``; its other rows
+        are zeroed (``local_tokens`` may be longer, padded for a CUDA graph)."""
+        plan, counts = self.plan_of(forward_batch)
+        self._into(local_tokens, plan, counts, lambda out: self.comm.scatter(
+            global_tokens, plan, counts=counts, out=out))
+
+    def dp_reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """``output[...] =`` :meth:`DpComm.reduce_scatter` ``(input, plan)``, the plan from
+        :meth:`set_dp_buffer_len` (``input`` is not modified, unlike sglang's with
+        attn_tp > 1)."""
+        plan = self._scatter_plan()
+        self._check_rows("input", input, plan.global_rows)
+        self._into(output, plan, None, lambda out: self.comm.reduce_scatter(
+            input, plan, out=out))
+
+    def dp_gather_partial_async(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
+                                forward_batch: Any, event_key: Any = ("gather", 0)
+                                ) -> torch.cuda.Event | None:
+        """:meth:`dp_gather_partial` on the communicator's comm stream. Returns its
+        persistent event for ``event_key`` (``torch.cuda.current_stream().wait_event(ev)``
+        before reading ``global_tokens``); None on CPU, where the call has completed."""
+        plan, counts = self.plan_of(forward_batch)
+        self._check_rows("global_tokens", global_tokens, plan.global_rows)
+        _, work = self.comm.gather_async(local_tokens, plan, partial=True, counts=counts,
+                                         out=global_tokens, key=event_key)
+        return work.event
+
+    def dp_reduce_scatterv_async(self, output_local: torch.Tensor,
+                                 global_tokens: torch.Tensor, sizes: Sequence[int],
+                                 event_key: Any = ("combine", 0)) -> torch.cuda.Event | None:
+        """The reduce-scatter of a GATHERV step with per-replica ``sizes`` (the rows of
+        each replica's slot) on the comm stream, into ``output_local`` (``sizes[d]``
+        rows). Returns the persistent event for ``event_key`` (None on CPU)."""
+        plan = self._cached(("gatherv", "rs", tuple(int(x) for x in sizes)),
+                            lambda: dpx.plan_step([int(x) for x in sizes], self.layout,
+                                                  mode="gatherv"))
+        _, work = self.comm.reduce_scatter_async(global_tokens, plan, out=output_local,
+                                                 key=event_key)
+        return work.event
+
+    def get_tbo_persistent_buffer(self, key: Any, rows: int, hidden: int,
+                                  dtype: torch.dtype, device: Any) -> torch.Tensor:
+        """A ``[rows, hidden]`` view of a grow-only buffer kept for ``key`` in the
+        communicator's pool (scratch: overwritten by the next user of ``key``)."""
+        return self.comm.runner.pool.get(("tbo", key), (rows, hidden), dtype,
+                                         torch.device(device))
+
+    # ------------------------------------------------------------ attn-tp / attn-cp
+    def attn_tp_reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor):
+        return _reduce_scatter(self.comm.groups.attn_tp, output, input)
+
+    def attn_cp_reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor):
+        return _reduce_scatter(self.attn_cp_group, output, input)
+
+    def attn_tp_all_reduce(self, input: torch.Tensor) -> torch.Tensor:
+        """The sum over this rank's attn-tp group, as a new tensor (``input`` unchanged)."""
+        out = input.clone()
+        if self.comm.groups.attn_tp is not None:
+            dist.all_reduce(out, group=self.comm.groups.attn_tp)
+        return out
+
+    def attn_tp_all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor):
+        return _all_gather(self.comm.groups.attn_tp, output, input)
+
+    def attn_cp_all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor):
+        return _all_gather(self.attn_cp_group, output, input)
+
+    # ------------------------------------------------------------ helpers
+    @staticmethod
+    def _check_rows(name: str, t: torch.Tensor, rows: int) -> None:
+        if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != rows:
+            raise DpxValueError(f"{name} has shape {tuple(getattr(t, 'shape', ()))}; this "
+                                f"step's plan needs {rows} rows (set_dp_buffer_len and the "
+                                f"forward batch's counts must describe the same step)")
+
+    def _into(self, dst: torch.Tensor, plan: DpPlan, counts: torch.Tensor | None,
+              run) -> None:
+        """``run(out=...)`` writes this replica's ``plan.slot_rows[d]``-row result; ``dst``
+        gets it, longer ``dst`` its tail zeroed, shorter ``dst`` (at least the real count:
+        the rest are pad rows) the head."""
+        rows = plan.slot_rows[self.coords.attn_dp_rank]
+        if not isinstance(dst, torch.Tensor) or dst.dim() < 1:
+            raise DpxTypeError(f"the output must be a tensor, got {type(dst).__name__}")
+        n = dst.shape[0]
+        if n == rows:
+            run(dst)
+        elif n > rows:
+            run(dst[:rows])
+            dst[rows:].zero_()
+        else:
+            need = rows if counts is not None else \
+                plan.num_tokens[self.coords.attn_dp_rank]
+            if n < need:
+                raise DpxValueError(f"the output has {n} rows; replica "
+                                    f"{self.coords.attn_dp_rank} has {need} rows to receive")
+            dst.copy_(run(None)[:n])
+
+
+def _reduce_scatter(group, output: torch.Tensor, input: torch.Tensor) -> None:
+    if group is None:
+        output.copy_(input)
+    else:
+        reduce_scatter_single(output, input, group=group)
+
+
+def _all_gather(group, output: torch.Tensor, input: torch.Tensor) -> None:
+    if group is None:
+        output.copy_(input)
+    else:
+        all_gather_single(output, input, group=group)
+
+
+class _Installed:
+    """The one slot holding the installed :class:`DpAttention`."""
+
+    state: DpAttention | None = None
+
+
+def setup(comm: DpComm, *, hidden_size: int, dtype: torch.dtype, device: torch.device | str,
+          use_gatherv: bool = False, max_len_with_idle: bool = False,
+          attn_cp_group: dist.ProcessGroup | None = None,
+          use_gatherv_from_env: bool = False) -> DpAttention:
+    """Build a :class:`DpAttention` on ``comm`` and install it for the module functions
+    (replacing any installed one). ``use_gatherv_from_env=True`` reads sglang's
+    ``SGLANG_DP_USE_GATHERV`` ("1"/"true" turn GATHERV on) instead of ``use_gatherv``.
+    Collective when the layout has CP and no ``attn_cp_group`` is given."""
+    if use_gatherv_from_env:
+        use_gatherv = os.environ.get("SGLANG_DP_USE_GATHERV", "").lower() in ("1", "true")
+    state = DpAttention(comm, hidden_size=hidden_size, dtype=dtype, device=device,
+                        use_gatherv=use_gatherv, max_len_with_idle=max_len_with_idle,
+                        attn_cp_group=attn_cp_group)
+    _Installed.state = state
+    return state
+
+
+def teardown() -> None:
+    """Uninstall the installed set-up (destroying the attn-CP groups it created)."""
+    state, _Installed.state = _Installed.state, None
+    if state is not None:
+        state.destroy()
+
+
+def current() -> DpAttention:
+    """The installed :class:`DpAttention` (a dpx error before :func:`setup`)."""
+    state = _Installed.state
+    if state is None:
+        raise DpxValueError("dpx_torch.sglang is not set up: call dpx_torch.sglang.setup("
+                            "comm, hidden_size=..., dtype=..., device=...) first")
+    return state
+
+
+# sglang's module functions, each acting on the installed set-up ------------------------
+def is_dp_attention_enabled() -> bool:
+    return _Installed.state is not None
+
+
+def get_attention_dp_rank() -> int:
+    return current().get_attention_dp_rank()
+
+
+def get_attention_dp_size() -> int:
+    return current().get_attention_dp_size()
+
+
+def get_attention_tp_rank() -> int:
+    return current().get_attention_tp_rank()
+
+
+def get_attention_tp_size() -> int:
+    return current().get_attention_tp_size()
+
+
+def get_attention_cp_rank() -> int:
+    return current().get_attention_cp_rank()
+
+
+def get_attention_cp_size() -> int:
+    return current().get_attention_cp_size()
+
+
+@contextlib.contextmanager
+def disable_dp_size() -> Iterator[None]:
+    with current().disable_dp_size():
+        yield
+
+
+def set_dp_buffer_len(global_dp_buffer_len: int, local_dp_buffer_len: int,
+                      dp_max_padding: bool,
+                      global_num_tokens: Sequence[int] | None = None) -> None:
+    current().set_dp_buffer_len(global_dp_buffer_len, local_dp_buffer_len, dp_max_padding,
+                                global_num_tokens)
+
+
+def get_global_dp_buffer(group: Any = None) -> torch.Tensor:
+    return current().get_global_dp_buffer(group)
+
+
+def get_local_dp_buffer(group: Any = None) -> torch.Tensor:
+    return current().get_local_dp_buffer(group)
+
+
+def get_global_dp_buffer_len() -> int:
+    return current().get_global_dp_buffer_len()
+
+
+def get_local_dp_buffer_len() -> int:
+    return current().get_local_dp_buffer_len()
+
+
+def get_dp_global_num_tokens() -> list[int] | None:
+    return current().get_dp_global_num_tokens()
+
+
+def get_dp_hidden_size() -> int:
+    return current().get_dp_hidden_size()
+
+
+def get_dp_dtype() -> torch.dtype:
+    return current().get_dp_dtype()
+
+
+def get_dp_device() -> torch.device:
+    return current().get_dp_device()
+
+
+def is_dp_max_padding() -> bool:
+    return current().is_dp_max_padding()
+
+
+def is_allocation_symmetric() -> bool:
+    return not is_dp_attention_enabled() or current().is_allocation_symmetric()
+
+
+def set_is_extend_in_batch(is_extend_in_batch: bool) -> None:
+    current().set_is_extend_in_batch(is_extend_in_batch)
+
+
+def get_is_extend_in_batch() -> bool:
+    return current().get_is_extend_in_batch()
+
+
+def is_dp_gatherv_active() -> bool:
+    return current().is_dp_gatherv_active()
+
+
+def get_dp_local_info(forward_batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return current().get_dp_local_info(forward_batch)
+
+
+def get_dp_local_slice_cpu(forward_batch: Any, can_run_graph: bool,
+                           cuda_graph_batch: int | None) -> tuple[int, int]:
+    return current().get_dp_local_slice_cpu(forward_batch, can_run_graph, cuda_graph_batch)
+
+
+def dp_gather_partial(global_tokens: torch.Tensor, local_tokens: torch.Tensor,
+                      forward_batch: Any) -> None:
+    current().dp_gather_partial(global_tokens, local_tokens, forward_batch)
+
+
+def dp_gather_replicate(global_tokens: torch.Tensor, local_tokens: torch.Tensor,
+                        forward_batch: Any) -> None:
+    current().dp_gather_replicate(global_tokens, local_tokens, forward_batch)
+
+
+def dp_scatter(local_tokens: torch.Tensor, global_tokens: torch.Tensor,
+               forward_batch: Any) -> None:
+    current().dp_scatter(local_tokens, global_tokens, forward_batch)
+
+
+def dp_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor) -> None:
+    current().dp_reduce_scatter_tensor(output, input)
+
+
+def dp_gather_partial_async(global_tokens: torch.Tensor, local_tokens: torch.Tensor,
+                            forward_batch: Any, event_key: Any = ("gather", 0)
+                            ) -> torch.cuda.Event | None:
+    return current().dp_gather_partial_async(global_tokens, local_tokens, forward_batch,
+                                             event_key)
+
+
+def dp_reduce_scatterv_async(output_local: torch.Tensor, global_tokens: torch.Tensor,
+                             sizes: Sequence[int], event_key: Any = ("combine", 0)
+                             ) -> torch.cuda.Event | None:
+    return current().dp_reduce_scatterv_async(output_local, global_tokens, sizes, event_key)
+
+
+def get_tbo_persistent_buffer(key: Any, rows: int, hidden: int, dtype: torch.dtype,
+                              device: Any) -> torch.Tensor:
+    return current().get_tbo_persistent_buffer(key, rows, hidden, dtype, device)
+
+
+def attn_tp_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor) -> None:
+    current().attn_tp_reduce_scatter_tensor(output, input)
+
+
+def attn_cp_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor) -> None:
+    current().attn_cp_reduce_scatter_tensor(output, input)
+
+
+def attn_tp_all_reduce(input: torch.Tensor) -> torch.Tensor:
+    return current().attn_tp_all_reduce(input)
+
+
+def attn_tp_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor) -> None:
+    current().attn_tp_all_gather_into_tensor(output, input)
+
+
+def attn_cp_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor) -> None:
+    current().attn_cp_all_gather_into_tensor(output, input)

@@ -1,0 +1,211 @@
+"""dpx_torch.sglang on every rank of a gloo world (see harness.py): each function against
+the dpx-native call it stands for, the attn-tp / attn-cp helpers against stock-op sums and
+concatenations of every rank's (seeded) input, and the sglang-style layer against the
+dense reference."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import dpx
+import dpx_torch
+import dpx_torch.sglang as sg
+from sglang_layer import ForwardBatch
+
+HID = 16
+
+
+def _rows(seed: int, rows: int) -> torch.Tensor:
+    return torch.randn(rows, HID, generator=torch.Generator().manual_seed(seed))
+
+
+def _nan(rows: int) -> torch.Tensor:
+    return torch.full((rows, HID), float("nan"))
+
+
+def _same(name: str, got: torch.Tensor, want: torch.Tensor, case) -> None:
+    if got.shape != want.shape or not torch.equal(got, want):
+        raise AssertionError(f"{name} differs from the dpx-native call for {case}")
+
+
+def dropin_matches_native(ctx, layout_args, cases) -> int:
+    """Per case (counts, sglang mode, use_gatherv, device counts or host): the gathers, the
+    scatter, the reduce-scatter, their async forms, the local info and slice, and the
+    buffers, each equal to the dpx-native call on the same plan; inputs unchanged."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    r = ctx.rank
+    c = layout.coords(r)
+    d, dp = c.attn_dp_rank, layout.dp_size
+    done = 0
+    for i, case in enumerate(cases):
+        st = sg.setup(comm, hidden_size=HID, dtype=torch.float32, device="cpu",
+                      use_gatherv=case.get("gatherv", False))
+        counts = case["counts"]
+        pmode = sg.DpPaddingMode[case["mode"]]
+        # sglang's SGLANG_DP_USE_GATHERV: SUM_LEN steps go GATHERV where attn_tp is 1, no CP
+        gv = st.use_gatherv and layout.attn_tp_size == 1 and layout.cp_size == 1
+        native_mode = "max_len" if pmode.is_max_len() else ("gatherv" if gv else "sum_len")
+        if case.get("device"):
+            cap = case["capacity"]
+            plan = dpx.plan_step([0] * dp, layout, mode=native_mode, capacity=cap)
+            ct = torch.tensor(counts, dtype=torch.int32)
+            fb = ForwardBatch(None, ct, pmode)
+            local_len = plan.slot_rows[d]
+            sg.set_dp_buffer_len(plan.global_rows, local_len, pmode.is_max_len(), None)
+            if pmode.is_max_len():
+                assert sg.get_global_dp_buffer_len() == plan.global_rows
+        else:
+            plan = dpx.plan_step(counts, layout, mode=native_mode)
+            ct = None
+            fb = ForwardBatch(list(counts), torch.tensor(counts, dtype=torch.int32), pmode)
+            local_len = plan.slot_rows[d]
+            sg.set_dp_buffer_len(plan.global_rows, local_len, pmode.is_max_len(),
+                                 list(counts))
+            assert sg.is_dp_gatherv_active() is (plan.mode is dpx.PaddingMode.GATHERV)
+        assert sg.is_dp_max_padding() is pmode.is_max_len()
+        # gathers: partial (every rank its own rows) and replicated (a replica's ranks alike)
+        for partial in (True, False):
+            seed = 1000 * i + (r if partial else 100 + d)
+            local = _rows(seed, local_len + 2)
+            keep = local.clone()
+            g = sg.get_global_dp_buffer()
+            assert g.shape == (plan.global_rows, HID)
+            g.fill_(float("nan"))
+            (sg.dp_gather_partial if partial else sg.dp_gather_replicate)(g, local, fb)
+            want = comm.gather(local, plan, partial=partial, counts=ct)
+            _same("dp_gather_" + ("partial" if partial else "replicate"), g, want, case)
+            # rows past the counts are zero, whatever the local buffer held there
+            assert not g[dpx_torch.pad_row_mask(plan, counts=ct)].any(), case
+            _same("the local input", local, keep, case)
+            if partial:
+                g2 = _nan(plan.global_rows)
+                ev = sg.dp_gather_partial_async(g2, local, fb, ("gather", i % 2))
+                assert ev is None  # CPU: the call has completed
+                _same("dp_gather_partial_async", g2, want, case)
+        # scatter of a reduced buffer into a longer (graph-padded) local buffer
+        glob = _rows(5000 + i, plan.global_rows)
+        out = _nan(local_len + 3)
+        sg.dp_scatter(out, glob, fb)
+        want = comm.scatter(glob, plan, counts=ct)
+        _same("dp_scatter", out[:local_len], want, case)
+        assert not out[local_len:].any(), case
+        # reduce-scatter (planned from set_dp_buffer_len)
+        if not case.get("device"):
+            glob = _rows(7000 + 10 * i + r, plan.global_rows)
+            keep = glob.clone()
+            out = _nan(local_len)
+            sg.dp_reduce_scatter_tensor(out, glob)
+            _same("dp_reduce_scatter_tensor", out, comm.reduce_scatter(glob, plan), case)
+            _same("the reduce-scatter input", glob, keep, case)
+            if plan.mode is dpx.PaddingMode.GATHERV:
+                out = _nan(local_len)
+                sg.dp_reduce_scatterv_async(out, glob, list(plan.aligned_tokens),
+                                            ("combine", i % 2))
+                _same("dp_reduce_scatterv_async", out, comm.reduce_scatter(glob, plan), case)
+            # local info and slices
+            start, num = sg.get_dp_local_info(fb)
+            assert (int(start), int(num)) == (plan.offsets[d], counts[d]), case
+            assert fb.dp_local_start_pos is start and fb.dp_local_num_tokens is num
+            assert sg.get_dp_local_slice_cpu(fb, False, None) == (plan.offsets[d], counts[d])
+            assert sg.get_dp_local_slice_cpu(fb, True, 8) == (8 * d, counts[d])
+        else:
+            start, num = sg.get_dp_local_info(fb)
+            held = int(sum(-(-x // layout.replica_size) * layout.replica_size
+                           for x in counts[:d]))
+            assert int(start) == (d * plan.slot_rows[0] if pmode.is_max_len() else held), case
+            assert int(num) == counts[d], case
+        buf = sg.get_tbo_persistent_buffer(("x", i % 2), 3, HID, torch.float32, "cpu")
+        assert buf.shape == (3, HID)
+        done += 1
+    sg.teardown()
+    return done
+
+
+def helpers_match_stock_ops(ctx, layout_args) -> dict:
+    """The attn-tp / attn-cp helpers and the world info against sums and concatenations of
+    every rank's seeded input over the layout's groups; the getters; disable_dp_size."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    r = ctx.rank
+    st = sg.setup(comm, hidden_size=HID, dtype=torch.float32, device="cpu")
+    c = layout.coords(r)
+    tp, cp = layout.attn_tp_size, layout.cp_size
+    inputs = [_rows(300 + q, 2 * tp * cp) for q in range(layout.world_size)]
+    mine = inputs[r]
+    tp_group = next(g for g in layout.attn_tp_groups() if r in g)
+    cp_group = next(g for g in layout.attn_cp_groups() if r in g)
+    total = sum(inputs[q] for q in tp_group)
+    got = sg.attn_tp_all_reduce(mine)
+    assert torch.allclose(got, total, atol=1e-5) and torch.equal(mine, inputs[r])
+    out = _nan(2 * cp)
+    sg.attn_tp_reduce_scatter_tensor(out, mine)
+    blk = 2 * cp
+    assert torch.allclose(out, total[c.attn_tp_rank * blk:(c.attn_tp_rank + 1) * blk], atol=1e-5)
+    out = _nan(2 * tp * cp * tp)
+    sg.attn_tp_all_gather_into_tensor(out, mine)
+    assert torch.equal(out, torch.cat([inputs[q] for q in tp_group]))
+    cp_total = sum(inputs[q] for q in cp_group)
+    out = _nan(2 * tp)
+    sg.attn_cp_reduce_scatter_tensor(out, mine)
+    blk = 2 * tp
+    assert torch.allclose(out, cp_total[c.attn_cp_rank * blk:(c.attn_cp_rank + 1) * blk],
+                          atol=1e-5)
+    out = _nan(2 * tp * cp * cp)
+    sg.attn_cp_all_gather_into_tensor(out, mine)
+    assert torch.equal(out, torch.cat([inputs[q] for q in cp_group]))
+    info = sg.compute_dp_attention_world_info(True, r, layout.world_size, layout.dp_size,
+                                              layout.cp_size)
+    # sglang's arithmetic, (dp, cp, tp) with tp fastest
+    a_tp = layout.world_size // layout.dp_size // cp
+    assert info == (r % a_tp, a_tp, r // (a_tp * cp), layout.dp_size), info
+    assert (sg.get_attention_tp_rank(), sg.get_attention_tp_size(), sg.get_attention_dp_rank(),
+            sg.get_attention_dp_size(), sg.get_attention_cp_rank(),
+            sg.get_attention_cp_size()) == (c.attn_tp_rank, tp, c.attn_dp_rank,
+                                            layout.dp_size, c.attn_cp_rank, cp)
+    with sg.disable_dp_size():
+        inside = sg.get_attention_dp_size()
+    assert inside == 1 and sg.get_attention_dp_size() == layout.dp_size
+    assert sg.is_dp_attention_enabled() and st is sg.current()
+    sg.teardown()
+    assert not sg.is_dp_attention_enabled()
+    return {"rank": r}
+
+
+def layer_matches_dense(ctx, layout_args, steps) -> float:
+    """The sglang-style layer (tests/sglang_layer.py) over several steps -- host counts
+    with idle replicas in both padding modes, partial and replicated gathers, and a
+    capacity step with device counts -- against the dense reference. Returns the worst
+    error."""
+    import sglang_layer as L
+
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    sg.setup(comm, hidden_size=L.H, dtype=torch.float32, device="cpu",
+             use_gatherv=layout.attn_tp_size == 1)
+    w = L.weights()
+    d = sg.get_attention_dp_rank()
+    worst = 0.0
+    for k, step in enumerate(steps):
+        n = step["counts"]
+        xs = [torch.randn(m, L.H, generator=torch.Generator().manual_seed(10 * k + e))
+              for e, m in enumerate(n)]
+        if step.get("bucket"):
+            fb = L.graph_batch(step["bucket"], torch.tensor(n, dtype=torch.int32))
+            rows = step["bucket"]
+        else:
+            fb, rows = L.prepare(n, step.get("extend", False), "cpu")
+            # sglang's rule: MAX_LEN at dp 1 whatever the batch
+            want_max = step["mode"] == "MAX_LEN" or layout.dp_size == 1
+            assert fb.dp_padding_mode.is_max_len() is want_max, (step, fb)
+        x = torch.zeros(rows, L.H)
+        x[:n[d]] = xs[d]
+        y = L.layer(x, w, fb, replicate=step.get("replicate", False))
+        want = L.dense(xs[d], w)
+        worst = max(worst, float((y[:n[d]] - want).abs().max()) if n[d] else 0.0)
+        if step.get("bucket") or fb.dp_padding_mode.is_sum_len():
+            assert not y[n[d]:].any(), step  # pad rows stay zero where dpx defines them
+    dist.barrier()
+    sg.teardown()
+    return worst
