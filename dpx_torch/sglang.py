@@ -9,8 +9,8 @@ sglang's; the work is dpx's (plans, schedules, kernels). All state -- the commun
 the buffer metadata, the per-forward buffer lengths, the extend flag, the speculative
 ``disable_dp_size`` override, the attn-CP groups -- lives in one :class:`DpAttention`.
 :func:`setup` builds it (in place of sglang's ``initialize_dp_attention(server_args,
-model_config)``) and installs it; the module functions act on the installed one, and every
-function is also a method of the object for code that holds it.
+model_config)``) and installs it; the module functions act on the installed one, and each
+of them that reads the set-up is also a method of the object, for code that holds it.
 
 **A forward batch** is any object with sglang's attribute names. Read:
 ``global_num_tokens_cpu`` (host per-replica counts, or None), ``global_num_tokens_gpu``

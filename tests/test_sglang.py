@@ -131,3 +131,20 @@ def test_world_info_is_sglangs_arithmetic(enabled):
             want = (rank % a_tp, a_tp, rank // (a_tp * cp) if enabled else 0, a_dp)
             assert sg.compute_dp_attention_world_info(enabled, rank, tp_size, dp_size,
                                                       cp) == want
+
+
+def test_gatherv_switch_reads_the_environment_only_when_asked(comm1, monkeypatch):
+    import torch
+
+    import dpx_torch.sglang as sg
+
+    monkeypatch.setenv("SGLANG_DP_USE_GATHERV", "1")
+    try:
+        assert not sg.setup(comm1, hidden_size=4, dtype=torch.float32, device="cpu").use_gatherv
+        assert sg.setup(comm1, hidden_size=4, dtype=torch.float32, device="cpu",
+                        use_gatherv_from_env=True).use_gatherv
+        monkeypatch.setenv("SGLANG_DP_USE_GATHERV", "0")
+        assert not sg.setup(comm1, hidden_size=4, dtype=torch.float32, device="cpu",
+                            use_gatherv=True, use_gatherv_from_env=True).use_gatherv
+    finally:
+        sg.teardown()
