@@ -46,6 +46,21 @@ def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, rounds: int = 7,
     return statistics.median(times)
 
 
+def copy_us(moved: int, cache: dict | None = None) -> float:
+    """The copy ceiling: device time (µs, :func:`cuda_time_us`) of a device-to-device
+    ``copy_`` that reads and writes ``moved`` bytes in all, memoised in ``cache``."""
+    if cache is not None and moved in cache:
+        return cache[moved]
+    import torch
+
+    a = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    t = cuda_time_us(lambda: b.copy_(a))
+    if cache is not None:
+        cache[moved] = t
+    return t
+
+
 def out_dir() -> Path:
     """Where a benchmark writes its CSVs and plots: ``$OUT`` if set, else ``out/`` beside
     the benchmark scripts (wherever they are run from)."""

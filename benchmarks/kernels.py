@@ -21,16 +21,8 @@ import argparse
 
 import torch
 
-from common import cuda_time_us, out_dir, print_table, write_csv
+from common import copy_us, cuda_time_us, out_dir, print_table, write_csv
 from dpx_torch import place_rows, take_rows
-
-
-def _copy_us(nbytes_each_way: int, cache: dict) -> float:
-    if nbytes_each_way not in cache:
-        a = torch.empty(nbytes_each_way, dtype=torch.uint8, device="cuda")
-        b = torch.empty_like(a)
-        cache[nbytes_each_way] = cuda_time_us(lambda: b.copy_(a))
-    return cache[nbytes_each_way]
 
 
 def _kernel_launches(fn) -> int:
@@ -90,7 +82,7 @@ def main() -> None:
         assert torch.equal(out, ref), "place_slot result wrong"
         row = {"name": named.get(G, ""), "global_rows": G, "MiB": round(G * rb / 2**20, 2)}
         for k, (_, nbytes) in cases.items():
-            copy = _copy_us(nbytes // 2, copy_cache)
+            copy = copy_us(nbytes, copy_cache)
             row[f"{k}_us"] = t[k]
             row[f"{k}_copy_ratio"] = copy / t[k]
         row["place_slot_vs_two_pass"] = t["two_pass"] / t["place_slot"]

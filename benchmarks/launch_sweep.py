@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from common import cuda_time_us, out_dir, print_table, write_csv
+from common import copy_us, cuda_time_us, out_dir, print_table, write_csv
 from dpx.kernels import Tile
 from dpx.kernels import wire as wire_kernels
 from dpx_torch import place_rows, take_rows
@@ -38,14 +38,6 @@ def _name(t: Tile | None) -> str:
     return f"{t.elems}/{t.warps}/{t.max_block_c}" + ("/cs" if t.stream else "")
 QUANT = [None, (8, 4, 4), (4, 4, 4), (8, 2, 4), (16, 2, 8), (8, 4, 8), (4, 8, 8), (16, 4, 8),
          (2, 8, 4), (32, 1, 8)]
-
-
-def _copy_us(nbytes_each_way: int, cache: dict) -> float:
-    if nbytes_each_way not in cache:
-        a = torch.empty(nbytes_each_way, dtype=torch.uint8, device="cuda")
-        b = torch.empty_like(a)
-        cache[nbytes_each_way] = cuda_time_us(lambda: b.copy_(a))
-    return cache[nbytes_each_way]
 
 
 def _quantize(src, out, shape: tuple[int, int, int] | None) -> None:
@@ -93,7 +85,7 @@ def main() -> None:
                           2 * n * rb),
         }
         for kernel, (fn, nbytes) in cases.items():
-            copy = _copy_us(nbytes // 2, copies)
+            copy = copy_us(nbytes, copies)
             for t in TILES:
                 us = cuda_time_us(lambda: fn(t))
                 rows.append(dict(kernel=kernel, n=n, MiB=round(G * rb / 2**20, 2),
@@ -101,7 +93,7 @@ def main() -> None:
                                  copy_ratio=copy / us))
         wout = torch.empty(G, wire_row_bytes(H), device="cuda", dtype=torch.uint8)
         qbytes = G * rb + G * wire_row_bytes(H)
-        copy = _copy_us(qbytes // 2, copies)
+        copy = copy_us(qbytes, copies)
         for shape in QUANT:
             us = cuda_time_us(lambda: _quantize(big, wout, shape))
             name = "chosen" if shape is None else "{}x{}/{}".format(*shape)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from common import cuda_time_us, out_dir, print_table, write_csv
+from common import copy_us, cuda_time_us, out_dir, print_table, write_csv
 from dpx.kernels import Tile
 from dpx.kernels.launch import row_blocks
 from dpx_torch import place_rows
@@ -87,10 +87,7 @@ def main() -> None:
         n_dev = torch.tensor([n], dtype=torch.int32, device="cuda")
         ref = torch.zeros_like(out)
         ref[3 * n:4 * n] = slot
-        half = (n + G) * rb // 2
-        a = torch.empty(half, dtype=torch.uint8, device="cuda")
-        b = torch.empty_like(a)
-        copy = cuda_time_us(lambda: b.copy_(a))
+        copy = copy_us((n + G) * rb)
         row = dict(n=n, MiB=round(G * rb / 2**20, 2), copy_us=copy)
 
         def check(name):

@@ -28,7 +28,7 @@ import tempfile
 import time
 
 import dpx
-from common import out_dir, print_table, write_csv
+from common import copy_us, out_dir, print_table, write_csv
 from dpx.cost import CostModel, price
 from dpx.schedule import build_schedule
 from dpx.wire import wire_row_bytes
@@ -64,18 +64,6 @@ def wire_table() -> list[dict]:
     return rows
 
 
-def _copy_ceiling_us(moved: int) -> float:
-    """Device time of a device-to-device ``copy_`` that reads and writes ``moved`` bytes
-    in all."""
-    import torch
-
-    from common import cuda_time_us
-
-    a = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return cuda_time_us(lambda: b.copy_(a))
-
-
 def gpu_tables() -> tuple[list[dict], list[dict]]:
     import torch
     import torch.distributed as dist
@@ -95,13 +83,13 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
         out = torch.empty(n, wrb, device="cuda", dtype=torch.uint8)
         tmp = torch.empty_like(out)
         moved = n * H * 2 + n * wrb
-        t_copy = _copy_ceiling_us(moved)
+        t_copy = copy_us(moved)
         t_fused = cuda_time_us(lambda: quantize_into(x, 0, n, out))
         t_two = cuda_time_us(lambda: (quantize_into(x, 0, n, tmp), move_into(tmp, 0, 0, n, out)))
         back = torch.empty_like(x)
         quantize_into(x, 0, n, out)
         t_deq = cuda_time_us(lambda: dequantize_into(out, back))
-        t_deq_copy = _copy_ceiling_us(2 * n * H * 2)
+        t_deq_copy = copy_us(2 * n * H * 2)
         quant.append(dict(rows=n, MiB=moved / 2**20, fused_us=t_fused, copy_us=t_copy,
                           two_launch_us=t_two, vs_copy=t_copy / t_fused,
                           vs_two_launch=t_two / t_fused,

@@ -26,7 +26,7 @@ from dpx_torch.checks import check_counts
 from dpx_torch.program import DeviceTables, DeviceValues, FreshTables, tables_for_call
 from dpx_torch.rows import kernel_for, width_of
 
-__all__ = ["mask_pad_rows", "pad_row_mask"]
+__all__ = ["mask_pad_rows", "pad_row_mask", "real_rows"]
 
 
 def _launch_mask(t: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, fill: float | int
@@ -106,14 +106,24 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
     return t
 
 
+def real_rows(plan: DpPlan, *, counts: torch.Tensor | None = None,
+              device: torch.device | str | None = None,
+              tables: DeviceTables | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(firsts, lens)``, int32 ``[dp]`` tensors: replica d's real rows are global rows
+    ``[firsts[d], firsts[d] + lens[d])`` (:func:`dpx.padrows.real_ranges` on ``counts``'
+    device, else ``device``, default CPU)."""
+    dev = counts.device if isinstance(counts, torch.Tensor) else torch.device(device or "cpu")
+    _check(plan, counts, dev)
+    return _tables(plan, counts, dev, _tables_for(tables, dev))
+
+
 def pad_row_mask(plan: DpPlan, *, counts: torch.Tensor | None = None,
                  device: torch.device | str | None = None,
                  tables: DeviceTables | None = None) -> torch.Tensor:
     """Boolean ``[plan.global_rows]``: True at the rows :func:`mask_pad_rows` fills. On
     ``counts``' device (else ``device``, default CPU)."""
-    dev = counts.device if isinstance(counts, torch.Tensor) else torch.device(device or "cpu")
-    _check(plan, counts, dev)
-    firsts, lens = _tables(plan, counts, dev, _tables_for(tables, dev))
+    firsts, lens = real_rows(plan, counts=counts, device=device, tables=tables)
+    dev = firsts.device
     rows = torch.arange(plan.global_rows, device=dev, dtype=torch.int32)[:, None]
     real = ((rows >= firsts) & (rows < firsts + lens)).any(dim=1)
     return ~real

@@ -52,6 +52,7 @@ from dpx.modes import PaddingMode
 from dpx.plan import DpPlan
 from dpx.policy import sglang_mode
 from dpx_torch.comm import DpComm
+from dpx_torch.padrows import real_rows
 from dpx_torch.program import all_gather_single, reduce_scatter_single
 
 __all__ = [
@@ -95,7 +96,7 @@ class DpPaddingMode(enum.IntEnum):
         mode, _ = sglang_mode(tuple(int(x) for x in global_num_tokens),
                               st.get_attention_dp_size(), bool(is_extend_in_batch),
                               max_len_with_idle=st.max_len_with_idle)
-        return cls.MAX_LEN if mode is PaddingMode.MAX_LEN else cls.SUM_LEN
+        return cls[mode.name]
 
     @classmethod
     def get_default_mode_in_cuda_graph(cls) -> "DpPaddingMode":
@@ -141,6 +142,9 @@ class DpAttention:
         self.dtype = dtype
         self.device = torch.device(device)
         self.use_gatherv = bool(use_gatherv)
+        # sglang runs its variable all-gather only without attn-tp and CP
+        self._gatherv = (self.use_gatherv and self.layout.attn_tp_size == 1
+                         and self.layout.cp_size == 1)
         self.max_len_with_idle = bool(max_len_with_idle)
         self.attn_cp_group, self._owned = self._cp_group(attn_cp_group)
         self._dp_size_override: int | None = None
@@ -265,19 +269,16 @@ class DpAttention:
 
     def is_dp_gatherv_active(self) -> bool:
         """sglang's condition: ``use_gatherv``, attn_tp 1, no CP, and a SUM_LEN step."""
-        lay = self.layout
-        return (self.use_gatherv and lay.attn_tp_size == 1 and lay.cp_size == 1
-                and not self._max_padding)
+        return self._mode(None) is PaddingMode.GATHERV
 
     # ------------------------------------------------------------ plans
-    def _mode(self, padding: DpPaddingMode | None) -> str:
-        max_len = self._max_padding if padding is None else \
-            DpPaddingMode(padding) is DpPaddingMode.MAX_LEN
-        if max_len:
-            return "max_len"
-        lay = self.layout
-        gatherv = self.use_gatherv and lay.attn_tp_size == 1 and lay.cp_size == 1
-        return "gatherv" if gatherv else "sum_len"
+    def _mode(self, padding: DpPaddingMode | None) -> PaddingMode:
+        """The dpx mode of a step in sglang's ``padding`` mode (None: the recorded one):
+        SUM_LEN runs GATHERV where sglang's ``SGLANG_DP_USE_GATHERV`` would."""
+        if padding is None:
+            padding = DpPaddingMode.MAX_LEN if self._max_padding else DpPaddingMode.SUM_LEN
+        mode = PaddingMode[DpPaddingMode(padding).name]
+        return PaddingMode.GATHERV if mode is PaddingMode.SUM_LEN and self._gatherv else mode
 
     def _cached(self, key: tuple, make) -> DpPlan:
         plan = self._plans.get(key)
@@ -301,7 +302,7 @@ class DpAttention:
         if not isinstance(dev, torch.Tensor):
             raise DpxValueError("the forward batch has neither global_num_tokens_cpu nor a "
                                 "global_num_tokens_gpu tensor: no counts for this step")
-        cap = self._local_len if mode == "max_len" else self._global_len
+        cap = self._local_len if mode is PaddingMode.MAX_LEN else self._global_len
         plan = self._cached((mode, "capacity", cap), lambda: dpx.plan_step(
             [0] * self.layout.dp_size, self.layout, mode=mode, capacity=cap))
         counts = dev if dev.dtype == torch.int32 and dev.is_contiguous() else \
@@ -320,26 +321,16 @@ class DpAttention:
     # ------------------------------------------------------------ data path
     def get_dp_local_info(self, forward_batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(start, num_tokens)`` of this replica's rows in the global buffer as device
-        tensors (the plan's slot offset, and its count), cached on the batch as sglang
-        does (``dp_local_start_pos``, ``dp_local_num_tokens``)."""
+        tensors (the plan's real-row range, :func:`dpx_torch.padrows.real_rows`), cached on
+        the batch as sglang does (``dp_local_start_pos``, ``dp_local_num_tokens``)."""
         if getattr(forward_batch, "dp_local_start_pos", None) is None:
             plan, counts = self.plan_of(forward_batch)
+            firsts, lens = real_rows(plan, counts=counts,
+                                     device=self._counts_device(forward_batch),
+                                     tables=self.comm.runner.tables)
             d = self.coords.attn_dp_rank
-            dev = self._counts_device(forward_batch)
-            if counts is None:
-                start = torch.tensor(plan.offsets[d], dtype=torch.int64, device=dev)
-                num = torch.tensor(plan.num_tokens[d], dtype=torch.int64, device=dev)
-            else:
-                m = self.layout.replica_size
-                aligned = (counts.to(torch.int64) + (m - 1)) // m * m
-                if plan.mode is PaddingMode.MAX_LEN:
-                    start = torch.full((), d * plan.slot_rows[0], dtype=torch.int64,
-                                       device=dev)
-                else:
-                    start = aligned[:d].sum()
-                num = counts[d].to(torch.int64)
-            forward_batch.dp_local_start_pos = start
-            forward_batch.dp_local_num_tokens = num
+            forward_batch.dp_local_start_pos = firsts[d]
+            forward_batch.dp_local_num_tokens = lens[d]
         return forward_batch.dp_local_start_pos, forward_batch.dp_local_num_tokens
 
     def _counts_device(self, forward_batch: Any) -> torch.device:
@@ -412,9 +403,9 @@ class DpAttention:
         """The reduce-scatter of a GATHERV step with per-replica ``sizes`` (the rows of
         each replica's slot) on the comm stream, into ``output_local`` (``sizes[d]``
         rows). Returns the persistent event for ``event_key`` (None on CPU)."""
-        plan = self._cached(("gatherv", "rs", tuple(int(x) for x in sizes)),
+        plan = self._cached((PaddingMode.GATHERV, "rs", tuple(int(x) for x in sizes)),
                             lambda: dpx.plan_step([int(x) for x in sizes], self.layout,
-                                                  mode="gatherv"))
+                                                  mode=PaddingMode.GATHERV))
         _, work = self.comm.reduce_scatter_async(global_tokens, plan, out=output_local,
                                                  key=event_key)
         return work.event

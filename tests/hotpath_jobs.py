@@ -11,6 +11,7 @@ import torch
 
 import dpx
 import dpx_torch
+from graphs import capture
 from reference import held, local_inputs, ref_gather
 from serving_jobs import _raises
 import torch_jobs
@@ -218,13 +219,10 @@ def soak(ctx, layout_args, steps: int, seed: int) -> dict:
     return res
 
 
-def backend_checks(ctx, layout_args, device: str) -> dict:
-    """On this world's backend (the spec a launcher used): what the groups carry, which
-    group serves host exchanges, the groups DpComm created, and a gather / reduce_scatter /
-    validate round on ``device`` tensors against the reference."""
+def _comm_and_groups_made(layout) -> tuple:
+    """A ``validate=True`` DpComm, and the backend of every group its set-up created."""
     import torch.distributed as dist
 
-    layout = dpx.DpLayout(*layout_args)
     made: list = []
     real = dist.new_group
 
@@ -234,9 +232,19 @@ def backend_checks(ctx, layout_args, device: str) -> dict:
 
     dist.new_group = counting
     try:
-        comm = dpx_torch.DpComm(layout, validate=True)
+        return dpx_torch.DpComm(layout, validate=True), made
     finally:
         dist.new_group = real
+
+
+def backend_checks(ctx, layout_args, device: str) -> dict:
+    """On this world's backend (the spec a launcher used): what the groups carry, which
+    group serves host exchanges, the groups DpComm created, and a gather / reduce_scatter /
+    validate round on ``device`` tensors against the reference."""
+    import torch.distributed as dist
+
+    layout = dpx.DpLayout(*layout_args)
+    comm, made = _comm_and_groups_made(layout)
     plan = dpx.plan_step([3 + i for i in range(layout.dp_size)], layout, mode="gatherv")
     locs = local_inputs(1, plan, (4,), partial=True)
     x = _t(locs[ctx.rank], torch.float32).to(device)
@@ -254,23 +262,11 @@ def mixed_backend(ctx) -> dict:
     """A world initialised as a launcher would ("cuda:nccl,cpu:gloo", or plain "nccl"):
     what the groups carry, which group serves host exchanges, the groups DpComm made, and
     gathers of CUDA tensors (three tensors in one grouped launch) with validate."""
-    import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.set_device(0)
     lay = dpx.DpLayout(1, 1)
-    made: list = []
-    real = dist.new_group
-
-    def counting(*a, **k):
-        made.append(k.get("backend"))
-        return real(*a, **k)
-
-    dist.new_group = counting
-    try:
-        comm = dpx_torch.DpComm(lay, validate=True)
-    finally:
-        dist.new_group = real
+    comm, made = _comm_and_groups_made(lay)
     plan = dpx.plan_step([32], lay, mode="max_len")
     xs = (torch.randn(32, 512, device="cuda", dtype=torch.bfloat16),
           torch.randint(0, 9, (32, 8), device="cuda", dtype=torch.int32),
@@ -309,14 +305,7 @@ def graph_checks(ctx) -> dict:
         comm.gather(slot, plan, partial=True, counts=counts, out=out_in)
         comm.gather(src, plan, partial=True, counts=counts, out=out_ref)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
+    g, _ = capture(step)
     equal = []
     for n in (3, 0, cap, 17):
         counts.fill_(n)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import dpx
+from graphs import capture, warm_up
 from reference import local_inputs, ref_gather, ref_reduce_scatter, global_inputs
 
 pytestmark = [pytest.mark.gpu,
@@ -53,15 +54,9 @@ def test_cuda_graph_replay_with_new_counts(nccl1, mode, cap):
         nccl1.scatter(gbuf, plan, counts=counts, out=sbuf)
         nccl1.reduce_scatter(glob, plan, counts=counts, out=rbuf)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm-up: kernels compiled, pool sized
-    torch.cuda.current_stream().wait_stream(s)
+    warm_up(step)
     allocations = nccl1.runner.pool.allocations
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = capture(step, warm=False)
     assert nccl1.runner.pool.allocations == allocations, "the pool grew inside capture"
     for n in (3, 0, cap, 17, 1):
         counts.fill_(n)
@@ -170,14 +165,7 @@ def test_captured_step_exchanges_counts_masks_and_gathers(nccl1):
                             wire=("fp8", "native"))
         res["h"], res["ids"] = h, nccl1.mask_pad_rows(i, plan, counts=counts, fill=-1)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
+    g, _ = capture(step)
     for n in (0, 5, 64, 17):
         n_local.fill_(n)
         g.replay()
@@ -382,14 +370,7 @@ def test_sglang_layer_on_nccl_and_under_cuda_graphs(nccl1):
         counts = torch.tensor([bucket], dtype=torch.int32, device="cuda")
         fb = L.graph_batch(bucket, counts)
         x = torch.zeros(bucket, L.H, device="cuda")
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            L.layer(x, w, fb)  # warm-up
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = L.layer(x, w, fb)
+        graph, y = capture(lambda: L.layer(x, w, fb))
         for n in (3, 0, bucket, 11):
             xs = torch.randn(n, L.H, device="cuda")
             counts.fill_(n)
