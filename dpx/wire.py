@@ -5,16 +5,24 @@ A token row of ``H`` elements (``H % GROUP == 0``) travels as ``wire_row_bytes(H
 (little-endian), one per group of ``GROUP = 128`` consecutive elements. For a real row's
 group ``x`` (computed in float32)::
 
-    scale   = max(amax(|x|), EPS) / FP8_MAX                 (IEEE division; EPS = 1e-10)
+    scale   = max(amax(|x_f|), EPS) / FP8_MAX        (IEEE division; EPS = 1e-10)
     payload = float8_e4m3fn(clamp(x / scale, -FP8_MAX, FP8_MAX))   (round to nearest even)
     x'      = float32(payload) * scale, rounded to the output dtype (nearest even)
 
+where ``x_f`` are the group's **finite** elements (the amax of a group without any is 0),
 so an all-zero group of a real row has ``scale = EPS / FP8_MAX`` and a zero payload. Rows
 that are not real rows (slot padding, alignment rows, idle replicas, rows outside every
 chunk) are all-zero bytes: payload 0 and scale 0, which dequantize to exact zeros. For
 finite inputs, ``|x' - x| <= 2**-4 * |x| + 2**-10 * scale`` per element before the final
 rounding to the output dtype (e4m3 keeps 3 mantissa bits: half a unit in the last place is
 at most ``2**-4`` of a normal value, and ``2**-10`` (times the scale) for a subnormal one).
+
+Non-finite elements: a NaN or an infinity travels as e4m3fn's NaN code with the element's
+sign bit (``NAN_CODE = 0x7F``, ``0xFF`` when negative; e4m3fn has no infinity) and
+dequantizes to the output dtype's canonical quiet NaN (float32 ``0x7FC00000``, bfloat16
+``0x7FC0``, float16 ``0x7E00``): **NaN stays NaN and +-inf arrives as NaN**. They take no
+part in their group's scale, so no finite element -- of their group, their row or any other
+row -- changes because of them.
 
 A sum cannot run on fp8, so only the copy modes carry it: ``MAX_LEN`` and ``GATHERV``.
 The attn-tp sum of a partial input runs in the input's dtype first; only the world
@@ -26,11 +34,14 @@ from __future__ import annotations
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.modes import PaddingMode
 
-__all__ = ["check_fp8", "EPS", "FLOAT_DTYPES", "FP8_MAX", "GROUP", "wire_row_bytes"]
+__all__ = ["check_fp8", "EPS", "FLOAT_DTYPES", "FP8_MAX", "GROUP", "NAN_CODE", "wire_row_bytes"]
 
 GROUP = 128
 FP8_MAX = 448.0
 EPS = 1e-10
+#: The e4m3fn NaN code (exponent and mantissa all ones) of a non-finite element; bit 7 is
+#: the element's sign.
+NAN_CODE = 0x7F
 #: Input dtypes the fp8 wire quantizes (by name, as both frontends spell them).
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 

@@ -79,11 +79,15 @@ def _quantize_xla(src, start, count, rows: int):
     h = src.shape[1]
     x = _take_xla(src, start, count, rows).astype(jnp.float32)
     real = jnp.arange(rows, dtype=jnp.int32) < count
-    g = x.reshape(rows, h // W.GROUP, W.GROUP)
+    g_in = x.reshape(rows, h // W.GROUP, W.GROUP)
+    finite = jnp.isfinite(g_in)   # non-finite elements: no part in the scale, the NaN code
+    g = jnp.where(finite, g_in, jnp.float32(0))
     amax = jnp.maximum(jnp.max(jnp.abs(g), axis=-1), jnp.float32(W.EPS))
     scale = _div_rn(amax, jnp.float32(W.FP8_MAX))
     y = _div_rn(g, scale[..., None])
-    payload = _e4m3_bits(jnp.clip(y, -W.FP8_MAX, W.FP8_MAX)).reshape(rows, h)
+    code = _e4m3_bits(jnp.clip(y, -W.FP8_MAX, W.FP8_MAX))
+    nan = jnp.where(jnp.signbit(g_in), jnp.uint8(W.NAN_CODE | 0x80), jnp.uint8(W.NAN_CODE))
+    payload = jnp.where(finite, code, nan).reshape(rows, h)
     payload = jnp.where(real[:, None], payload, jnp.uint8(0))
     scale = jnp.where(real[:, None], scale, jnp.float32(0))
     scale_bytes = lax.bitcast_convert_type(scale, jnp.uint8).reshape(rows, -1)
@@ -94,8 +98,15 @@ def _dequantize_xla(src, dtype):
     rows, h = src.shape[0], _width_of(src.shape[1])
     payload = lax.bitcast_convert_type(src[:, :h], jnp.float8_e4m3fn).astype(jnp.float32)
     scale = lax.bitcast_convert_type(src[:, h:].reshape(rows, -1, 4), jnp.float32)
-    v = payload.reshape(rows, h // W.GROUP, W.GROUP) * scale[..., None]
-    return v.reshape(rows, h).astype(dtype)
+    v = (payload.reshape(rows, h // W.GROUP, W.GROUP) * scale[..., None]).reshape(rows, h)
+    nan = jnp.isnan(v)   # the output's canonical quiet NaN, by bits
+    out = jnp.where(nan, jnp.float32(0), v).astype(dtype)
+    bits = jnp.dtype(dtype).itemsize * 8
+    ut = jnp.uint32 if bits == 32 else jnp.uint16
+    canon = {jnp.dtype(jnp.float32): 0x7FC00000, jnp.dtype(jnp.bfloat16): 0x7FC0,
+             jnp.dtype(jnp.float16): 0x7E00}[jnp.dtype(dtype)]
+    u = jnp.where(nan, ut(canon), lax.bitcast_convert_type(out, ut))
+    return lax.bitcast_convert_type(u, dtype)
 
 
 def quantize_take(src, start, count, rows: int, impl: Impl):

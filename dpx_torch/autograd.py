@@ -25,5 +25,6 @@ class OpFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
-        adj = ctx.runner.adjoint(ctx.call)
-        return ctx.runner.execute(adj, grad.contiguous()), None, None
+        grad = grad.contiguous()
+        adj = ctx.runner.adjoint(ctx.call, grad)
+        return ctx.runner.execute(adj, grad), None, None

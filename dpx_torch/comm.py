@@ -20,6 +20,8 @@ communicator's one comm stream instead (:mod:`dpx_torch.overlap`).
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from typing import Callable, Sequence
 
 import torch
@@ -28,7 +30,7 @@ import torch.distributed as dist
 from dpx import counts as C
 from dpx import wire as W
 from dpx.errors import DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError, DpxValueError
-from dpx.extents import local_rows
+from dpx.extents import local_rows, op_rows
 from dpx.layout import DpLayout
 from dpx.modes import Op, Wire
 from dpx.plan import DpPlan
@@ -40,12 +42,17 @@ from dpx_torch.checks import InputChecks
 from dpx_torch.groups import DpGroups, adopt_groups, build_groups
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import mask_pad_rows, pad_row_mask
-from dpx_torch.program import all_gather_single
+from dpx_torch.prepared import PreparedOp
+from dpx_torch.program import PreparedCall, all_gather_single
 from dpx_torch.rows import overlaps
-from dpx_torch.runner import Call, CacheLimits, Prepared, Runner
+from dpx_torch.runner import Call, CacheLimits, Runner, _LRU
 from dpx_torch.wire import split_wire
 
 __all__ = ["DpComm", "counts_tensor"]
+
+_compiling = torch.compiler.is_compiling
+# prepared-op key tags
+_GATHER, _SCATTER, _REDUCE_SCATTER = 0, 1, 2
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -97,7 +104,11 @@ class DpComm:
         self.checks = InputChecks(layout, self.dp_rank, self.groups)
         self.agreement = Agreement(layout, self.groups)
         self._sources: dict[tuple, torch.Tensor] = {}
+        #: prepared ops by call structure (:mod:`dpx_torch.prepared`), bounded like calls
+        self._prepared = _LRU(self.runner.limits.calls)
         self._destroyed = False
+        self._exit_hook = _exit_hook(weakref.ref(self))
+        atexit.register(self._exit_hook)
 
     @classmethod
     def from_mesh(cls, layout: DpLayout, mesh, *, group: dist.ProcessGroup | None = None,
@@ -168,19 +179,61 @@ class DpComm:
         per batch where the backend coalesces). When a tensor requires grad, each is
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
+        if type(local) is torch.Tensor and not _compiling():
+            hit = self._prepared.get((_GATHER, plan, partial, wire, dequantize, local.shape,
+                                      local.dtype, local.device, counts is None, out is None))
+            if hit is not None and hit.admits(local, counts, out):
+                return hit.run(local, counts, out)
         self._alive()
         if isinstance(local, (tuple, list)):
             return self._gather_many(tuple(local), plan, partial, counts, out, wire,
                                      dequantize)
-        wire = Wire.parse(wire)
+        op = self._prepare_gather(local, plan, partial, counts, out, wire, dequantize)
+        if isinstance(op, PreparedOp):
+            return op.run(local, counts, out)
+        prep: PreparedCall = op
+        return self._dispatch(prep, plan, Op.GATHER, counts, local, out, "local")
+
+    def _prepare_gather(self, local, plan, partial, counts, out, wire, dequantize
+                        ) -> PreparedOp | PreparedCall:
+        """The checked gather of one tensor: a :class:`PreparedOp` (kept for the next call
+        of its structure), or, for a call that records autograd (or is traced, or
+        validated), its prepared program alone."""
+        wire_in, wire = wire, Wire.parse(wire)
         in_place = self._in_place(local, out, plan, counts)
         prep = self._checked("gather" if wire is Wire.NATIVE else "gather/fp8", plan, local,
                              partial, counts, self._gather_checks, local, plan, partial,
                              counts, out, wire, bool(dequantize), in_place)
-        if wire is Wire.NATIVE:
-            return self._dispatch(prep, plan, Op.GATHER, counts, local, out, "local")
-        res = self._run_plain(prep, counts, local, out)
-        return res if dequantize else split_wire(res)
+        if wire is Wire.NATIVE and local.requires_grad and torch.is_grad_enabled():
+            return prep
+        op = PreparedOp(prep, lambda x, counts=None, out=None: self.gather(
+            x, plan, partial=partial, counts=counts, out=out, wire=wire_in,
+            dequantize=dequantize), local, counts=counts, out=out, in_place=in_place,
+            split=wire is not Wire.NATIVE and not dequantize)
+        return self._remember((_GATHER, plan, partial, wire_in, dequantize, local.shape,
+                               local.dtype, local.device, counts is None, out is None), op)
+
+    def _remember(self, key: tuple, op: PreparedOp) -> PreparedOp:
+        if not self.validate and not _compiling():
+            self._prepared.put(key, op)
+        return op
+
+    def prepare_gather(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
+                       counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                       wire: Wire | str = Wire.NATIVE, dequantize: bool = True) -> PreparedOp:
+        """:meth:`gather` decided once for tensors like these (the explicit prepared
+        call, :mod:`dpx_torch.prepared`): checks them (raising what :meth:`gather`
+        raises), binds the program, and returns ``op`` with ``op(local, counts=...,
+        out=...) == gather(local, plan, partial=..., counts=..., out=..., wire=...,
+        dequantize=...)``; a call guards only what can change (shapes, dtypes, devices,
+        contiguity, aliasing) and otherwise runs the bound steps. Runs nothing itself."""
+        self._alive()
+        self.checks.tensor("local", local)
+        op = self._prepare_gather(local, plan, partial, counts, out, wire, dequantize)
+        if not isinstance(op, PreparedOp):
+            raise DpxValueError("prepare_gather: local requires grad; a prepared call records "
+                                "no autograd graph (call gather, or pass a detached tensor)")
+        return op
 
     def local_slot(self, out: torch.Tensor, plan: DpPlan) -> torch.Tensor:
         """This rank's rows of the gather's output ``out [plan.global_rows, H...]`` (its
@@ -224,18 +277,10 @@ class DpComm:
         raise DpxValueError("out overlaps the input in memory; they must not alias (an "
                             "in-place gather passes comm.local_slot(out, plan))")
 
-    def _run_plain(self, prep: Prepared, counts: torch.Tensor | None, x: torch.Tensor,
-                   out: torch.Tensor | None) -> torch.Tensor:
-        """A call that records no autograd graph (fp8 gathers, batched calls)."""
-        if out is None:
-            out = self._new_out(prep, x)
-        return self.runner.run(prep, x, out, _flat(counts))
-
     @staticmethod
-    def _new_out(prep: Prepared, x: torch.Tensor) -> torch.Tensor:
-        if "out" in prep.program.variant.wire_bufs:
-            return x.new_empty((prep.out_rows, W.wire_row_bytes(x.shape[1])),
-                               dtype=torch.uint8)
+    def _new_out(prep: PreparedCall, x: torch.Tensor) -> torch.Tensor:
+        if prep.out_wire:
+            return x.new_empty((prep.out_rows, prep.shape.out_width), dtype=torch.uint8)
         return x.new_empty((prep.out_rows, *x.shape[1:]))
 
     def _gather_many(self, tensors: Tensors, plan: DpPlan, partial, counts, out, wire,
@@ -258,14 +303,12 @@ class DpComm:
             label = "gather" if w is Wire.NATIVE else "gather/fp8"
             preps.append(self._checked(f"{label}#{i}", plan, t, p, counts,
                                        self._gather_checks, t, plan, p, counts, None, w,
-                                       bool(dequantize), False))
-        batch = self.runner.batch(tuple(p.program for p in preps))
+                                       bool(dequantize), False, f"caller#{i}"))
+        batch = self.runner.batch(tuple(preps))
         c = _flat(counts)
-        calls = [(t, self._new_out(p, t), c, p.values, p.params)
-                 for p, t in zip(preps, tensors)]
-        res = batch(calls, self.runner.scratch_key)
-        return tuple(split_wire(r) if "out" in p.program.variant.wire_bufs else r
-                     for r, p in zip(res, preps))
+        calls = [(t, self._new_out(p, t), c) for p, t in zip(preps, tensors)]
+        res = batch(preps, calls)
+        return tuple(split_wire(r) if p.out_wire else r for r, p in zip(res, preps))
 
     @staticmethod
     def _per_tensor(name: str, value, n: int) -> tuple:
@@ -281,9 +324,7 @@ class DpComm:
                 out: torch.Tensor | None = None) -> torch.Tensor:
         """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]``: this replica's real
         rows of an already reduced buffer, then zeros. No collective. Differentiable."""
-        self._alive()
-        prep = self._global_checks(Op.SCATTER, global_, plan, counts, out)
-        return self._dispatch(prep, plan, Op.SCATTER, counts, global_, out, "global_")
+        return self._global_op(_SCATTER, Op.SCATTER, global_, plan, counts, out)
 
     def reduce_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
                        counts: torch.Tensor | None = None,
@@ -291,10 +332,53 @@ class DpComm:
         """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]`` on every rank of
         replica d: row ``j < n_d`` is the sum over all ranks of ``global_[offsets[d] + j]``;
         other rows are 0. The adjoint of ``gather(partial=True)`` (and its gradient)."""
+        return self._global_op(_REDUCE_SCATTER, Op.REDUCE_SCATTER, global_, plan, counts, out)
+
+    def prepare_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
+                        counts: torch.Tensor | None = None,
+                        out: torch.Tensor | None = None) -> PreparedOp:
+        """:meth:`scatter` decided once (see :meth:`prepare_gather`)."""
+        return self._prepare_global(Op.SCATTER, global_, plan, counts, out, explicit=True)
+
+    def prepare_reduce_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
+                               counts: torch.Tensor | None = None,
+                               out: torch.Tensor | None = None) -> PreparedOp:
+        """:meth:`reduce_scatter` decided once (see :meth:`prepare_gather`)."""
+        return self._prepare_global(Op.REDUCE_SCATTER, global_, plan, counts, out,
+                                    explicit=True)
+
+    def _global_op(self, tag: int, op: Op, global_, plan, counts, out):
+        if type(global_) is torch.Tensor and not _compiling():
+            hit = self._prepared.get((tag, plan, global_.shape, global_.dtype, global_.device,
+                                      counts is None, out is None))
+            if hit is not None and hit.admits(global_, counts, out):
+                return hit.run(global_, counts, out)
+        prepared = self._prepare_global(op, global_, plan, counts, out)
+        if isinstance(prepared, PreparedOp):
+            return prepared.run(global_, counts, out)
+        return self._dispatch(prepared, plan, op, counts, global_, out, "global_")
+
+    def _prepare_global(self, op: Op, global_, plan, counts, out, *,
+                        explicit: bool = False) -> PreparedOp | PreparedCall:
         self._alive()
-        prep = self._checked("reduce_scatter", plan, global_, True, counts,
-                             self._global_checks, Op.REDUCE_SCATTER, global_, plan, counts, out)
-        return self._dispatch(prep, plan, Op.REDUCE_SCATTER, counts, global_, out, "global_")
+        name = "reduce_scatter" if op is Op.REDUCE_SCATTER else "scatter"
+        if op is Op.REDUCE_SCATTER:
+            prep = self._checked(name, plan, global_, True, counts, self._global_checks, op,
+                                 global_, plan, counts, out)
+        else:
+            prep = self._global_checks(op, global_, plan, counts, out)
+        if global_.requires_grad and torch.is_grad_enabled():
+            if explicit:
+                raise DpxValueError(f"prepare_{name}: global_ requires grad; a prepared call "
+                                    f"records no autograd graph")
+            return prep
+        method = getattr(self, name)
+        prepared = PreparedOp(prep, lambda x, counts=None, out=None: method(
+            x, plan, counts=counts, out=out), global_, counts=counts, out=out,
+            in_place=False, split=False)
+        tag = _REDUCE_SCATTER if op is Op.REDUCE_SCATTER else _SCATTER
+        return self._remember((tag, plan, global_.shape, global_.dtype, global_.device,
+                               counts is None, out is None), prepared)
 
     def gather_async(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
                      counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -309,7 +393,8 @@ class DpComm:
         self._no_grad("gather_async", local)
         in_place = self._in_place(local, out, plan, counts)
         prep = self._checked("gather", plan, local, partial, counts, self._gather_checks,
-                             local, plan, partial, counts, out, Wire.NATIVE, True, in_place)
+                             local, plan, partial, counts, out, Wire.NATIVE, True, in_place,
+                             _async_key(local))
         return self.runner.overlap.launch("gather", key, local, prep.out_rows,
                                           self._runner(prep, _flat(counts), local), out=out)
 
@@ -323,7 +408,7 @@ class DpComm:
         self._no_grad("reduce_scatter_async", global_)
         prep = self._checked("reduce_scatter", plan, global_, True, counts,
                              self._global_checks, Op.REDUCE_SCATTER, global_, plan, counts,
-                             out)
+                             out, _async_key(global_))
         return self.runner.overlap.launch("reduce_scatter", key, global_, prep.out_rows,
                                           self._runner(prep, _flat(counts), global_), out=out)
 
@@ -386,7 +471,8 @@ class DpComm:
                 if problems:
                     raise DpxCapacityError("exchange_counts: " + "; ".join(problems))
         elif plan is not None:
-            self.runner.flags.check(picked, count_rule_of(plan))
+            self.runner.flags.check(picked, count_rule_of(plan),
+                                    self.runner.passes_for(picked.device))
         return picked.view(lay.dp_size, lay.cp_size) if shards else picked
 
     def mask_pad_rows(self, t: torch.Tensor, plan: DpPlan, *,
@@ -397,9 +483,12 @@ class DpComm:
         flag)."""
         self._alive()
         self.checks.plan(plan)
-        out = mask_pad_rows(t, plan, counts=counts, fill=fill, tables=self.runner.tables)
+        runner = self.runner
+        passes = runner.passes_for(t.device) if isinstance(t, torch.Tensor) else None
+        out = mask_pad_rows(t, plan, counts=counts, fill=fill, tables=runner.tables,
+                            passes=passes)
         if counts is not None:
-            self.runner.flags.check(_flat(counts), count_rule_of(plan))
+            runner.flags.check(_flat(counts), count_rule_of(plan), passes)
         return out
 
     def pad_row_mask(self, plan: DpPlan, *, counts: torch.Tensor | None = None,
@@ -443,6 +532,7 @@ class DpComm:
 
     def clear_caches(self) -> None:
         """Empty every cache and the scratch pool (recapture CUDA graphs after this)."""
+        self._prepared.clear()
         self.runner.clear()
         self._sources.clear()
 
@@ -453,20 +543,52 @@ class DpComm:
 
     def destroy(self) -> None:
         """Destroy the subgroups this communicator created (none when it was given the
-        caller's groups), and refuse any later call. Collective: every rank calls it. Each
-        subgroup is drained with a barrier before it is destroyed, and the world group
-        after, so no rank tears a group down while a peer still uses it (gloo aborts the
-        process then: "terminate called without an active exception")."""
+        caller's groups), drop every reference it holds to a process group, and refuse any
+        later call. Collective: every rank calls it. Each subgroup is drained with a
+        barrier before it is destroyed, and the world group after, so no rank tears a
+        group down while a peer still uses it.
+
+        Dropping the references matters at exit: a process group's C++ object joins its
+        gloo worker threads only when the last reference to it goes. A group kept alive
+        by a communicator past ``dist.destroy_process_group()`` is destroyed during
+        interpreter finalization instead, where a worker thread still releasing a tensor
+        of a finished collective cannot take the GIL and the process aborts
+        ("terminate called without an active exception"). Without ``destroy()``, the same
+        release runs at interpreter exit (an ``atexit`` hook; the subgroups this
+        communicator created are destroyed there, without barriers)."""
         if self._destroyed:
             return
-        self._destroyed = True
         g = self.groups
         for pg in g.owned:
             dist.barrier(group=pg)
             dist.destroy_process_group(pg)
         if g.owned:
             dist.barrier(group=g.world)
+        self._release()
+
+    def _release(self) -> None:
+        """Forget every process group and cache (see :meth:`destroy`)."""
+        self._destroyed = True
+        self._prepared.clear()
         self.runner.clear()
+        self.groups = self.runner = self.checks = self.agreement = None  # type: ignore
+        self._sources.clear()
+        atexit.unregister(self._exit_hook)
+
+    def __del__(self) -> None:
+        hook = getattr(self, "_exit_hook", None)
+        if hook is not None:
+            atexit.unregister(hook)
+
+    def _at_exit(self) -> None:
+        if self._destroyed:
+            return
+        for pg in self.groups.owned:
+            try:
+                dist.destroy_process_group(pg)
+            except (ValueError, RuntimeError):  # already destroyed with the world
+                pass
+        self._release()
 
     # ------------------------------------------------------------------ calls
     def _alive(self) -> None:
@@ -475,7 +597,8 @@ class DpComm:
                                 "one to run collectives")
 
     def _gather_checks(self, local, plan, partial, counts, out, wire: Wire,
-                       dequantize: bool, in_place: bool) -> Prepared:
+                       dequantize: bool, in_place: bool,
+                       scratch_key: str = "caller") -> PreparedCall:
         c = self.checks
         if not isinstance(partial, bool):
             c.partial(partial)
@@ -492,34 +615,36 @@ class DpComm:
                                     "False the gather returns views of its own wire buffer")
         if counts is not None:
             c.counts(plan, counts, local)
-        prep = self.runner.prepare(plan, Op.GATHER, partial=partial,
-                                   device_counts=counts is not None, in_rows=local.shape[0],
-                                   wire=wire, dequantize=dequantize, in_place=in_place)
-        if local.shape[0] < prep.need:
-            c.tensor("local", local, min_rows=prep.need)
+        rows = op_rows(plan, Op.GATHER, self.rank, device_counts=counts is not None)
+        if local.shape[0] < rows.need:
+            c.tensor("local", local, min_rows=rows.need)
         if not in_place:
-            c.out(out, local, prep.out_rows, compiling=compiling)
+            c.out(out, local, rows.out, compiling=compiling)
         elif local.requires_grad and torch.is_grad_enabled():
             raise DpxValueError("an in-place gather records no autograd graph; gather from "
                                 "a separate input to differentiate")
-        return prep
+        return self.runner.prepare(plan, Op.GATHER, local, partial=partial,
+                                   device_counts=counts is not None, wire=wire,
+                                   dequantize=dequantize, in_place=in_place,
+                                   scratch_key=scratch_key)
 
-    def _global_checks(self, op: Op, global_, plan, counts, out) -> Prepared:
+    def _global_checks(self, op: Op, global_, plan, counts, out,
+                       scratch_key: str = "caller") -> PreparedCall:
         c = self.checks
         c.tensor("global_", global_)
         if not isinstance(plan, DpPlan) or plan.layout != self.layout:
             c.plan(plan)
         if counts is not None:
             c.counts(plan, counts, global_)
-        prep = self.runner.prepare(plan, op, partial=True, device_counts=counts is not None,
-                                   in_rows=global_.shape[0])
-        if global_.shape[0] != prep.need:
-            c.tensor("global_", global_, rows=prep.need)
-        c.out(out, global_, prep.out_rows, compiling=torch.compiler.is_compiling())
-        return prep
+        rows = op_rows(plan, op, self.rank, device_counts=counts is not None)
+        if global_.shape[0] != rows.need:
+            c.tensor("global_", global_, rows=rows.need)
+        c.out(out, global_, rows.out, compiling=torch.compiler.is_compiling())
+        return self.runner.prepare(plan, op, global_, partial=True,
+                                   device_counts=counts is not None, scratch_key=scratch_key)
 
     def _checked(self, op: str, plan, tensor, partial, counts,
-                 checks: Callable[..., Prepared], *args) -> Prepared:
+                 checks: Callable[..., PreparedCall], *args) -> PreparedCall:
         """Run this rank's input checks. Without ``validate`` a rejected input raises here,
         before any collective. With ``validate``, every rank first exchanges what it is
         about to do (and whether its input was rejected), and all raise the same error."""
@@ -532,21 +657,23 @@ class DpComm:
         self.agreement.check(op, plan, tensor, partial, err, counts)
         return result
 
-    def _dispatch(self, prep: Prepared, plan: DpPlan, op: Op, counts: torch.Tensor | None,
-                  x: torch.Tensor, out: torch.Tensor | None, name: str) -> torch.Tensor:
+    def _dispatch(self, prep: PreparedCall, plan: DpPlan, op: Op,
+                  counts: torch.Tensor | None, x: torch.Tensor, out: torch.Tensor | None,
+                  name: str) -> torch.Tensor:
+        """A call that records autograd (or is traced by torch.compile)."""
         if x.requires_grad and torch.is_grad_enabled():
             if out is not None:
                 raise DpxValueError(f"out= cannot be used when {name} requires grad")
             return OpFunction.apply(x, self.runner,
                                     Call(plan, op, _flat(counts), x.shape[0], prep))
         if out is None:
-            out = x.new_empty((prep.out_rows, *x.shape[1:]))
-        return self.runner.run(prep, x, out, _flat(counts))
+            out = self._new_out(prep, x)
+        return prep.run(x, out, _flat(counts))
 
-    def _runner(self, prep: Prepared, counts: torch.Tensor | None,
+    @staticmethod
+    def _runner(prep: PreparedCall, counts: torch.Tensor | None,
                 x: torch.Tensor) -> Callable[[torch.Tensor], object]:
-        runner = self.runner
-        return lambda out: runner.run(prep, x, out, counts)
+        return lambda out: prep.run(x, out, counts)
 
     @staticmethod
     def _no_grad(name: str, x: torch.Tensor,
@@ -555,6 +682,22 @@ class DpComm:
             raise DpxValueError(f"{name} records no autograd graph and its input requires "
                                 f"grad: {hint}, or pass a detached tensor under "
                                 f"torch.no_grad()")
+
+
+def _exit_hook(ref: "weakref.ref[DpComm]") -> Callable[[], None]:
+    """What interpreter exit runs for a communicator that was not destroyed (a weak
+    reference: the hook keeps nothing alive)."""
+    def hook() -> None:
+        comm = ref()
+        if comm is not None:
+            comm._at_exit()
+    return hook
+
+
+def _async_key(x: object) -> str:
+    """The scratch key of an overlapped call: its own on the comm stream (CUDA), the
+    caller's where nothing overlaps (CPU)."""
+    return "comm" if isinstance(x, torch.Tensor) and x.is_cuda else "caller"
 
 
 def _flat(counts: torch.Tensor | None) -> torch.Tensor | None:

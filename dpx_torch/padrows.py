@@ -8,7 +8,7 @@ sync, and a captured CUDA graph replays with new counts. Without it the plan's h
 are used. The device copies of the host index tables come from ``tables`` (a
 :class:`dpx_torch.DeviceTables`; ``DpComm.mask_pad_rows`` passes its own) or are made for
 the call -- which a CUDA-graph capture cannot do: inside one, pass tables used once before
-it, or call ``DpComm.mask_pad_rows`` (a dpx error says so). The mask kernel is the
+it, or call ``DpComm.mask_pad_rows`` (a dpx error says so). The mask is the
 ``dpx::mask_rows_`` custom op under torch.compile.
 """
 
@@ -18,36 +18,14 @@ import torch
 
 from dpx import expr as X
 from dpx.errors import DpxTypeError, DpxValueError
-from dpx.kernels import launch as _launch
-from dpx.kernels import mask as _mask
 from dpx.padrows import real_ranges
 from dpx.plan import DpPlan
 from dpx_torch.checks import check_counts
+from dpx_torch.ops import OpPasses
+from dpx_torch.passes import Passes, passes_for
 from dpx_torch.program import DeviceTables, DeviceValues, FreshTables, tables_for_call
-from dpx_torch.rows import kernel_for, width_of
 
 __all__ = ["mask_pad_rows", "pad_row_mask", "real_rows"]
-
-
-def _launch_mask(t: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, fill: float | int
-                 ) -> None:
-    width = width_of(t)
-    block_r, block_c, warps = _launch.row_blocks(width)
-    grid = (-(-t.shape[0] // block_r), -(-width // block_c))
-    kernel_for(_mask.mask_rows_kernel, t.device)[grid](
-        firsts, lens, firsts.shape[0], fill, t.shape[0], t, WIDTH=width, BLOCK_R=block_r,
-        BLOCK_C=block_c, num_warps=warps)
-
-
-@torch.library.custom_op("dpx::mask_rows_", mutates_args=("t",))
-def _mask_rows_(t: torch.Tensor, firsts: torch.Tensor, lens: torch.Tensor, fill_float: float,
-                fill_int: int, is_float: bool) -> None:
-    _launch_mask(t, firsts, lens, fill_float if is_float else fill_int)
-
-
-@_mask_rows_.register_fake
-def _(t, firsts, lens, fill_float, fill_int, is_float) -> None:
-    return None
 
 
 def _check(plan: object, counts: torch.Tensor | None, device: torch.device) -> None:
@@ -80,11 +58,13 @@ def _tables(plan: DpPlan, counts: torch.Tensor | None, device: torch.device,
 
 
 def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None = None,
-                  fill: int | float = -1, tables: DeviceTables | None = None) -> torch.Tensor:
+                  fill: int | float = -1, tables: DeviceTables | None = None,
+                  passes: Passes | None = None) -> torch.Tensor:
     """In place: every row of ``t [plan.global_rows, ...]`` that is not a real token row
     becomes ``fill`` (slot padding, alignment rows, idle replicas; every mode). Returns
-    ``t``. One kernel launch for host counts and for MAX_LEN plans with device counts
-    (other capacity plans first add the counts into offsets on the device)."""
+    ``t``. One kernel launch on CUDA for host counts and for MAX_LEN plans with device
+    counts (other capacity plans first add the counts into offsets on the device); torch
+    ops on CPU (``passes``: :mod:`dpx_torch.passes`, default the device's)."""
     _check(plan, None, torch.device("cpu"))
     if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != plan.global_rows:
         raise DpxValueError(f"t must be a tensor of plan.global_rows={plan.global_rows} rows, "
@@ -98,11 +78,8 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
         return t
     firsts, lens = _tables(plan, counts, t.device, _tables_for(tables, t.device))
     if torch.compiler.is_compiling():
-        whole = float(fill).is_integer()
-        _mask_rows_(t, firsts, lens, float(fill), int(fill) if whole else 0,
-                    t.dtype.is_floating_point)
-    else:
-        _launch_mask(t, firsts, lens, fill)
+        passes = OpPasses()
+    (passes or passes_for(t.device)).mask(t, firsts, lens, fill)
     return t
 
 

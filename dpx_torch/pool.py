@@ -48,6 +48,18 @@ class BufferPool:
             self._captured.add(full)
         return buf[:numel].view(shape)
 
+    def holds(self, key: object, dtype: torch.dtype, device: torch.device,
+              view: torch.Tensor) -> bool:
+        """Whether ``view`` (handed out by :meth:`get`) still lies in the buffer kept for
+        ``(key, dtype, device)`` (the buffer is replaced when it grows)."""
+        buf = self._buffers.get((key, dtype, device))
+        return buf is not None and view.data_ptr() == buf.data_ptr()
+
+    def capture(self, key: object, dtype: torch.dtype, device: torch.device) -> None:
+        """Mark the buffer of ``(key, dtype, device)`` as read by a CUDA graph being
+        captured: it is kept alive when it is later outgrown."""
+        self._captured.add((key, dtype, device))
+
     def __len__(self) -> int:
         return len(self._buffers)
 

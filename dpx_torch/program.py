@@ -1,14 +1,19 @@
-"""Runs a schedule variant (:class:`dpx.schedule.Variant`) on torch tensors: one small
-compiler per step kind (:data:`COMPILERS`), each turning a step into a function of one
-call's buffers and values.
+"""Runs a schedule variant (:class:`dpx.schedule.Variant`) on torch tensors.
 
-The planner says which rows move where; this module only maps each step onto a row
-kernel (``dpx.kernels`` through :mod:`dpx_torch.rows`) or a ``torch.distributed``
-collective. A variant's values come in two kinds: host values of the call (one tuple,
-computed by the variant's generated function from the plan's counts and the call's
-sizes) and values that read device counts, evaluated here on the counts tensor with
-:class:`DeviceValues` (int32, no host sync, so a captured CUDA graph replays with new
-counts). A program is compiled once per variant and serves every call of it.
+A :class:`Program` is a variant compiled once: one *binder* per step (:data:`BINDERS`),
+each turning a step into a function of one call's buffers. The planner says which rows
+move where; a binder only maps its step onto a pass (:mod:`dpx_torch.passes`: the Triton
+kernels on CUDA, torch ops on CPU, the custom ops under torch.compile) or a
+``torch.distributed`` collective.
+
+A :class:`PreparedCall` is the program bound to one call's *structure*: the variant's host
+values (computed by its generated function from the plan's counts and the call's sizes),
+the input's shape, dtype and device, the scratch buffers, each pass's launch (grid, tile,
+compiled kernel) and each collective's process group -- everything decided once. Running
+it is straight-line code: one bound function per step, ``f(x, out, dv)``. ``dv`` evaluates
+the values that read device counts (:class:`DeviceValues`: int32 tensor ops, no host sync,
+so a captured CUDA graph replays with new counts); it exists only for calls with device
+counts.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ from dpx.errors import DpxValueError
 from dpx.modes import Group
 from dpx.schedule import Variant
 from dpx.steps import (IN, OUT, AllGather, AllReduce, BroadcastV, CheckCounts, Dequantize,
-                       Move, Pack, Quantize, ReduceScatter, ReduceV, Ref, Step, Unpack, Zero)
+                       Move, Pack, Quantize, ReduceScatter, ReduceV, Ref, Step, Unpack, Zero,
+                       len_of)
 from dpx.wire import wire_row_bytes
-from dpx_torch.rows import move_into, pack_into, unpack_into, zero_into
-from dpx_torch.wire import dequantize_into, quantize_into
+from dpx_torch.passes import DEVICE, Passes
 
 __all__ = [
-    "all_gather_single", "BatchProgram", "COMPILERS", "DeviceTables", "DeviceValues",
-    "FreshTables", "Getter", "Program", "reduce_scatter_single", "StepFn", "tables_for_call"
+    "all_gather_single", "BatchProgram", "BINDERS", "CallShape", "DeviceTables",
+    "DeviceValues", "FreshTables", "PreparedCall", "Program", "reduce_scatter_single",
+    "StepFn", "tables_for_call"
 ]
 
 if TYPE_CHECKING:
@@ -153,198 +159,314 @@ class DeviceValues(X.ArrayOps):
         return v[i:i + 1]
 
 
-#: ``fn(env, host values, device values)``: one compiled step.
-StepFn = Callable[[dict, tuple, Any], None]
-Getter = Callable[[tuple, Any], Any]
+#: ``fn(x, out, dv)``: one bound step of a prepared call.
+StepFn = Callable[[torch.Tensor, torch.Tensor, Any], None]
+#: ``get(x, out) -> tensor``: a buffer (or rows of one) of a call.
+Buffer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-class _Compiler:
-    """What a step compiler needs: the variant (for its host values), the runner (groups,
-    tables, flags)."""
+class CallShape:
+    """What a prepared call is bound to besides the host values: the input's trailing
+    shape, dtype and device, its rows and the output's, the scratch tensors, the passes
+    of the device and the communicator's runner."""
 
-    def __init__(self, variant: Variant, runner: "Runner") -> None:
-        self.variant, self.runner = variant, runner
+    __slots__ = ("rest", "width", "dtype", "device", "in_rows", "out_rows", "out_wire",
+                 "out_width", "scratch", "passes", "tables", "runner")
 
-    def value(self, v: Any) -> Getter:
-        """A function giving ``v`` for a call: the int itself, its host value, or its
-        evaluation on the device counts."""
-        if v is None or isinstance(v, int):
-            return lambda hv, dv: v
+    def __init__(self, x: torch.Tensor, in_rows: int, out_rows: int, out_wire: bool,
+                 passes: Passes, tables, runner: "Runner") -> None:
+        self.rest = tuple(x.shape[1:])
+        w = 1
+        for s in self.rest:
+            w *= s
+        self.width, self.dtype, self.device = w, x.dtype, x.device
+        self.in_rows, self.out_rows, self.out_wire = in_rows, out_rows, out_wire
+        self.out_width = wire_row_bytes(self.rest[0]) if out_wire else w
+        self.scratch: dict[str, torch.Tensor] = {}
+        self.passes, self.tables, self.runner = passes, tables, runner
+
+
+class _Bind:
+    """The values of one prepared call: host values of the variant resolved to ints, the
+    rest marked :data:`~dpx_torch.passes.DEVICE` with a getter from the call's ``dv``."""
+
+    def __init__(self, variant: Variant, hv: tuple, shape: CallShape) -> None:
+        self.variant, self.hv, self.shape = variant, hv, shape
+
+    def value(self, v: Any) -> Any:
+        """An int (or a constant tuple), or DEVICE (None) when ``v`` reads device
+        counts."""
+        if v is None or type(v) is int or isinstance(v, tuple):
+            return v
         i = self.variant.host_index.get(id(v))
-        if i is not None:
-            return lambda hv, dv: hv[i]
-        if isinstance(v, tuple):
-            return lambda hv, dv: v
-        return lambda hv, dv: dv(v)
+        return DEVICE if i is None else self.hv[i]
 
-    def ref(self, r: Ref) -> Callable[[dict, tuple, Any], torch.Tensor]:
-        """A function reading ref ``r`` (a whole buffer or a row range) from a call."""
-        name = r.buf
-        if isinstance(r.first, int) and r.first == 0 and r.rows is None:
-            return lambda env, hv, dv: env[name]
-        first, rows = self.value(r.first), self.value(r.rows)
-        if r.rows is None:
-            return lambda env, hv, dv: env[name][first(hv, dv):]
+    def index(self, v: Any) -> tuple[int | None, Callable[[Any], Any] | None]:
+        """``(value, getter)``: an int and no getter, or DEVICE and ``dv -> tensor``."""
+        h = self.value(v)
+        if h is DEVICE:
+            return DEVICE, (lambda dv: dv(v))
+        return h, None
 
-        def view(env, hv, dv):
-            lo = first(hv, dv)
-            return env[name][lo:lo + rows(hv, dv)]
-        return view
+    def rows_of(self, name: str) -> int:
+        s = self.shape
+        if name == IN:
+            return s.in_rows
+        if name == OUT:
+            return s.out_rows
+        return s.scratch[name].shape[0]
 
-    def table(self, v: Any) -> Callable[[dict, tuple, Any], torch.Tensor]:
-        """A chunk-table vector as an int32 tensor on the data's device (host tuples from
-        the communicator's tables; device values evaluated per call)."""
-        get, runner = self.value(v), self.runner
-        if isinstance(v, tuple) or self.variant.host_index.get(id(v)) is not None:
-            return lambda env, hv, dv: tables_for_call(runner.tables).get(tuple(get(hv, dv)),
-                                                                          env[IN].device)
-        return lambda env, hv, dv: get(hv, dv).reshape(-1)
+    def buffer(self, r: Ref, rows: Any = None) -> tuple[Buffer, int]:
+        """A getter of ``r``'s rows (exactly ``rows`` of them when given) and how many rows
+        it gives. Refs are host-known (a view at a device offset would need a host sync)."""
+        want = r.rows if rows is None else rows
+        first = self.value(r.first)
+        n = None if want is None else self.value(want)
+        if first is DEVICE or (want is not None and n is DEVICE):
+            raise DpxValueError(f"dpx_torch cannot view {r} at a device offset")
+        total = self.rows_of(r.buf)
+        if n is None:
+            n = total - first
+        if r.buf not in (IN, OUT):
+            t = self.shape.scratch[r.buf][first:first + n]
+            return (lambda x, out: t), n
+        whole = first == 0 and n == total
+        if r.buf == IN:
+            return ((lambda x, out: x) if whole else (lambda x, out: x[first:first + n])), n
+        return ((lambda x, out: out) if whole else (lambda x, out: out[first:first + n])), n
+
+    def table(self, v: Any) -> Callable[[Any], torch.Tensor]:
+        """A chunk-table vector as an int32 tensor on the data's device: a host tuple made
+        once, or a device value evaluated per call."""
+        h = self.value(v)
+        if h is DEVICE:
+            return lambda dv: dv(v).reshape(-1)
+        t = self.shape.tables.get(tuple(h), self.shape.device)
+        return lambda dv: t
 
     def group(self, g: Group) -> dist.ProcessGroup:
-        return self.runner.groups.process_group(g)
+        return self.shape.runner.groups.process_group(g)
+
+
+def _with_indices(go: Callable, a: Buffer, b: Buffer, getters: tuple) -> StepFn:
+    """``go(a, b)`` or, when any index is device data, ``go(a, b, *indices)``."""
+    if all(g is None for g in getters):
+        return lambda x, out, dv: go(a(x, out), b(x, out))
+    gs = tuple((lambda dv: None) if g is None else g for g in getters)
+    return lambda x, out, dv: go(a(x, out), b(x, out), *(g(dv) for g in gs))
 
 
 # ---------------------------------------------------------------- local passes
-# (module-level functions are looked up when a step runs, not when it is compiled)
-def _check(s: CheckCounts, c: _Compiler) -> StepFn:
-    flags = c.runner.flags
-    return lambda env, hv, dv: flags.check(dv.counts(), s)
+def _check(s: CheckCounts, b: _Bind) -> StepFn:
+    flags, passes = b.shape.runner.flags, b.shape.passes
+    return lambda x, out, dv: flags.check(dv.counts(), s, passes)
 
 
-def _move(s: Move, c: _Compiler) -> StepFn:
-    src, dst = c.ref(s.src), c.ref(s.dst)
-    a, b, n = c.value(s.src_start), c.value(s.dst_start), c.value(s.count)
-    return lambda env, hv, dv: move_into(src(env, hv, dv), a(hv, dv), b(hv, dv), n(hv, dv),
-                                         dst(env, hv, dv))
+def _move(s: Move, b: _Bind) -> StepFn:
+    src, src_rows = b.buffer(s.src)
+    dst, rows = b.buffer(s.dst, s.rows)
+    (ss, gs), (ds, gd), (n, gn) = b.index(s.src_start), b.index(s.dst_start), b.index(s.count)
+    sh = b.shape
+    go = sh.passes.bind_move(src_rows, rows, sh.width, sh.dtype, sh.device, ss, ds, n)
+    return _with_indices(go, src, dst, (gs, gd, gn))
 
 
-def _zero(s: Zero, c: _Compiler) -> StepFn:
-    buf, a, n = c.ref(s.buf), c.value(s.keep_start), c.value(s.keep_count)
-    return lambda env, hv, dv: zero_into(buf(env, hv, dv), a(hv, dv), n(hv, dv))
+def _zero(s: Zero, b: _Bind) -> StepFn:
+    buf, rows = b.buffer(s.buf, s.rows)
+    (ks, gs), (kn, gn) = b.index(s.keep_start), b.index(s.keep_count)
+    sh = b.shape
+    go = sh.passes.bind_zero(rows, sh.width, sh.dtype, sh.device, ks, kn)
+    if gs is None and gn is None:
+        return lambda x, out, dv: go(buf(x, out))
+    gs = gs or (lambda dv: None)
+    gn = gn or (lambda dv: None)
+    return lambda x, out, dv: go(buf(x, out), gs(dv), gn(dv))
 
 
-def _quantize(s: Quantize, c: _Compiler) -> StepFn:
-    src, dst, a, n = c.ref(s.src), c.ref(s.dst), c.value(s.start), c.value(s.count)
-    return lambda env, hv, dv: quantize_into(src(env, hv, dv), a(hv, dv), n(hv, dv),
-                                             dst(env, hv, dv))
+def _quantize(s: Quantize, b: _Bind) -> StepFn:
+    src, src_rows = b.buffer(s.src)
+    dst, rows = b.buffer(s.dst, s.rows)
+    (st, gs), (n, gn) = b.index(s.start), b.index(s.count)
+    sh = b.shape
+    go = sh.passes.bind_quantize(src_rows, rows, sh.width, sh.dtype, sh.device, st, n)
+    return _with_indices(go, src, dst, (gs, gn))
 
 
-def _dequantize(s: Dequantize, c: _Compiler) -> StepFn:
-    src, dst = c.ref(s.src), c.ref(s.dst)
-    return lambda env, hv, dv: dequantize_into(src(env, hv, dv), dst(env, hv, dv))
+def _dequantize(s: Dequantize, b: _Bind) -> StepFn:
+    src, _ = b.buffer(s.src, s.rows)
+    dst, rows = b.buffer(s.dst, s.rows)
+    sh = b.shape
+    go = sh.passes.bind_dequantize(rows, sh.width, sh.dtype)
+    return lambda x, out, dv: go(src(x, out), dst(x, out))
 
 
-def _pack(s: Pack, c: _Compiler) -> StepFn:
-    src, dst, firsts, lens, block = (c.ref(s.src), c.ref(s.dst), c.table(s.firsts),
-                                     c.table(s.lens), c.value(s.block))
-    return lambda env, hv, dv: pack_into(src(env, hv, dv), firsts(env, hv, dv),
-                                         lens(env, hv, dv), block(hv, dv), dst(env, hv, dv))
-
-
-def _unpack(s: Unpack, c: _Compiler) -> StepFn:
-    src, dst, firsts, lens, block = (c.ref(s.src), c.ref(s.dst), c.table(s.firsts),
-                                     c.table(s.lens), c.value(s.block))
-    return lambda env, hv, dv: unpack_into(src(env, hv, dv), firsts(env, hv, dv),
-                                           lens(env, hv, dv), block(hv, dv), dst(env, hv, dv))
+def _chunks(pack: bool) -> Callable[[Pack | Unpack, _Bind], StepFn]:
+    def bind(s: Pack | Unpack, b: _Bind) -> StepFn:
+        src, src_rows = b.buffer(s.src)
+        dst, rows = b.buffer(s.dst, s.rows)
+        firsts, lens, block = b.table(s.firsts), b.table(s.lens), b.value(s.block)
+        sh = b.shape
+        n = len_of(s.firsts)
+        binder = sh.passes.bind_pack if pack else sh.passes.bind_unpack
+        go = binder(src_rows, rows, sh.width, n, sh.dtype, block)
+        return lambda x, out, dv: go(src(x, out), firsts(dv), lens(dv), dst(x, out))
+    return bind
 
 
 # ---------------------------------------------------------------- collectives
-def _all_gather(s: AllGather, c: _Compiler) -> StepFn:
-    src, dst, group = c.ref(s.src), c.ref(s.dst), c.group(s.group)
-    return lambda env, hv, dv: all_gather_single(dst(env, hv, dv), src(env, hv, dv),
-                                                 group=group)
+def _all_gather(s: AllGather, b: _Bind) -> StepFn:
+    src, _ = b.buffer(s.src, s.rows)
+    dst, _ = b.buffer(s.dst)
+    group, ag = b.group(s.group), all_gather_single
+    return lambda x, out, dv: ag(dst(x, out), src(x, out), group=group)
 
 
-def _reduce_scatter(s: ReduceScatter, c: _Compiler) -> StepFn:
-    src, dst, group = c.ref(s.src), c.ref(s.dst), c.group(s.group)
-    return lambda env, hv, dv: reduce_scatter_single(dst(env, hv, dv), src(env, hv, dv),
-                                                     group=group)
+def _reduce_scatter(s: ReduceScatter, b: _Bind) -> StepFn:
+    src, _ = b.buffer(s.src)
+    dst, _ = b.buffer(s.dst, s.rows)
+    group, rs = b.group(s.group), reduce_scatter_single
+    return lambda x, out, dv: rs(dst(x, out), src(x, out), group=group)
 
 
-def _all_reduce(s: AllReduce, c: _Compiler) -> StepFn:
-    buf, group = c.ref(s.buf), c.group(s.group)
-    return lambda env, hv, dv: dist.all_reduce(buf(env, hv, dv), group=group)
+def _all_reduce(s: AllReduce, b: _Bind) -> StepFn:
+    buf, _ = b.buffer(s.buf, s.rows)
+    group, ar = b.group(s.group), dist.all_reduce
+    return lambda x, out, dv: ar(buf(x, out), group=group)
 
 
-def _per_root(fn_name: str, key: str) -> Callable[[BroadcastV | ReduceV, _Compiler], StepFn]:
-    def compile_(s: BroadcastV | ReduceV, c: _Compiler) -> StepFn:
-        buf, group = c.ref(s.buf), c.group(s.group)
-        firsts, lens = c.value(s.firsts), c.value(s.lens)
-        roots = c.runner.groups.global_ranks
-        runner = c.runner
+def _per_root(fn_name: str, key: str) -> Callable[[BroadcastV | ReduceV, _Bind], StepFn]:
+    def bind(s: BroadcastV | ReduceV, b: _Bind) -> StepFn:
+        buf, _ = b.buffer(s.buf)
+        group, fn = b.group(s.group), getattr(dist, fn_name)
+        roots = b.shape.runner.groups.global_ranks
+        firsts, lens = b.value(s.firsts), b.value(s.lens)
+        if firsts is DEVICE or lens is DEVICE:
+            raise DpxValueError("per-root collectives take host sizes")
+        # every rank skips the same roots: the table is the same everywhere
+        chunks = tuple((f, f + n, roots[r]) for r, (f, n) in enumerate(zip(firsts, lens)) if n)
+        runner, g = b.shape.runner, s.group
 
-        def ungrouped(env, hv, dv):
-            b = buf(env, hv, dv)
-            fn = getattr(dist, fn_name)
-            for root, (f, n) in enumerate(zip(firsts(hv, dv), lens(hv, dv))):
-                if n:  # every rank skips the same roots: the table is the same everywhere
-                    fn(b[f:f + n], **{key: roots[root]}, group=group)
+        def ungrouped(x, out, dv):
+            t = buf(x, out)
+            for lo, hi, root in chunks:
+                fn(t[lo:hi], **{key: root}, group=group)
 
-        def run(env, hv, dv):
-            with runner.coalesced(s.group, buf(env, hv, dv).device):
-                ungrouped(env, hv, dv)
+        def run(x, out, dv):
+            with runner.coalesced(g, buf(x, out).device):
+                ungrouped(x, out, dv)
         run.ungrouped = ungrouped  # type: ignore[attr-defined]
         return run
-    return compile_
+    return bind
 
 
-#: The torch frontend's compiler of every step kind its schedules hold (the per-root
+#: The torch frontend's binder of every step kind its schedules hold (the per-root
 #: transport: :func:`dpx.steps.kinds_for`).
-COMPILERS: dict[type[Step], Callable[[Any, _Compiler], StepFn]] = {
+BINDERS: dict[type[Step], Callable[[Any, _Bind], StepFn]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
-    Dequantize: _dequantize, Pack: _pack, Unpack: _unpack,
+    Dequantize: _dequantize, Pack: _chunks(True), Unpack: _chunks(False),
     AllGather: _all_gather, ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
     BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
 }
 
 
 class Program:
-    """A variant compiled once into bound step functions: a call looks its buffers up
-    and runs them (no per-step dispatch)."""
+    """A variant compiled once (see the module docstring): its binders and scratch."""
 
-    __slots__ = ("variant", "steps", "by_step", "_scratch", "_runner")
+    __slots__ = ("variant", "binders", "scratch")
 
-    def __init__(self, runner: "Runner", variant: Variant) -> None:
-        self.variant, self._runner = variant, runner
-        comp = _Compiler(variant, runner)
-        self._scratch = tuple((name, comp.value(rows), name in variant.wire_bufs)
-                              for name, rows in variant.scratch)
-        fns = []
+    def __init__(self, variant: Variant) -> None:
+        self.variant = variant
+        binders = []
         for step in variant.steps:
-            compiler = COMPILERS.get(type(step))
-            if compiler is None:
+            binder = BINDERS.get(type(step))
+            if binder is None:
                 raise DpxValueError(f"dpx_torch cannot run a {step.kind} step (its schedules "
                                     f"use the per_root transport)")
-            fns.append(compiler(step, comp))
-        self.steps = tuple(fns)
-        self.by_step = dict(zip(variant.steps, fns))
+            binders.append(binder)
+        self.binders = tuple(binders)
+        self.scratch = tuple((name, rows, name in variant.wire_bufs)
+                             for name, rows in variant.scratch)
 
-    def bind(self, inp: torch.Tensor, out: torch.Tensor, counts: torch.Tensor | None,
-             hv: tuple, params: tuple[int | None, int], scratch_key: str) -> tuple:
-        """One call's buffers (``inp`` as ``"in"``, ``out`` as ``"out"``, scratch from the
-        pool under ``(name, scratch_key)``: valid until the next call with the same key,
-        which stream order makes safe), host values and device evaluator."""
-        env: dict = {IN: inp, OUT: out}
-        dv = (None if counts is None else
-              DeviceValues(counts, tables_for_call(self._runner.tables), params))
-        if self._scratch:
-            pool, rest = self._runner.pool, inp.shape[1:]
-            for name, rows, wire in self._scratch:
-                n = rows(hv, dv)
-                if wire:
-                    env[name] = pool.get((name, scratch_key), (n, wire_row_bytes(rest[0])),
-                                         torch.uint8, inp.device)
-                else:
-                    env[name] = pool.get((name, scratch_key), (n, *rest), inp.dtype,
-                                         inp.device)
-        return env, hv, dv
+    def prepare(self, hv: tuple, params: tuple[int | None, int], shape: CallShape,
+                scratch_key: str, need: int, exact: bool) -> "PreparedCall":
+        return PreparedCall(self, hv, params, shape, scratch_key, need, exact)
 
-    def __call__(self, inp: torch.Tensor, out: torch.Tensor, counts: torch.Tensor | None,
-                 hv: tuple, params: tuple[int | None, int], scratch_key: str) -> torch.Tensor:
-        """Every step, in order (see :meth:`bind`)."""
-        args = self.bind(inp, out, counts, hv, params, scratch_key)
+
+class PreparedCall:
+    """One call's structure, decided once (see the module docstring): ``run(x, out,
+    counts)`` runs its bound steps. ``need`` / ``exact``: the input rows it takes (at
+    least, or exactly); ``out_rows``: the output's rows."""
+
+    __slots__ = ("program", "values", "params", "shape", "scratch_key", "need", "exact",
+                 "out_rows", "steps", "by_step", "_pool_keys", "_device_values")
+
+    def __init__(self, program: Program, hv: tuple, params: tuple[int | None, int],
+                 shape: CallShape, scratch_key: str, need: int, exact: bool) -> None:
+        self.program, self.values, self.params, self.shape = program, hv, params, shape
+        self.scratch_key, self.need, self.exact = scratch_key, need, exact
+        self.out_rows = shape.out_rows
+        self._device_values = shape.tables
+        self._bind()
+
+    @property
+    def variant(self) -> Variant:
+        return self.program.variant
+
+    @property
+    def out_wire(self) -> bool:
+        return self.shape.out_wire
+
+    def _bind(self) -> None:
+        sh, prog = self.shape, self.program
+        b = _Bind(prog.variant, self.values, sh)
+        pool = sh.runner.pool
+        keys = []
+        sh.scratch = {}
+        for name, rows, wire in prog.scratch:
+            n = b.value(rows)
+            key = (name, self.scratch_key)
+            if wire:
+                t = pool.get(key, (n, wire_row_bytes(sh.rest[0])), torch.uint8, sh.device)
+                keys.append((key, torch.uint8))
+            else:
+                t = pool.get(key, (n, *sh.rest), sh.dtype, sh.device)
+                keys.append((key, sh.dtype))
+            sh.scratch[name] = t
+        # a traced call is bound afresh every time: nothing to refresh
+        self._pool_keys = () if torch.compiler.is_compiling() else tuple(keys)
+        self.steps = tuple(binder(step, b) for binder, step in
+                           zip(prog.binders, prog.variant.steps))
+        self.by_step = dict(zip(prog.variant.steps, self.steps))
+
+    def refresh(self) -> None:
+        """Rebind when the pool has replaced a scratch buffer since (it grew for another
+        call), and mark the scratch as read by a CUDA graph while one is being captured
+        (:class:`~dpx_torch.pool.BufferPool`)."""
+        if not self._pool_keys:
+            return
+        sh = self.shape
+        pool = sh.runner.pool
+        if not all(pool.holds(key, dtype, sh.device, sh.scratch[name])
+                   for (key, dtype), (name, _, _) in zip(self._pool_keys,
+                                                         self.program.scratch)):
+            self._bind()
+        if sh.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            for key, dtype in self._pool_keys:
+                pool.capture(key, dtype, sh.device)
+
+    def device_values(self, counts: torch.Tensor | None) -> DeviceValues | None:
+        if counts is None:
+            return None
+        return DeviceValues(counts, self._device_values, self.params)
+
+    def run(self, x: torch.Tensor, out: torch.Tensor,
+            counts: torch.Tensor | None) -> torch.Tensor:
+        """Every step, in order."""
+        if self._pool_keys:
+            self.refresh()
+        dv = None if counts is None else DeviceValues(counts, self._device_values, self.params)
         for step in self.steps:
-            step(*args)
+            step(x, out, dv)
         return out
 
 
@@ -363,29 +485,32 @@ def _by_dtype(items: list, dtypes: list) -> list[list]:
 
 
 class BatchProgram:
-    """Several programs run in lockstep (:func:`dpx.batch.lockstep`): each stage's local
-    passes, then each batch of collectives as one grouped launch (NCCL coalescing)."""
+    """Several prepared calls run in lockstep (:func:`dpx.batch.lockstep`): each stage's
+    local passes, then each batch of collectives as one grouped launch (NCCL
+    coalescing)."""
 
-    __slots__ = ("programs", "stages", "_runner")
+    __slots__ = ("stages", "_runner")
 
-    def __init__(self, runner: "Runner", programs: tuple[Program, ...]) -> None:
+    def __init__(self, runner: "Runner", variants: tuple[Variant, ...]) -> None:
         self._runner = runner
-        self.programs = programs
-        self.stages: tuple[Stage, ...] = lockstep([p.variant for p in programs])
+        self.stages: tuple[Stage, ...] = lockstep(variants)
 
-    def __call__(self, calls: list[tuple], scratch_key: str) -> tuple:
-        """``calls``: per program ``(inp, out, counts, host values, params)``."""
-        bound = [p.bind(*call, f"{scratch_key}#{i}")
-                 for i, (p, call) in enumerate(zip(self.programs, calls))]
-        progs, device = self.programs, calls[0][0].device
+    def __call__(self, preps: list[PreparedCall], calls: list[tuple]) -> tuple:
+        """``calls``: per prepared call ``(inp, out, counts)``."""
+        args = []
+        for p, (x, out, counts) in zip(preps, calls):
+            if p._pool_keys:
+                p.refresh()
+            args.append((x, out, p.device_values(counts)))
+        device = calls[0][0].device
         for stage in self.stages:
             for i, step in stage.local:
-                progs[i].by_step[step](*bound[i])
+                preps[i].by_step[step](*args[i])
             for batch in stage.batches:
-                items = [(progs[i].by_step[step], bound[i]) for i, step in batch.items]
+                items = [(preps[i].by_step[step], args[i]) for i, step in batch.items]
                 if len(items) == 1:
-                    fn, args = items[0]
-                    fn(*args)
+                    fn, a = items[0]
+                    fn(*a)
                     continue
                 first = batch.items[0][1]
                 collected = isinstance(first, _COLLECTED)
@@ -395,6 +520,6 @@ class BatchProgram:
                         part[0][0](*part[0][1])
                         continue
                     with self._runner.coalesced(first.group, device, collected=collected):
-                        for fn, args in part:
-                            getattr(fn, "ungrouped", fn)(*args)
+                        for fn, a in part:
+                            getattr(fn, "ungrouped", fn)(*a)
         return tuple(call[1] for call in calls)

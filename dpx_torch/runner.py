@@ -2,14 +2,15 @@
 device tables, scratch pool, overflow flags and the comm stream -- every piece of state
 a communicator keeps, with one bound each (:class:`CacheLimits`) and one ``clear()``.
 
-A call is looked up in two levels. The *call cache* keys on the plan object and the
-call's flags (a layer loop that gathers with one plan per step hits it from the second
-layer on). On a miss, the plan's *structure* (:func:`dpx.geometry.structure_of`) selects a
-schedule template in the :class:`dpx.ScheduleCache`; the template's generated function
-computes the call's host values from the new counts (and picks the variant whose guards
-they meet); the variant's compiled :class:`~dpx_torch.program.Program` runs them. New
-counts of a known structure therefore cost one generated function call, never a new
-schedule.
+A call is looked up in two levels. The *call cache* keys on the plan, the call's flags and
+the input's shape, dtype and device, and holds the :class:`~dpx_torch.program.PreparedCall`
+(a layer loop that gathers with one plan per step hits it from the second layer on). On a
+miss, the plan's *structure* (:func:`dpx.geometry.structure_of`) selects a schedule
+template in the :class:`dpx.ScheduleCache`; the template's generated function computes the
+call's host values from the new counts (and picks the variant whose guards they meet); the
+variant's compiled :class:`~dpx_torch.program.Program` binds them into a new prepared call.
+New counts of a known structure therefore cost one generated function call and one
+binding, never a new schedule.
 
 Every cache is least recently used first out. The bounds are entries; the host bytes they
 hold were measured (benchmarks/soak.py; docs/semantics.md, "Memory"), and
@@ -20,33 +21,42 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import types
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
+from dpx.errors import DpxValueError
 from dpx.extents import op_rows
 from dpx.geometry import host_counts, structure_of
 from dpx.modes import Group, Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.schedule import ScheduleCache, TemplateKey, Variant
+from dpx.steps import OUT
 from dpx_torch.flags import OverflowFlags
 from dpx_torch.groups import DpGroups
+from dpx_torch.launch import Launcher
+from dpx_torch.ops import OpPasses
 from dpx_torch.overlap import Overlap
+from dpx_torch.passes import Passes, TorchPasses, TritonPasses
 from dpx_torch.pool import BufferPool
-from dpx_torch.program import BatchProgram, DeviceTables, Program
+from dpx_torch.program import (BatchProgram, CallShape, DeviceTables, FreshTables,
+                               PreparedCall, Program)
 
-__all__ = ["CacheLimits", "Call", "Prepared", "Runner"]
+__all__ = ["CacheLimits", "Call", "Runner"]
 
 
 @dataclass(frozen=True)
 class CacheLimits:
     """The bounds of a communicator's caches, in entries (each least recently used first
-    out). ``calls``: (plan, op, flags) -> program and host values; ``templates`` /
-    ``variants``: schedule templates by plan structure, and variants per template;
-    ``programs``: compiled programs (one per variant in use); ``batches``: programs of
-    several-tensor gathers; ``tables``: device copies of host index tables."""
+    out). ``calls``: prepared calls by (plan, op, flags, input shape/dtype/device);
+    ``templates`` / ``variants``: schedule templates by plan structure, and variants per
+    template; ``programs``: compiled programs (one per variant in use); ``batches``:
+    lockstep programs of several-tensor gathers; ``tables``: device copies of host index
+    tables; ``kernels``: compiled Triton kernels launched directly (one per kernel
+    specialisation in use)."""
 
     calls: int = 64
     templates: int = 64
@@ -54,28 +64,18 @@ class CacheLimits:
     programs: int = 128
     batches: int = 32
     tables: int = 256
-
-
-class Prepared(NamedTuple):
-    """One call, ready to run: its program, host values and sizes."""
-
-    program: Program
-    values: tuple
-    params: tuple[int | None, int]
-    out_rows: int
-    need: int
-    exact: bool
+    kernels: int = 128
 
 
 class Call(NamedTuple):
     """One differentiable call: its plan, op, device counts (or None), the input's rows
-    (the rows of the gradient the backward returns) and its prepared program."""
+    (the rows of the gradient the backward returns) and its prepared call."""
 
     plan: DpPlan
     op: Op
     counts: torch.Tensor | None
     in_rows: int
-    prep: Prepared
+    prep: PreparedCall
 
 
 class _LRU(OrderedDict):
@@ -99,7 +99,9 @@ class _LRU(OrderedDict):
 class Runner:
     """Runs schedules for one communicator's groups (see the module docstring).
     ``transport``: what torch.distributed's collectives can do (per-root broadcasts /
-    reduces with host sizes), which decides how GATHERV plans move their rows."""
+    reduces with host sizes), which decides how GATHERV plans move their rows. ``passes``:
+    the local passes per device type (the Triton kernels through this runner's
+    :class:`~dpx_torch.launch.Launcher` on CUDA, torch ops on CPU)."""
 
     transport = Transport.PER_ROOT
 
@@ -112,26 +114,38 @@ class Runner:
         self.pool = BufferPool()
         self.flags = OverflowFlags()
         self.overlap = Overlap(self.pool)
+        self.launcher = Launcher(max_entries=limits.kernels)
+        self.passes: dict[str, Passes] = {"cuda": TritonPasses(self.launcher),
+                                          "cpu": TorchPasses()}
         self._calls = _LRU(limits.calls)
         self._programs = _LRU(limits.programs)
         self._batches = _LRU(limits.batches)
 
+    def passes_for(self, device: torch.device) -> Passes:
+        p = self.passes.get(device.type)
+        if p is None:
+            raise DpxValueError(f"device {device} is not supported: dpx runs on cuda or cpu")
+        return p
+
     # ------------------------------------------------------------ preparing a call
-    def prepare(self, plan: DpPlan, op: Op, *, partial: bool, device_counts: bool,
-                in_rows: int, wire: Wire = Wire.NATIVE, dequantize: bool = True,
-                in_place: bool = False, out_rows: int | None = None) -> Prepared:
-        """The call's program and values (cached; see the module docstring). Under
-        torch.compile tracing nothing is cached: the schedule is built and evaluated
-        afresh, in plain Python the tracer follows."""
+    def prepare(self, plan: DpPlan, op: Op, x: torch.Tensor, *, partial: bool,
+                device_counts: bool, wire: Wire = Wire.NATIVE, dequantize: bool = True,
+                in_place: bool = False, out_rows: int | None = None,
+                scratch_key: str = "caller") -> PreparedCall:
+        """The call's prepared program (cached; see the module docstring) for an input
+        shaped like ``x``. Under torch.compile tracing nothing is cached: the schedule is
+        built and bound afresh, through the custom ops, in plain Python the tracer
+        follows."""
         compiling = torch.compiler.is_compiling()
-        key = (plan, op, partial, device_counts, in_rows, wire, dequantize, in_place,
-               out_rows)
+        key = (plan, op, partial, device_counts, x.shape, x.dtype, x.device, wire, dequantize,
+               in_place, out_rows, scratch_key)
         if not compiling:
             hit = self._calls.hit(key)
             if hit is not None:
                 return hit
         rows = op_rows(plan, op, self.rank, device_counts=device_counts)
         out = rows.out if out_rows is None else out_rows
+        in_rows = x.shape[0]
         tkey = TemplateKey(structure_of(plan), op._value_, partial, self.rank, device_counts,
                            self.transport._value_, wire._value_,
                            dequantize or wire is Wire.NATIVE, in_place, True)
@@ -139,11 +153,14 @@ class Runner:
         if compiling:
             variant, values = ScheduleCache(max_templates=1).variant(tkey, counts, in_rows,
                                                                       out, compiled=False)
-            program = Program(self, variant)
+            program, passes, tables = Program(variant), OpPasses(), FreshTables()
         else:
             variant, values = self.schedules.variant(tkey, counts, in_rows, out)
-            program = self._program(variant)
-        prep = Prepared(program, values, (in_rows, out), out, rows.need, rows.exact)
+            program, passes, tables = self._program(variant), self.passes_for(x.device), \
+                self.tables
+        shape = CallShape(x, in_rows, out, OUT in variant.wire_bufs, passes, tables, self)
+        prep = program.prepare(values, (in_rows, out), shape, scratch_key, rows.need,
+                               rows.exact)
         if not compiling:
             self._calls.put(key, prep)
         return prep
@@ -151,38 +168,32 @@ class Runner:
     def _program(self, variant: Variant) -> Program:
         p = self._programs.hit(variant)
         if p is None:
-            p = self._programs.put(variant, Program(self, variant))
+            p = self._programs.put(variant, Program(variant))
         return p
 
-    def batch(self, programs: tuple[Program, ...]) -> BatchProgram:
-        """The lockstep program of several tensors' programs (cached by the programs)."""
+    def batch(self, preps: tuple[PreparedCall, ...]) -> BatchProgram:
+        """The lockstep program of several tensors' prepared calls (cached by their
+        variants)."""
+        variants = tuple(p.variant for p in preps)
         if torch.compiler.is_compiling():
-            return BatchProgram(self, programs)
-        b = self._batches.hit(programs)
+            return BatchProgram(self, variants)
+        b = self._batches.hit(variants)
         if b is None:
-            b = self._batches.put(programs, BatchProgram(self, programs))
+            b = self._batches.put(variants, BatchProgram(self, variants))
         return b
 
     # ------------------------------------------------------------ running
-    @property
-    def scratch_key(self) -> str:
-        return "comm" if self.overlap.on_comm_stream else "caller"
-
-    def run(self, prep: Prepared, x: torch.Tensor, out: torch.Tensor,
-            counts: torch.Tensor | None) -> torch.Tensor:
-        return prep.program(x, out, counts, prep.values, prep.params, self.scratch_key)
-
     def execute(self, call: Call, x: torch.Tensor) -> torch.Tensor:
         """Run a differentiable call (forward or backward) into a new output."""
         out = x.new_empty((call.prep.out_rows, *x.shape[1:]))
-        return self.run(call.prep, x, out, call.counts)
+        return call.prep.run(x, out, call.counts)
 
-    def adjoint(self, call: Call) -> Call:
-        """The call computing ``call``'s backward: its op's adjoint, from the output's rows
-        to the input's."""
+    def adjoint(self, call: Call, grad: torch.Tensor) -> Call:
+        """The call computing ``call``'s backward for the output gradient ``grad``: its
+        op's adjoint, from the output's rows to the input's."""
         op = call.op.adjoint
-        prep = self.prepare(call.plan, op, partial=True, device_counts=call.counts is not None,
-                            in_rows=call.prep.out_rows, out_rows=call.in_rows)
+        prep = self.prepare(call.plan, op, grad, partial=True,
+                            device_counts=call.counts is not None, out_rows=call.in_rows)
         return Call(call.plan, op, call.counts, call.prep.out_rows, prep)
 
     def coalesced(self, group: Group, device: torch.device, *, collected: bool = False):
@@ -205,19 +216,23 @@ class Runner:
         return {"calls": len(self._calls), "templates": len(self.schedules),
                 "variants": self.schedules.variants(), "programs": len(self._programs),
                 "batches": len(self._batches), "tables": len(self.tables),
-                "pool_buffers": len(self.pool), "events": len(self.overlap.events)}
+                "kernels": len(self.launcher), "pool_buffers": len(self.pool),
+                "events": len(self.overlap.events)}
 
     def host_bytes(self) -> int:
         """An estimate of the host memory the caches hold: Python objects reachable from
-        them, counted once (``sys.getsizeof``; code objects included). Slow: for tests and
-        the soak benchmark."""
-        seen: set[int] = set()
+        them, counted once (``sys.getsizeof``; code objects included; not the runner's
+        shared parts -- groups, passes, the compiled kernels Triton keeps). Slow: for tests
+        and the soak benchmark."""
+        seen: set[int] = {id(self)}
         total = 0
         stack: list = [self._calls, self._programs, self._batches, self.schedules._templates,
                        self.tables._tables]
+        skip = (type, torch.Tensor, torch.device, types.ModuleType, Passes, DpGroups,
+                torch.distributed.ProcessGroup)
         while stack:
             obj = stack.pop()
-            if id(obj) in seen or isinstance(obj, (type, torch.Tensor, torch.device)):
+            if id(obj) in seen or isinstance(obj, skip):
                 continue
             seen.add(id(obj))
             total += sys.getsizeof(obj)
@@ -251,6 +266,7 @@ class Runner:
         self._batches.clear()
         self.schedules.clear()
         self.tables.clear()
+        self.launcher.clear()
         self.pool.clear()
 
 

@@ -1,14 +1,17 @@
-"""Torch launchers of the fp8 wire kernels (:mod:`dpx.kernels.wire`, format :mod:`dpx.wire`).
+"""The fp8 wire format (:mod:`dpx.wire`) in stock torch ops -- what CPU tensors run (CUDA
+runs the ``dpx.kernels.wire`` kernels; :mod:`dpx_torch.passes` picks) -- and the views of a
+wire buffer.
 
-``quantize_into(src [m, H], start, count, out uint8 [rows, wire_row_bytes(H)])``: ``out[j]``
-is the wire row of ``src[start + j]`` for ``j < count``, zero bytes after.
-``dequantize_into(src uint8 [rows, wire_row_bytes(H)], out [rows, H])``.
-``split_wire(buf)``: the ``(payload float8_e4m3fn [rows, H], scales float32 [rows, H/128])``
+``quantize_rows(src [k, H] float, out uint8 [k, wire_row_bytes(H)])``: every row of ``src``
+as a wire row.
+``dequantize_rows(src uint8 [k, wire_row_bytes(H)], out [k, H])``.
+``split_wire(buf)``: ``(payload float8_e4m3fn [rows, H], scales float32 [rows, H/128])``
 views of a wire buffer (strided views of its bytes, no copy).
 
-``start`` / ``count`` are Python ints or one-element int32 device tensors (no host sync).
-CUDA runs the compiled kernels, CPU the same kernels in Triton's interpreter. Registered as
-``torch.library`` ops so torch.compile traces them.
+Divisions are IEEE (torch's CPU division of float32 tensors is correctly rounded; the
+divisors are tensors, never Python scalars, which some builds turn into a product with the
+reciprocal) and ``.to(torch.float8_e4m3fn)`` rounds to nearest even, so the bits are those
+of the kernels and of JAX's XLA path.
 """
 
 from __future__ import annotations
@@ -16,83 +19,41 @@ from __future__ import annotations
 import torch
 
 from dpx import wire as W
-from dpx.kernels import launch as _launch
-from dpx.kernels import wire as _wire
-from dpx_torch.rows import Index, kernel_for
 
-__all__ = ["dequantize_into", "quantize_into", "split_wire"]
+__all__ = ["dequantize_rows", "quantize_rows", "split_wire"]
 
-_OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_BLOCK_R = 16
+#: The canonical quiet NaN a dequantized NaN code becomes, by output dtype (bits).
+_NAN_BITS = {torch.float32: (0x7FC00000, torch.int32), torch.bfloat16: (0x7FC0, torch.int16),
+             torch.float16: (0x7E00, torch.int16)}
 
 
-def _quantize(src, start, count, start_val, count_val, out) -> None:
-    rows, H = out.shape[0], src.shape[1]
-    if rows == 0:
-        return
-    anchor = src
-    kern = kernel_for(_wire.quantize_rows_kernel, out.device)
-    q = _launch.quantize_shape(rows, H, src.element_size())
-    kern[_launch.quantize_grid(rows, H, q)](
-        src, anchor if start is None else start, anchor if count is None else count,
-        start_val, count_val, src.shape[0], rows, out, H=H, ROW_BYTES=out.shape[1],
-        START_PTR=start is not None, COUNT_PTR=count is not None, BLOCK_R=q.block_r,
-        BLOCK_G=q.block_g, COMPILED=out.device.type == "cuda",
-        WIDE=_launch.wide(src.numel(), out.numel()), num_warps=q.warps)
+def quantize_rows(src: torch.Tensor, out: torch.Tensor) -> None:
+    k, h = src.shape
+    g = h // W.GROUP
+    x = src.float().view(k, g, W.GROUP)
+    finite = torch.isfinite(x)
+    xf = torch.where(finite, x, torch.zeros((), dtype=torch.float32))
+    amax = xf.abs().amax(-1)
+    scale = amax.clamp_min(W.EPS) / torch.full((1,), W.FP8_MAX)
+    q = (xf / scale[..., None]).clamp_(-W.FP8_MAX, W.FP8_MAX)
+    code = q.to(torch.float8_e4m3fn).view(torch.uint8)
+    if not bool(finite.all()):
+        nan = torch.where(torch.signbit(x), W.NAN_CODE | 0x80, W.NAN_CODE).to(torch.uint8)
+        code = torch.where(finite, code, nan)
+    out[:, :h].copy_(code.view(k, h))
+    out[:, h:].copy_(scale.view(torch.uint8).view(k, 4 * g))
 
 
-def _dequantize(src, out) -> None:
-    rows, H = out.shape[0], out.shape[1]
-    if rows == 0:
-        return
-    kern = kernel_for(_wire.dequantize_rows_kernel, out.device)
-    kern[(-(-rows // _BLOCK_R), H // W.GROUP)](src, rows, out, H=H, ROW_BYTES=src.shape[1],
-                                               OUT_KIND=_OUT_KIND[out.dtype],
-                                               BLOCK_R=_BLOCK_R,
-                                               WIDE=_launch.wide(src.numel(), out.numel()),
-                                               num_warps=4)
-
-
-@torch.library.custom_op("dpx::quantize_rows_out", mutates_args=("out",))
-def _quantize_out(src: torch.Tensor, start: torch.Tensor | None, count: torch.Tensor | None,
-                  start_val: int, count_val: int, out: torch.Tensor) -> None:
-    _quantize(src, start, count, start_val, count_val, out)
-
-
-@torch.library.custom_op("dpx::dequantize_rows_out", mutates_args=("out",))
-def _dequantize_out(src: torch.Tensor, out: torch.Tensor) -> None:
-    _dequantize(src, out)
-
-
-@_quantize_out.register_fake
-def _(src, start, count, start_val, count_val, out) -> None:
-    return None
-
-
-@_dequantize_out.register_fake
-def _(src, out) -> None:
-    return None
-
-
-def quantize_into(src: torch.Tensor, start: Index, count: Index,
-                  out: torch.Tensor) -> torch.Tensor:
-    """Unchecked (the interpreter's; see the module docstring)."""
-    s_t, s_v = (start, 0) if isinstance(start, torch.Tensor) else (None, start)
-    c_t, c_v = (count, 0) if isinstance(count, torch.Tensor) else (None, count)
-    if torch.compiler.is_compiling():
-        _quantize_out(src, s_t, c_t, s_v, c_v, out)
-    else:
-        _quantize(src, s_t, c_t, s_v, c_v, out)
-    return out
-
-
-def dequantize_into(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Unchecked (the interpreter's; see the module docstring)."""
-    if torch.compiler.is_compiling():
-        _dequantize_out(src, out)
-    else:
-        _dequantize(src, out)
-    return out
+def dequantize_rows(src: torch.Tensor, out: torch.Tensor) -> None:
+    k, h = out.shape
+    payload, scales = split_wire(src)
+    v = (payload.float().view(k, h // W.GROUP, W.GROUP) * scales[..., None]).view(k, h)
+    res = v.to(out.dtype)
+    nan = torch.isnan(v)
+    if bool(nan.any()):
+        bits, idt = _NAN_BITS[out.dtype]
+        res = torch.where(nan, torch.tensor(bits, dtype=idt).view(out.dtype), res)
+    out.copy_(res)
 
 
 def split_wire(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

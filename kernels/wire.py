@@ -28,7 +28,9 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
                          COMPILED: tl.constexpr, WIDE: tl.constexpr):
     """``out[j] = fp8_wire(src[start + j])`` for ``j < count``; rows ``count..out_rows`` of
     ``out`` are zero bytes. src ``[src_rows, H]`` (float32 / bfloat16 / float16) -> out
-    uint8 ``[out_rows, ROW_BYTES]``. One program: ``BLOCK_R`` rows x ``BLOCK_G`` groups.
+    uint8 ``[out_rows, ROW_BYTES]``. One program: ``BLOCK_R`` rows x ``BLOCK_G`` groups. A
+    group's scale comes from its finite elements; a NaN or an infinity is stored as the NaN
+    code ``0x7F`` with its sign bit.
 
     ``COMPILED`` (a GPU build; Triton's interpreter has no exact fused multiply-add and
     truncates float8 conversions): ``x / scale`` as ``q = x * r`` with ``r = div_rn(1,
@@ -63,8 +65,11 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
     src_row = start + rows
     real = (rows < count) & (src_row < src_rows) & (src_row >= 0) & (rows < out_rows)
     load_ok = real[:, None, None] & g_ok[None, :, None]
-    x = tl.load(src_ptr + src_row[:, None, None] * H + cols[None, :, :], mask=load_ok,
-                other=0).to(tl.float32)                                 # [R, G, 128]
+    x_in = tl.load(src_ptr + src_row[:, None, None] * H + cols[None, :, :], mask=load_ok,
+                   other=0).to(tl.float32)                              # [R, G, 128]
+    # non-finite elements take no part in the scale and travel as the NaN code
+    finite = tl.abs(x_in) < float("inf")
+    x = tl.where(finite, x_in, 0.0)
     amax = tl.reduce(tl.abs(x), 2, tl.standard._elementwise_max)       # [R, G]
     scale = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
     if COMPILED:
@@ -90,6 +95,8 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
         normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
         sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # exact: a * 512 < 8
         code = (tl.where(a < 0.015625, sub, normal) | (sign << 7)).to(tl.uint8)
+    in_sign = (x_in.to(tl.int32, bitcast=True) >> 31) & 1
+    code = tl.where(finite, code, (0x7F | (in_sign << 7)).to(tl.uint8))
     row_ok = rows < out_rows  # (rows past count loaded zeros: their codes are 0)
     row_base = out_ptr + rows * ROW_BYTES
     tl.store(row_base[:, None, None] + cols[None, :, :], code,
@@ -103,8 +110,8 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
 def dequantize_rows_kernel(src_ptr, rows_n, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
                            OUT_KIND: tl.constexpr, BLOCK_R: tl.constexpr, WIDE: tl.constexpr):
     """``out[:rows_n] = dequantize(src[:rows_n])``: uint8 ``[rows_n, ROW_BYTES]`` wire rows ->
-    ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16). ``WIDE``: index
-    math in int64, else int32."""
+    ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16); a NaN code gives
+    the output's canonical quiet NaN. ``WIDE``: index math in int64, else int32."""
     if WIDE:
         rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
         grp = tl.program_id(1).to(tl.int64)
@@ -126,15 +133,22 @@ def dequantize_rows_kernel(src_ptr, rows_n, out_ptr, H: tl.constexpr, ROW_BYTES:
     sub = m.to(tl.float32) * 0.001953125
     # the sign by its bit: a compiled negation of +0.0 can give +0.0
     sub = (sub.to(tl.int32, bitcast=True) | (sign << 31)).to(tl.float32, bitcast=True)
-    v = tl.where(e == 0, sub, normal) * scale[:, None]
+    # the NaN code (exponent and mantissa all ones) -> the output's canonical quiet NaN,
+    # written by bits (a NaN's bits after arithmetic differ between devices)
+    nan = (e == 15) & (m == 7)
+    v = tl.where(nan, 0.0, tl.where(e == 0, sub, normal) * scale[:, None])
     offs = rows[:, None] * H + cols[None, :]
     if OUT_KIND == 0:
-        tl.store(out_ptr + offs, v, mask=ok[:, None])
+        u32 = tl.where(nan, 0x7FC00000, v.to(tl.uint32, bitcast=True))
+        out32 = out_ptr.to(tl.pointer_type(tl.uint32))
+        tl.store(out32 + offs, u32.to(tl.uint32), mask=ok[:, None])
     elif OUT_KIND == 1:
         # float32 -> bfloat16, round to nearest even, by bits
         u = v.to(tl.uint32, bitcast=True)
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        r = tl.where(nan, 0x7FC0, (u + 0x7FFF + ((u >> 16) & 1)) >> 16)
         out16 = out_ptr.to(tl.pointer_type(tl.uint16))
         tl.store(out16 + offs, r.to(tl.uint16), mask=ok[:, None])
     else:
-        tl.store(out_ptr + offs, v.to(tl.float16), mask=ok[:, None])
+        h16 = tl.where(nan, 0x7E00, v.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.int32))
+        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
+        tl.store(out16 + offs, h16.to(tl.uint16), mask=ok[:, None])

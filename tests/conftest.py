@@ -82,6 +82,18 @@ def device_params():
         not _cuda_available(), reason="needs a CUDA GPU")])]
 
 
+def passes_params():
+    """``(device, passes)`` for each implementation of the local passes: torch ops and the
+    Triton kernels in Triton's interpreter on CPU; the compiled kernels on CUDA (marked
+    ``gpu``)."""
+    from dpx_torch.passes import TorchPasses, TritonPasses
+
+    gpu = [pytest.mark.gpu, pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU")]
+    return [pytest.param(("cpu", TorchPasses()), id="cpu-torch"),
+            pytest.param(("cpu", TritonPasses()), id="cpu-triton"),
+            pytest.param(("cuda", TritonPasses()), id="cuda-triton", marks=gpu)]
+
+
 @pytest.fixture(scope="session")
 def world1(tmp_path_factory):
     """This process as a gloo world of one rank (the default process group), shared by

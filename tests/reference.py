@@ -147,15 +147,22 @@ def real_rows(plan: DpPlan, eff=None) -> np.ndarray:
 
 
 def quantize_fp8(x: np.ndarray, real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The fp8 wire rows of float32 ``x [rows, H]`` (docs/semantics.md): ``(payload uint8
-    [rows, H], scales float32 [rows, H/128])``; rows where ``real`` is False are zeros."""
+    """The fp8 wire rows of float32 ``x [rows, H]`` (dpx/wire.py): ``(payload uint8 [rows,
+    H], scales float32 [rows, H/128])``; rows where ``real`` is False are zeros. A group's
+    scale comes from its finite elements; a NaN or an infinity becomes the NaN code 0x7F
+    with its sign bit."""
     import ml_dtypes
 
     rows, h = x.shape
     g = x.astype(np.float32).reshape(rows, h // 128, 128)
-    scale = np.maximum(np.abs(g).max(axis=-1), np.float32(1e-10)) / np.float32(448)
-    q = np.clip(g / scale[..., None], -448, 448).astype(ml_dtypes.float8_e4m3fn)
-    payload = q.view(np.uint8).reshape(rows, h).copy()
+    finite = np.isfinite(g)
+    gf = np.where(finite, g, np.float32(0))
+    amax = np.abs(gf).max(axis=-1, initial=np.float32(0))
+    scale = np.maximum(amax, np.float32(1e-10)) / np.float32(448)
+    q = np.clip(gf / scale[..., None], -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    code = q.view(np.uint8)
+    nan = np.where(np.signbit(g), np.uint8(0xFF), np.uint8(0x7F))
+    payload = np.where(finite, code, nan).reshape(rows, h).copy()
     payload[~real] = 0
     scale = scale.astype(np.float32)
     scale[~real] = 0
@@ -163,9 +170,28 @@ def quantize_fp8(x: np.ndarray, real: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def dequantize_fp8(payload: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """float32 ``payload * scale`` per group."""
+    """float32 ``payload * scale`` per group; a NaN code gives the canonical quiet NaN
+    (float32 0x7FC00000, which rounds to the canonical NaN of bfloat16 and float16)."""
     import ml_dtypes
 
     rows, h = payload.shape
     v = payload.view(ml_dtypes.float8_e4m3fn).astype(np.float32).reshape(rows, h // 128, 128)
-    return (v * scales[..., None]).reshape(rows, h)
+    v = (v * scales[..., None]).reshape(rows, h).astype(np.float32)
+    bits = np.where(np.isnan(v), np.uint32(0x7FC00000), v.view(np.uint32))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def as_dtype(v: np.ndarray, name: str) -> np.ndarray:
+    """float32 ``v`` rounded to the dtype ``name`` (float32, bfloat16, float16) to nearest
+    even, NaN to that dtype's canonical quiet NaN (what dequantize writes), as a NumPy
+    array of it (``ml_dtypes`` for bfloat16). Compare results bit for bit through
+    :func:`bits_of`."""
+    import ml_dtypes
+
+    return v.astype(np.float32).astype({"float32": np.float32, "float16": np.float16,
+                                        "bfloat16": ml_dtypes.bfloat16}[name])
+
+
+def bits_of(a: np.ndarray) -> np.ndarray:
+    """The bits of a float array (unsigned ints of its width)."""
+    return a.view({4: np.uint32, 2: np.uint16, 1: np.uint8}[a.dtype.itemsize])

@@ -1,7 +1,6 @@
-"""The row kernels through the torch launchers, against plain torch indexing.
-
-On CPU the same Triton kernels run in Triton's interpreter; the ``cuda`` cases (marked
-``gpu``) run the compiled kernels.
+"""The row passes through the torch launchers, against plain torch indexing, in every
+implementation: on CPU the torch-op passes (what DpComm runs there) and the Triton kernels
+in Triton's interpreter; the ``cuda`` cases (marked ``gpu``) run the compiled kernels.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import device_params
+from conftest import device_params, passes_params
 from dpx import DpxTypeError, DpxValueError
 from dpx_torch import place_rows, take_rows, zero_rows_
 
@@ -55,10 +54,11 @@ CASES = [  # (src_rows, rest, start, count, rows)
 ]
 
 
-@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("impl", passes_params())
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_place_and_take_match_indexing(device, dtype, case):
+def test_place_and_take_match_indexing(impl, dtype, case):
+    device, P = impl
     src_rows, rest, start, count, rows = case
     gen = torch.Generator().manual_seed(hash((src_rows, rest, start, count, rows)) % 2**31)
     src = _rand((src_rows, *rest), dtype, gen, device)
@@ -66,47 +66,53 @@ def test_place_and_take_match_indexing(device, dtype, case):
         s = torch.tensor([start], dtype=torch.int32, device=device) if as_tensor else start
         c = torch.tensor([count], dtype=torch.int32, device=device) if as_tensor else count
         big, out = _poisoned(rows, rest, dtype, device)
-        place_rows(src, s, c, rows, out=out)
+        place_rows(src, s, c, rows, out=out, passes=P)
         _check_guards(big)
         assert torch.equal(out, _ref_place(src, start, count, rows))
-        assert torch.equal(place_rows(src, s, c, rows), _ref_place(src, start, count, rows))
+        assert torch.equal(place_rows(src, s, c, rows, passes=P),
+                           _ref_place(src, start, count, rows))
         # take reads back what place wrote
         placed = _ref_place(src, start, count, rows)
         big, out = _poisoned(src_rows, rest, dtype, device)
-        take_rows(placed, s, c, src_rows, out=out)
+        take_rows(placed, s, c, src_rows, out=out, passes=P)
         _check_guards(big)
         assert torch.equal(out, _ref_take(placed, start, count, src_rows))
 
 
-@pytest.mark.parametrize("device", device_params())
-def test_mixed_int_and_tensor_index(device):
+@pytest.mark.parametrize("impl", passes_params())
+def test_mixed_int_and_tensor_index(impl):
+    device, P = impl
     src = torch.arange(24, dtype=torch.float32, device=device).reshape(6, 4)
     c = torch.tensor([3], dtype=torch.int32, device=device)
-    assert torch.equal(place_rows(src, 2, c, 8), _ref_place(src, 2, 3, 8))
+    assert torch.equal(place_rows(src, 2, c, 8, passes=P), _ref_place(src, 2, 3, 8))
     s = torch.tensor([1], dtype=torch.int32, device=device)
-    assert torch.equal(take_rows(src, s, 4, 5), _ref_take(src, 1, 4, 5))
+    assert torch.equal(take_rows(src, s, 4, 5, passes=P), _ref_take(src, 1, 4, 5))
 
 
-@pytest.mark.parametrize("device", device_params())
-def test_device_counts_out_of_range_stay_in_bounds(device):
-    """A wrong device-side count is clipped by the masks: no stray write, no stray read."""
+@pytest.mark.parametrize("impl", passes_params())
+def test_device_counts_out_of_range_stay_in_bounds(impl):
+    """A wrong device-side count is clipped to the buffers: no stray write, no stray
+    read."""
+    device, P = impl
     src = torch.arange(20, dtype=torch.float32, device=device).reshape(5, 4) + 1
     big, out = _poisoned(6, (4,), torch.float32, device)
     s = torch.tensor([4], dtype=torch.int32, device=device)
     c = torch.tensor([1000], dtype=torch.int32, device=device)
-    place_rows(src, s, c, 6, out=out)
+    place_rows(src, s, c, 6, out=out, passes=P)
     _check_guards(big)
     assert torch.equal(out[:4], torch.zeros(4, 4, device=device))
     assert torch.equal(out[4:], src[:2])
     big, out = _poisoned(7, (4,), torch.float32, device)
-    take_rows(src, torch.tensor([3], dtype=torch.int32, device=device), c, 7, out=out)
+    take_rows(src, torch.tensor([3], dtype=torch.int32, device=device), c, 7, out=out,
+              passes=P)
     _check_guards(big)
     assert torch.equal(out[:2], src[3:]) and (out[2:] == 0).all()
 
 
-@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("impl", passes_params())
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_zero_rows_keeps_only_the_window(device, dtype):
+def test_zero_rows_keeps_only_the_window(impl, dtype):
+    device, P = impl
     gen = torch.Generator().manual_seed(3)
     for keep_start, keep_count in ((1, 3), (0, 4), (6, 9), (0, 0), (9, 0), (2, 0)):
         x = _rand((9, 5), dtype, gen, device)
@@ -116,7 +122,7 @@ def test_zero_rows_keeps_only_the_window(device, dtype):
             y = x.clone()
             c = (torch.tensor([keep_count], dtype=torch.int32, device=device) if as_tensor
                  else keep_count)
-            zero_rows_(y, keep_start, c)
+            zero_rows_(y, keep_start, c, passes=P)
             assert torch.equal(y, ref), (keep_start, keep_count, as_tensor)
 
 
@@ -146,18 +152,20 @@ def test_tile_for_is_a_pure_function_of_shapes():
 def test_every_launch_tile_moves_and_zeroes_the_same_rows(device):
     """Each tile (shape and store kind) a launch can pick gives the reference result."""
     from dpx.kernels import Tile
+    from dpx_torch.passes import TritonPasses
 
+    P = TritonPasses()
     gen = torch.Generator().manual_seed(5)
     src = _rand((6, 3, 40), torch.bfloat16, gen, device)
     for tile in (Tile(), Tile(256, 4, 32), Tile(8192, 16, 2048, stream=True),
                  Tile(64, 4, 16, stream=True)):
         for start, count, rows in ((0, 6, 6), (3, 4, 11), (2, 0, 5)):
-            got = place_rows(src, start, count, rows, tile=tile)
+            got = place_rows(src, start, count, rows, tile=tile, passes=P)
             assert torch.equal(got, _ref_place(src, start, count, rows)), (tile, start)
             y = _rand((9, 3, 40), torch.bfloat16, gen, device)
             ref = torch.zeros_like(y)
             ref[start:start + count] = y[start:start + count]
-            zero_rows_(y, start, count, tile=tile)
+            zero_rows_(y, start, count, tile=tile, passes=P)
             assert torch.equal(y, ref), (tile, start, count)
 
 
@@ -226,47 +234,47 @@ CHUNK_CASES = [  # (firsts, lens, block, rows, rest): chunks in rank order, gaps
 ]
 
 
-@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("impl", passes_params())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.int64])
 @pytest.mark.parametrize("case", CHUNK_CASES)
-def test_pack_and_unpack_match_indexing(device, dtype, case):
+def test_pack_and_unpack_match_indexing(impl, dtype, case):
     from dpx_torch import pack_rows, unpack_rows
 
+    device, P = impl
     firsts, lens, block, rows, rest = case
     gen = torch.Generator().manual_seed(len(firsts) * 31 + rows)
     f = torch.tensor(firsts, dtype=torch.int32, device=device)
     ln = torch.tensor(lens, dtype=torch.int32, device=device)
     src = _rand((len(firsts) * block, *rest), dtype, gen, device)
-    assert torch.equal(unpack_rows(src, f, ln, rows), _ref_unpack(src, firsts, lens, rows))
+    assert torch.equal(unpack_rows(src, f, ln, rows, passes=P),
+                       _ref_unpack(src, firsts, lens, rows))
     glob = _rand((rows, *rest), dtype, gen, device)
-    assert torch.equal(pack_rows(glob, f, ln, block), _ref_pack(glob, firsts, lens, block))
-    from dpx_torch.rows import pack_into, unpack_into  # the interpreter's: writes only out
-
-    big, out = _poisoned(rows, rest, dtype, device)
-    unpack_into(src, f, ln, block, out)
+    assert torch.equal(pack_rows(glob, f, ln, block, passes=P),
+                       _ref_pack(glob, firsts, lens, block))
+    big, out = _poisoned(rows, rest, dtype, device)    # the passes write only out
+    P.unpack(src, f, ln, block, out)
     _check_guards(big)
     assert torch.equal(out, _ref_unpack(src, firsts, lens, rows))
     big, out = _poisoned(len(firsts) * block, rest, dtype, device)
-    pack_into(glob, f, ln, block, out)
+    P.pack(glob, f, ln, block, out)
     _check_guards(big)
     assert torch.equal(out, _ref_pack(glob, firsts, lens, block))
 
 
-@pytest.mark.parametrize("device", device_params())
-def test_chunk_tables_out_of_range_stay_in_bounds(device):
-    """A wrong device table (chunks longer than the block, past the buffers) is clipped by
-    the masks: no stray write, no stray read."""
-    from dpx_torch.rows import pack_into, unpack_into
-
+@pytest.mark.parametrize("impl", passes_params())
+def test_chunk_tables_out_of_range_stay_in_bounds(impl):
+    """A wrong device table (chunks longer than the block, past the buffers) is clipped to
+    the buffers: no stray write, no stray read."""
+    device, P = impl
     src = torch.arange(24, dtype=torch.float32, device=device).reshape(6, 4) + 1
     f = torch.tensor([0, 5], dtype=torch.int32, device=device)
     ln = torch.tensor([100, 100], dtype=torch.int32, device=device)
     big, out = _poisoned(7, (4,), torch.float32, device)
-    unpack_into(src, f, ln, 3, out)
+    P.unpack(src, f, ln, 3, out)
     _check_guards(big)
     assert torch.equal(out[:3], src[:3]) and torch.equal(out[5:], src[3:5])
     big, out = _poisoned(6, (4,), torch.float32, device)
-    pack_into(src, f, ln, 3, out)
+    P.pack(src, f, ln, 3, out)
     _check_guards(big)
     assert torch.equal(out[:3], src[:3]) and torch.equal(out[3], src[5]) and not out[4:].any()
 

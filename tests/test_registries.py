@@ -39,9 +39,9 @@ def test_simulator_runs_every_kind():
 
 def test_torch_frontend_runs_its_transports_kinds():
     pytest.importorskip("torch")
-    from dpx_torch.program import COMPILERS
+    from dpx_torch.program import BINDERS
 
-    assert not _missing(COMPILERS, kinds_for(Transport.PER_ROOT))
+    assert not _missing(BINDERS, kinds_for(Transport.PER_ROOT))
 
 
 def test_jax_frontend_runs_its_transports_kinds():

@@ -1,6 +1,7 @@
-"""The fp8 wire kernels and the pad-row kernel (Triton's interpreter on CPU, compiled on
-GPU) against stock torch ops: round-to-nearest-even conversions, ties, subnormal payloads,
-zero groups, pad rows, device start/count, every float dtype."""
+"""The fp8 wire passes and the pad-row pass against stock torch ops and the NumPy reference,
+in every implementation (torch ops and Triton's interpreter on CPU, the compiled kernels on
+GPU): round-to-nearest-even conversions, ties, subnormal payloads, zero groups, pad rows,
+device start/count, every float dtype, NaN and infinities."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import pytest
 import torch
 
 import dpx
-from conftest import device_params
+from conftest import device_params, passes_params
 from dpx.wire import wire_row_bytes
-from dpx_torch.wire import dequantize_into, quantize_into, split_wire
+from dpx_torch.passes import TritonPasses
+from dpx_torch.wire import split_wire
+from reference import as_dtype, bits_of, dequantize_fp8, quantize_fp8
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -43,21 +46,22 @@ def _hard_rows(dtype: torch.dtype, h: int) -> torch.Tensor:
     return x.to(dtype)
 
 
-@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("impl", passes_params())
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_quantize_take_and_dequantize_match_stock_ops(device, dtype):
+def test_quantize_take_and_dequantize_match_stock_ops(impl, dtype):
+    device, passes = impl
     h = 256
     x = _hard_rows(dtype, h).to(device)
     out = torch.full((20, wire_row_bytes(h)), 0x5A, dtype=torch.uint8, device=device)
     start, count = 2, 15
-    quantize_into(x, start, count, out)
+    passes.quantize(x, start, count, out)
     payload, scales = split_wire(out)
     q, s = _ref_quantize(x[start:start + count])
     assert torch.equal(payload[:count].view(torch.uint8), q.view(torch.uint8))
     assert torch.equal(scales[:count].view(torch.int32), s.view(torch.int32))
     assert (out[count:] == 0).all()                    # pad rows: all-zero bytes
     y = torch.full((20, h), 3, dtype=dtype, device=device)
-    dequantize_into(out, y)
+    passes.dequantize(out, y)
     want = (q.float().view(count, 2, 128) * s[..., None]).view(count, h).to(dtype)
     assert torch.equal(y[:count].view(BITS[dtype]), want.view(BITS[dtype]))
     assert torch.equal(y[count:].view(BITS[dtype]), torch.zeros_like(y[count:]).view(BITS[dtype]))
@@ -69,12 +73,12 @@ def test_every_quantize_launch_shape_gives_the_same_bytes(device):
     bytes, including rows past a program's block and the zeroed tail."""
     from dpx.kernels import wire as K
     from dpx.kernels.launch import QUANTIZE_BY_BYTES, QuantizeShape, quantize_grid
-    from dpx_torch.rows import kernel_for
+    from dpx_torch.launch import kernel_for
 
     h = 384
     x = _hard_rows(torch.bfloat16, h).to(device)
     want = torch.empty(21, wire_row_bytes(h), dtype=torch.uint8, device=device)
-    quantize_into(x, 1, 19, want)
+    TritonPasses().quantize(x, 1, 19, want)
     q, sc = _ref_quantize(x[1:20])
     assert torch.equal(split_wire(want)[0][:19].view(torch.uint8), q.view(torch.uint8))
     for shape in {QuantizeShape(), *(qs for _, qs in QUANTIZE_BY_BYTES)}:
@@ -112,7 +116,7 @@ def test_compiled_quantize_matches_ieee_division_on_many_rows(dtype):
     x = x.to(dtype)
     assert torch.isfinite(x).all()
     out = torch.empty(rows, wire_row_bytes(h), dtype=torch.uint8, device="cuda")
-    quantize_into(x, 0, rows, out)
+    TritonPasses().quantize(x, 0, rows, out)
     payload, scales = split_wire(out)
     q, s = _ref_quantize(x)
     assert torch.equal(scales.view(torch.int32), s.view(torch.int32))
@@ -120,23 +124,25 @@ def test_compiled_quantize_matches_ieee_division_on_many_rows(dtype):
     assert bad.numel() == 0, (bad[:5], x[bad[:5, 0], bad[:5, 1]])
 
 
-@pytest.mark.parametrize("device", device_params())
-def test_quantize_reads_device_start_and_count(device):
+@pytest.mark.parametrize("impl", passes_params())
+def test_quantize_reads_device_start_and_count(impl):
+    device, passes = impl
     h = 128
     x = torch.randn(9, h, device=device)
     out_a = torch.empty(6, wire_row_bytes(h), dtype=torch.uint8, device=device)
     out_b = torch.empty_like(out_a)
-    quantize_into(x, 3, 4, out_a)
-    quantize_into(x, torch.tensor([3], dtype=torch.int32, device=device),
-                  torch.tensor([4], dtype=torch.int32, device=device), out_b)
+    passes.quantize(x, 3, 4, out_a)
+    passes.quantize(x, torch.tensor([3], dtype=torch.int32, device=device),
+                    torch.tensor([4], dtype=torch.int32, device=device), out_b)
     assert torch.equal(out_a, out_b) and (out_a[4:] == 0).all() and out_a[:4].any()
 
 
-@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("impl", passes_params())
 @pytest.mark.parametrize("mode", ["max_len", "sum_len", "gatherv"])
-def test_mask_pad_rows_matches_the_real_rows(device, mode):
+def test_mask_pad_rows_matches_the_real_rows(impl, mode):
     from dpx_torch import mask_pad_rows, pad_row_mask
 
+    device, passes = impl
     lay = dpx.DpLayout(8, 4)
     plan = dpx.plan_step([3, 0, 7, 1], lay, mode=mode)
     cap = dpx.plan_step([0] * 4, lay, mode=mode, capacity=16)
@@ -152,8 +158,63 @@ def test_mask_pad_rows_matches_the_real_rows(device, mode):
         for dtype in (torch.int32, torch.int64, torch.bfloat16):
             t = torch.arange(p.global_rows * 8, device=device).view(-1, 8).to(dtype)
             keep = t.clone()
-            assert mask_pad_rows(t, p, counts=c_t, fill=-1) is t
+            assert mask_pad_rows(t, p, counts=c_t, fill=-1, passes=passes) is t
             want = torch.where(torch.from_numpy(real)[:, None].to(device), keep,
                                torch.full_like(keep, -1))
             assert torch.equal(t, want)
         assert np.array_equal(pad_row_mask(p, counts=c_t, device=device).cpu().numpy(), ~real)
+
+
+NONFINITE = (float("nan"), float("inf"), float("-inf"), -float("nan"))
+
+
+def _nonfinite_rows(h: int) -> np.ndarray:
+    """float32 rows with NaN and infinities at every position of a group (first, middle,
+    last element), whole groups and rows of them, huge finite values beside them, and
+    clean rows between (which must come back as if alone)."""
+    rng = np.random.default_rng(11)
+    rows = []
+    for v in NONFINITE:
+        for pos in (0, 64, 127, 128, h - 1):
+            r = rng.standard_normal(h).astype(np.float32)
+            r[pos] = v
+            rows.append(r)
+        rows.append(np.full(h, v, np.float32))
+        r = (np.clip(rng.standard_normal(h), -4, 4) * 8e37).astype(np.float32)  # huge, finite
+        r[5] = v
+        rows.append(r)
+        rows.append(rng.standard_normal(h).astype(np.float32))
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("impl", passes_params())
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nonfinite_values_follow_the_rule_bit_for_bit(impl, dtype):
+    """NaN stays NaN, +-inf arrives as NaN, no finite value changes because of them (a
+    group's scale comes from its finite values): every implementation equals the NumPy
+    reference bit for bit, payload, scales and the dequantized rows."""
+    device, passes = impl
+    h = 256
+    x = torch.from_numpy(_nonfinite_rows(h)).to(dtype)
+    xf = x.float().numpy()
+    rows = x.shape[0]
+    out = torch.full((rows + 2, wire_row_bytes(h)), 0x5A, dtype=torch.uint8, device=device)
+    passes.quantize(x.to(device), 0, rows, out)
+    rp, rs = quantize_fp8(xf, np.ones(rows, bool))
+    payload, scales = split_wire(out.cpu())
+    assert np.array_equal(payload[:rows].view(torch.uint8).numpy(), rp)
+    assert np.array_equal(scales[:rows].numpy().view(np.uint32), rs.view(np.uint32))
+    y = torch.empty(rows + 2, h, dtype=dtype, device=device)
+    passes.dequantize(out, y)
+    want = bits_of(as_dtype(dequantize_fp8(rp, rs), str(dtype).replace("torch.", "")))
+    got = y[:rows].cpu().view(BITS[dtype]).numpy().view(want.dtype)
+    assert np.array_equal(got, want)
+    # the rule itself: where the input is not finite the output is NaN; every finite
+    # value equals its value quantized alone, without the non-finite elements
+    yf = y[:rows].float().cpu().numpy()
+    assert np.isnan(yf[~np.isfinite(xf)]).all()
+    clean = np.where(np.isfinite(xf), xf, 0).astype(np.float32)
+    alone = dequantize_fp8(*quantize_fp8(clean, np.ones(rows, bool)))
+    fin = np.isfinite(xf)
+    assert np.array_equal(bits_of(as_dtype(alone, str(dtype).replace("torch.", "")))[fin],
+                          want[fin])

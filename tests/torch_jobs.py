@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -215,38 +217,71 @@ def check_sync_counts(ctx) -> dict:
     return dict(counts=counts, is_extend=ext, mismatch=msg)
 
 
-def count_row_launches(ctx, counts) -> dict:
-    """MAX_LEN, attn_tp 1: row-kernel launches of one gather and one reduce_scatter on this
-    rank (a replica whose host count fills its slot sends its input as is), plus whether
-    both results match the reference."""
-    import dpx_torch.program as comm_mod
+@contextlib.contextmanager
+def recording(comm, log: list[str]):
+    """Record every local pass (by kind) and every torch.distributed call the communicator's
+    prepared calls make (its caches are cleared before and after, so every call binds
+    anew through the recorders)."""
+    import dpx_torch.program as it
+    from dpx_torch.passes import TorchPasses
 
+    class Recorder(TorchPasses):
+        pass
+
+    for kind in ("move", "zero", "pack", "unpack", "quantize", "dequantize", "check"):
+        def make(kind=kind):
+            real = getattr(TorchPasses, kind)
+
+            def rec(*a, **k):
+                log.append("check_counts" if kind == "check" else kind)
+                return real(*a, **k)
+            return staticmethod(rec)
+        setattr(Recorder, kind, make())
+    names = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
+    saved = {n: getattr(it, n) for n in names}
+    dist_saved = {n: getattr(it.dist, n) for n in ("all_reduce", "broadcast", "reduce")}
+
+    def recorder(name, fn):
+        def wrapped(*a, **k):
+            log.append(name)
+            return fn(*a, **k)
+        return wrapped
+
+    real_passes = comm.runner.passes["cpu"]
+    comm.clear_caches()
+    comm.runner.passes["cpu"] = Recorder()
+    for n, short in names.items():
+        setattr(it, n, recorder(short, saved[n]))
+    for n, fn in dist_saved.items():
+        setattr(it.dist, n, recorder(n, fn))
+    try:
+        yield log
+    finally:
+        comm.runner.passes["cpu"] = real_passes
+        for n, fn in saved.items():
+            setattr(it, n, fn)
+        for n, fn in dist_saved.items():
+            setattr(it.dist, n, fn)
+        comm.clear_caches()
+
+
+def count_row_launches(ctx, counts) -> dict:
+    """MAX_LEN, attn_tp 1: row passes of one gather and one reduce_scatter on this rank (a
+    replica whose host count fills its slot sends its input as is), plus whether both
+    results match the reference."""
     layout = dpx.DpLayout(len(counts), len(counts))
     comm = ctx.comm(layout)
     d = layout.coords(ctx.rank).attn_dp_rank
     plan = dpx.plan_step(counts, layout, mode="max_len")
     locs = local_inputs(9, plan, (3,), partial=True, rows=plan.slot_rows[d])
     globs = global_inputs(9, plan, (3,))
-    launches = {"move": 0, "zero": 0}
-    real = comm_mod.move_into, comm_mod.zero_into
-
-    def move(*a, **k):
-        launches["move"] += 1
-        return real[0](*a, **k)
-
-    def zero(*a, **k):
-        launches["zero"] += 1
-        return real[1](*a, **k)
-
-    comm_mod.move_into, comm_mod.zero_into = move, zero
-    try:
+    log: list[str] = []
+    with recording(comm, log):
         got = comm.gather(_t(locs[ctx.rank], torch.float32), plan, partial=True)
         rs = comm.reduce_scatter(_t(globs[ctx.rank], torch.float32), plan)
-    finally:
-        comm_mod.move_into, comm_mod.zero_into = real
     ok = torch.equal(got, _t(ref_gather(locs, plan, partial=True), torch.float32)) and \
         torch.equal(rs, _t(ref_reduce_scatter(globs, plan, d, plan.num_tokens), torch.float32))
-    return dict(launches, ok=ok)
+    return dict(move=log.count("move"), zero=log.count("zero"), ok=ok)
 
 
 def _plan_of(layout, case):
@@ -360,33 +395,12 @@ def record_primitives(ctx, layout_args, cases) -> list[tuple]:
     """Run gather (partial and replicated), scatter and reduce_scatter for each case while
     recording every kernel launch, copy and torch.distributed call the interpreter makes;
     return, per call, (the schedule's steps expanded to primitives, what ran)."""
-    import dpx_torch.flags as fl
-    import dpx_torch.program as it
-
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.comm(layout)
     d = layout.coords(ctx.rank).attn_dp_rank
     log: list[str] = []
-    names = {"move_into": "move", "zero_into": "zero", "pack_into": "pack",
-             "unpack_into": "unpack", "all_gather_single": "all_gather",
-             "reduce_scatter_single": "reduce_scatter"}
-    saved = {n: getattr(it, n) for n in names}
-    saved_check = fl._launch
-    dist_saved = {n: getattr(it.dist, n) for n in ("all_reduce", "broadcast", "reduce")}
-
-    def recorder(name, fn):
-        def wrapped(*a, **k):
-            log.append(name)
-            return fn(*a, **k)
-        return wrapped
-
-    for n, short in names.items():
-        setattr(it, n, recorder(short, saved[n]))
-    fl._launch = recorder("check_counts", saved_check)
-    for n, fn in dist_saved.items():
-        setattr(it.dist, n, recorder(n, fn))
     out = []
-    try:
+    with recording(comm, log):
         for case in cases:
             plan, ct, eff = _plan_of(layout, case)
             L = (plan.slot_rows[d] if plan.is_static
@@ -409,12 +423,6 @@ def record_primitives(ctx, layout_args, cases) -> list[tuple]:
                 log.clear()
                 fn()
                 out.append((case, op, partial, want, list(log)))
-    finally:
-        for n, fn in saved.items():
-            setattr(it, n, fn)
-        fl._launch = saved_check
-        for n, fn in dist_saved.items():
-            setattr(it.dist, n, fn)
     return out
 
 

@@ -1,0 +1,394 @@
+"""The local passes of a schedule (:mod:`dpx.steps`) on torch tensors, one implementation per
+kind of device, with one interface:
+
+- :class:`TritonPasses` (CUDA): the ``dpx.kernels`` Triton kernels -- one pass over each
+  output, offsets and counts read from device memory where they are device data (CUDA-graph
+  replayable) -- launched through a :class:`~dpx_torch.launch.Launcher`;
+- :class:`TorchPasses` (CPU): stock torch ops (slice copies, ``zero_``, ``copy_``) on the
+  same semantics, reading one-element count tensors on the host (a CPU tensor has no
+  device to wait for). Triton's interpreter runs the kernels on CPU tensors too, 100-8,000x
+  slower than these ops; the kernel tests use it (``TritonPasses(JIT)`` on CPU).
+
+Every pass writes its whole output (real rows and zeros) and clips every index to the
+buffers, so a wrong count can never read or write out of bounds (the kernels mask; the
+torch ops clip the same way). Semantics, ``Index`` = an int or a one-element int32 tensor
+on the data's device:
+
+``move(src, ss, ds, n, out)``: ``out[ds + j] = src[ss + j]`` for ``j < n``, other rows 0.
+``zero(out, ks, kn)``: rows of ``out`` outside ``[ks, ks + kn)`` become 0 (in place).
+``unpack(src, firsts, lens, block, out)``: ``out[firsts[r] + j] = src[r*block + j]`` for
+``j < min(lens[r], block)``; other rows 0. ``pack``: its adjoint, ``out[r*block + j] =
+src[firsts[r] + j]``. ``firsts`` / ``lens``: int32 ``[n]`` tensors.
+``quantize(src, start, n, out)``: ``out[j]`` = the fp8 wire row (:mod:`dpx.wire`) of
+``src[start + j]`` for ``j < n``, zero bytes after. ``dequantize(src, out)``.
+``mask(t, firsts, lens, fill)``: rows outside every range ``[firsts[k], firsts[k] +
+lens[k])`` become ``fill`` (in place). ``check(counts, flag, rule)``: ``flag |=`` the bits
+of :class:`dpx.steps.CheckCounts` ``rule`` that ``counts`` break.
+
+Each pass also has a ``bind_*`` form: everything that depends only on the shapes (launch
+grid, tile, compiled kernel) resolved once, a function of the buffers (and of the index
+tensors that are device data) left to call -- what a prepared call runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from dpx import wire as W
+from dpx.kernels import counts as _counts
+from dpx.kernels import launch as _tiles
+from dpx.kernels import mask as _mask
+from dpx.kernels import rows as _rows
+from dpx.kernels import wire as _wire
+from dpx.steps import CheckCounts
+from dpx_torch.launch import JIT, JitLauncher, Launcher
+from dpx_torch.wire import dequantize_rows, quantize_rows
+
+__all__ = ["DEVICE", "Index", "Passes", "passes_for", "TorchPasses", "TritonPasses", "width_of"]
+
+Index = Any  # int | torch.Tensor (one element, int32, on the data's device)
+
+#: Marks an index a bound pass reads from a device tensor given at each call.
+DEVICE = None
+
+_OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DEQ_BLOCK_R = 16
+
+
+def width_of(t: torch.Tensor) -> int:
+    w = 1
+    for s in t.shape[1:]:
+        w *= s
+    return w
+
+
+def _row_grid(rows: int, width: int, tile: _tiles.Tile) -> tuple[tuple[int, int], int, int, int]:
+    block_r, block_c, warps = _tiles.row_blocks(width, tile)
+    return (-(-rows // block_r), -(-width // block_c)), block_r, block_c, warps
+
+
+class Passes:
+    """The interface; its ``bind_*`` forms close over the call forms (an implementation
+    with nothing to resolve ahead of a call keeps them)."""
+
+    def bind_move(self, src_rows: int, out_rows: int, width: int, dtype: torch.dtype,
+                  device: torch.device, ss: int | None, ds: int | None, n: int | None,
+                  tile: _tiles.Tile | None = None) -> Callable[..., None]:
+        """``go(src, out, ss_t, ds_t, n_t)``: the move of ``ss``/``ds``/``n`` (ints, or
+        :data:`DEVICE` for the ``*_t`` tensors given at the call)."""
+        def go(src, out, ss_t=None, ds_t=None, n_t=None):
+            self.move(src, ss if ss_t is None else ss_t, ds if ds_t is None else ds_t,
+                      n if n_t is None else n_t, out)
+        return go
+
+    def bind_zero(self, out_rows: int, width: int, dtype: torch.dtype, device: torch.device,
+                  ks: int | None, kn: int | None,
+                  tile: _tiles.Tile | None = None) -> Callable[..., None]:
+        """``go(out, ks_t, kn_t)``."""
+        def go(out, ks_t=None, kn_t=None):
+            self.zero(out, ks if ks_t is None else ks_t, kn if kn_t is None else kn_t)
+        return go
+
+    def bind_unpack(self, src_rows: int, out_rows: int, width: int, n: int,
+                    dtype: torch.dtype, block: int) -> Callable[..., None]:
+        """``go(src, firsts, lens, out)``."""
+        return lambda src, firsts, lens, out: self.unpack(src, firsts, lens, block, out)
+
+    def bind_pack(self, src_rows: int, out_rows: int, width: int, n: int,
+                  dtype: torch.dtype, block: int) -> Callable[..., None]:
+        """``go(src, firsts, lens, out)``."""
+        return lambda src, firsts, lens, out: self.pack(src, firsts, lens, block, out)
+
+    def bind_quantize(self, src_rows: int, out_rows: int, hidden: int, dtype: torch.dtype,
+                      device: torch.device, start: int | None,
+                      n: int | None) -> Callable[..., None]:
+        """``go(src, out, start_t, n_t)``."""
+        def go(src, out, start_t=None, n_t=None):
+            self.quantize(src, start if start_t is None else start_t,
+                          n if n_t is None else n_t, out)
+        return go
+
+    def bind_dequantize(self, rows: int, hidden: int, dtype: torch.dtype) -> Callable[..., None]:
+        """``go(src, out)``."""
+        return self.dequantize
+
+
+class TritonPasses(Passes):
+    """The passes as ``dpx.kernels`` launches through ``launcher`` (a
+    :class:`~dpx_torch.launch.Launcher`, or :data:`~dpx_torch.launch.JIT`)."""
+
+    def __init__(self, launcher: Launcher | JitLauncher = JIT) -> None:
+        self.launcher = launcher
+
+    # ---------------------------------------------------------------- binders
+    def bind_move(self, src_rows, out_rows, width, dtype, device, ss, ds, n, tile=None):
+        if out_rows * width == 0:
+            return _nothing
+        if tile is None:
+            tile = _tiles.tile_for(out_rows, width, _itemsize(dtype), src_rows=src_rows)
+        grid, block_r, block_c, warps = _row_grid(out_rows, width, tile)
+        consts = dict(WIDTH=width, SRC_START_PTR=ss is None, DST_START_PTR=ds is None,
+                      COUNT_PTR=n is None, BLOCK_R=block_r, BLOCK_C=block_c,
+                      WIDE=_tiles.wide(src_rows * width, out_rows * width), STREAM=tile.stream)
+        launch, kernel = self.launcher.launch, _rows.move_rows_kernel
+        ssv, dsv, nv = ss or 0, ds or 0, n or 0
+
+        def go(src, out, ss_t=None, ds_t=None, n_t=None):
+            launch(kernel, grid, out.device,
+                   (src, src if ss_t is None else ss_t, src if ds_t is None else ds_t,
+                    src if n_t is None else n_t, ssv, dsv, nv, src_rows, out_rows, out),
+                   consts, warps)
+        return go
+
+    def bind_zero(self, out_rows, width, dtype, device, ks, kn, tile=None):
+        if out_rows * width == 0:
+            return _nothing
+        if tile is None:
+            tile = _tiles.tile_for(out_rows, width, _itemsize(dtype), src_rows=0)
+        grid, block_r, block_c, warps = _row_grid(out_rows, width, tile)
+        consts = dict(WIDTH=width, START_PTR=ks is None, COUNT_PTR=kn is None,
+                      BLOCK_R=block_r, BLOCK_C=block_c, WIDE=_tiles.wide(out_rows * width),
+                      STREAM=tile.stream)
+        launch, kernel = self.launcher.launch, _rows.zero_rows_kernel
+        ksv, knv = ks or 0, kn or 0
+
+        def go(out, ks_t=None, kn_t=None):
+            anchor = out if ks_t is None else ks_t
+            launch(kernel, grid, out.device,
+                   (anchor, anchor if kn_t is None else kn_t, ksv, knv, out_rows, out),
+                   consts, warps)
+        return go
+
+    def _bind_chunks(self, kernel, src_rows: int, out_rows: int, width: int, n: int,
+                     dtype: torch.dtype, block: int) -> Callable[..., None]:
+        if out_rows * width == 0:
+            return _nothing
+        grid, block_r, block_c, warps = _row_grid(
+            out_rows, width, _tiles.tile_for(out_rows, width, _itemsize(dtype)))
+        consts = dict(WIDTH=width, BLOCK_R=block_r, BLOCK_C=block_c)
+        launch = self.launcher.launch
+
+        def go(src, firsts, lens, out):
+            launch(kernel, grid, out.device,
+                   (src, firsts, lens, src_rows, out_rows, n, block, out), consts, warps)
+        return go
+
+    def bind_unpack(self, src_rows, out_rows, width, n, dtype, block):
+        return self._bind_chunks(_rows.unpack_rows_kernel, src_rows, out_rows, width, n,
+                                 dtype, block)
+
+    def bind_pack(self, src_rows, out_rows, width, n, dtype, block):
+        return self._bind_chunks(_rows.pack_rows_kernel, src_rows, out_rows, width, n,
+                                 dtype, block)
+
+    def bind_quantize(self, src_rows, out_rows, hidden, dtype, device, start, n):
+        if out_rows == 0:
+            return _nothing
+        q = _tiles.quantize_shape(out_rows, hidden, _itemsize(dtype))
+        grid = _tiles.quantize_grid(out_rows, hidden, q)
+        consts = dict(H=hidden, ROW_BYTES=W.wire_row_bytes(hidden), START_PTR=start is None,
+                      COUNT_PTR=n is None, BLOCK_R=q.block_r, BLOCK_G=q.block_g,
+                      COMPILED=device.type == "cuda",
+                      WIDE=_tiles.wide(src_rows * hidden, out_rows * W.wire_row_bytes(hidden)))
+        launch, kernel = self.launcher.launch, _wire.quantize_rows_kernel
+        sv, nv = start or 0, n or 0
+
+        def go(src, out, start_t=None, n_t=None):
+            launch(kernel, grid, out.device,
+                   (src, src if start_t is None else start_t, src if n_t is None else n_t,
+                    sv, nv, src_rows, out_rows, out), consts, q.warps)
+        return go
+
+    def bind_dequantize(self, rows, hidden, dtype):
+        if rows == 0:
+            return _nothing
+        consts = dict(H=hidden, ROW_BYTES=W.wire_row_bytes(hidden), OUT_KIND=_OUT_KIND[dtype],
+                      BLOCK_R=_DEQ_BLOCK_R,
+                      WIDE=_tiles.wide(rows * W.wire_row_bytes(hidden), rows * hidden))
+        grid = (-(-rows // _DEQ_BLOCK_R), hidden // W.GROUP)
+        launch, kernel = self.launcher.launch, _wire.dequantize_rows_kernel
+
+        def go(src, out):
+            launch(kernel, grid, out.device, (src, rows, out), consts, 4)
+        return go
+
+    # ---------------------------------------------------------------- calls
+    def move(self, src, ss: Index, ds: Index, n: Index, out,
+             tile: _tiles.Tile | None = None) -> None:
+        ss, ss_t = _split(ss)
+        ds, ds_t = _split(ds)
+        n, n_t = _split(n)
+        self.bind_move(src.shape[0], out.shape[0], width_of(out), out.dtype, out.device,
+                       ss, ds, n, tile)(src, out, ss_t, ds_t, n_t)
+
+    def zero(self, out, ks: Index, kn: Index, tile: _tiles.Tile | None = None) -> None:
+        ks, ks_t = _split(ks)
+        kn, kn_t = _split(kn)
+        self.bind_zero(out.shape[0], width_of(out), out.dtype, out.device, ks, kn, tile)(
+            out, ks_t, kn_t)
+
+    def unpack(self, src, firsts, lens, block: int, out) -> None:
+        self.bind_unpack(src.shape[0], out.shape[0], width_of(out), firsts.shape[0],
+                         out.dtype, block)(src, firsts, lens, out)
+
+    def pack(self, src, firsts, lens, block: int, out) -> None:
+        self.bind_pack(src.shape[0], out.shape[0], width_of(out), firsts.shape[0],
+                       out.dtype, block)(src, firsts, lens, out)
+
+    def quantize(self, src, start: Index, n: Index, out) -> None:
+        start, s_t = _split(start)
+        n, n_t = _split(n)
+        self.bind_quantize(src.shape[0], out.shape[0], src.shape[1], src.dtype, out.device,
+                           start, n)(src, out, s_t, n_t)
+
+    def dequantize(self, src, out) -> None:
+        self.bind_dequantize(out.shape[0], out.shape[1], out.dtype)(src, out)
+
+    def mask(self, t, firsts, lens, fill) -> None:
+        width = width_of(t)
+        if t.numel() == 0:
+            return
+        grid, block_r, block_c, warps = _row_grid(t.shape[0], width, _tiles.DEFAULT_TILE)
+        self.launcher.launch(_mask.mask_rows_kernel, grid, t.device,
+                             (firsts, lens, firsts.shape[0], fill, t.shape[0], t),
+                             dict(WIDTH=width, BLOCK_R=block_r, BLOCK_C=block_c), warps)
+
+    def check(self, counts, flag, rule: CheckCounts) -> None:
+        entries = rule.entries
+        self.launcher.launch(
+            _counts.check_counts_kernel, (1,), counts.device, (counts, flag),
+            dict(ENTRIES=entries, GROUP=rule.group, ALIGN=rule.align,
+                 MAX_EACH=rule.max_each or 0, MAX_SUM=rule.max_sum or 0,
+                 HAS_EACH=rule.max_each is not None, HAS_SUM=rule.max_sum is not None,
+                 BLOCK=max(1 << (entries - 1).bit_length(), 1),
+                 RBLOCK=max(1 << (entries // rule.group - 1).bit_length(), 1)), 1)
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def _split(v: Index) -> tuple[int | None, torch.Tensor | None]:
+    return (DEVICE, v) if isinstance(v, torch.Tensor) else (v, None)
+
+
+def _host(v: Index) -> int:
+    return int(v) if isinstance(v, torch.Tensor) else v
+
+
+def _clip(lo: int, hi: int, n: int) -> tuple[int, int]:
+    lo = min(max(lo, 0), n)
+    return lo, min(max(hi, lo), n)
+
+
+class TorchPasses(Passes):
+    """The passes as stock torch ops (CPU tensors; see the module docstring)."""
+
+    # ---------------------------------------------------------------- calls
+    @staticmethod
+    def move(src, ss: Index, ds: Index, n: Index, out, tile=None) -> None:
+        ss, ds, n = _host(ss), _host(ds), _host(n)
+        rows = out.shape[0]
+        # j runs over [lo, hi): inside the count, the source and the output
+        lo = max(0, -ss, -ds)
+        hi = min(n, src.shape[0] - ss, rows - ds)
+        if hi <= lo:
+            out.zero_()
+            return
+        a, b = ds + lo, ds + hi
+        out[:a].zero_()
+        out[a:b].copy_(src[ss + lo:ss + hi])
+        out[b:].zero_()
+
+    @staticmethod
+    def zero(out, ks: Index, kn: Index, tile=None) -> None:
+        ks, kn = _host(ks), _host(kn)
+        a, b = _clip(ks, ks + kn, out.shape[0])
+        out[:a].zero_()
+        out[b:].zero_()
+
+    @staticmethod
+    def _chunks(firsts, lens, block: int, src_rows: int, out_rows: int, unpack: bool):
+        """Per chunk ``(out rows, src rows)`` slices, clipped (later chunks win where
+        chunks overlap, as in the kernels)."""
+        for r, (f, n) in enumerate(zip(firsts.tolist(), lens.tolist())):
+            n = min(n, block)
+            if unpack:   # out[f + j] = src[r*block + j]
+                lo = max(0, -f, 0)
+                hi = min(n, out_rows - f, src_rows - r * block)
+                if hi > lo:
+                    yield slice(f + lo, f + hi), slice(r * block + lo, r * block + hi)
+            else:        # out[r*block + j] = src[f + j]
+                lo = max(0, -f)
+                hi = min(n, src_rows - f, out_rows - r * block)
+                if hi > lo:
+                    yield slice(r * block + lo, r * block + hi), slice(f + lo, f + hi)
+
+    @staticmethod
+    def unpack(src, firsts, lens, block: int, out) -> None:
+        out.zero_()
+        for o, s in TorchPasses._chunks(firsts, lens, block, src.shape[0], out.shape[0], True):
+            out[o].copy_(src[s])
+
+    @staticmethod
+    def pack(src, firsts, lens, block: int, out) -> None:
+        out.zero_()
+        for o, s in TorchPasses._chunks(firsts, lens, block, src.shape[0], out.shape[0], False):
+            out[o].copy_(src[s])
+
+    @staticmethod
+    def quantize(src, start: Index, n: Index, out) -> None:
+        start, n = _host(start), _host(n)
+        lo, hi = _clip(start, start + max(n, 0), src.shape[0])
+        k = min(hi - lo, out.shape[0])
+        if k > 0:
+            quantize_rows(src[lo:lo + k], out[:k])
+        out[max(k, 0):].zero_()
+
+    @staticmethod
+    def dequantize(src, out) -> None:
+        dequantize_rows(src, out)
+
+    @staticmethod
+    def mask(t, firsts, lens, fill) -> None:
+        rows = t.shape[0]
+        real = torch.zeros(rows, dtype=torch.bool)
+        for f, n in zip(firsts.tolist(), lens.tolist()):
+            a, b = _clip(f, f + n, rows)
+            real[a:b] = True
+        t[~real] = fill
+
+    @staticmethod
+    def check(counts, flag, rule: CheckCounts) -> None:
+        c = counts.reshape(-1).tolist()[:rule.entries]
+        bad = 1 if any(x < 0 for x in c) else 0
+        per = [sum(c[i:i + rule.group]) for i in range(0, len(c), rule.group)]
+        if rule.max_each is not None and any(x > rule.max_each for x in per):
+            bad |= 2
+        if rule.max_sum is not None:
+            a = rule.align
+            if sum(-(-max(x, 0) // a) * a for x in per) > rule.max_sum:
+                bad |= 4
+        if bad:
+            flag |= bad
+
+
+#: The passes of a device type when no communicator's launcher is at hand.
+_DEFAULT = {"cuda": TritonPasses(JIT), "cpu": TorchPasses()}
+
+
+def passes_for(device: torch.device) -> Passes:
+    """The default passes of ``device`` (CUDA: Triton kernels by the ordinary launch; CPU:
+    torch ops)."""
+    p = _DEFAULT.get(device.type)
+    if p is None:
+        from dpx.errors import DpxValueError
+
+        raise DpxValueError(f"device {device} is not supported: dpx runs on cuda or cpu")
+    return p

@@ -1,0 +1,95 @@
+"""Prepared communicator calls: decide once, then run straight-line code.
+
+A :class:`PreparedOp` is one ``DpComm`` call (gather, scatter, reduce_scatter, with its
+plan and flags) whose checks have passed and whose program is bound
+(:class:`~dpx_torch.program.PreparedCall`). A later call guards only what can change
+between calls of the same structure -- the input's contiguity and autograd state, the
+``out`` and ``counts`` tensors' shapes, dtypes, devices and contiguity, and where ``out``
+lies against the input (an in-place gather's input must be its slot of ``out``; any other
+overlap is refused) -- and runs the bound steps. A call the guards do not admit takes the
+communicator's full path instead: its checks raise every error they raise on a first call,
+and a valid new structure is prepared anew.
+
+``DpComm`` keeps the prepared op of each call structure it has run (the implicit form:
+every ``gather`` / ``scatter`` / ``reduce_scatter`` after the first of its structure takes
+it), and returns one from ``prepare_gather`` / ``prepare_scatter`` /
+``prepare_reduce_scatter`` (the explicit form, for code that owns its tensors: a call then
+skips the lookup too). With ``validate=True`` every call takes the full path (its host
+exchange is per call).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from dpx_torch.program import PreparedCall
+from dpx_torch.rows import overlaps
+from dpx_torch.wire import split_wire
+
+__all__ = ["PreparedOp"]
+
+_compiling = torch.compiler.is_compiling
+_grad = torch.is_grad_enabled
+
+
+class PreparedOp:
+    """A prepared call (see the module docstring). ``op(x, counts=..., out=...)`` runs it,
+    or the communicator's full call when the guards do not admit the tensors."""
+
+    __slots__ = ("prep", "fallback", "shape", "dtype", "device", "counts_shape", "out_shape",
+                 "in_place", "split", "out_rows", "_rest")
+
+    def __init__(self, prep: PreparedCall, fallback: Callable[..., Any], x: torch.Tensor, *,
+                 counts: torch.Tensor | None, out: torch.Tensor | None, in_place: bool,
+                 split: bool) -> None:
+        self.prep, self.fallback = prep, fallback
+        self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
+        self.counts_shape = None if counts is None else counts.shape
+        self.out_shape = None if out is None else out.shape
+        self.out_rows = prep.out_rows
+        self._rest = x.shape[1:]
+        # an in-place gather's input lies this many bytes into ``out``
+        self.in_place = (x.data_ptr() - out.data_ptr()) if in_place else None
+        self.split = split
+
+    def admits(self, x: torch.Tensor, counts: torch.Tensor | None,
+               out: torch.Tensor | None) -> bool:
+        """Whether a call with these tensors runs the prepared steps."""
+        if not x.is_contiguous() or (x.requires_grad and _grad()):
+            return False
+        if counts is not None:
+            if counts.dtype is not torch.int32 or counts.shape != self.counts_shape \
+                    or counts.device != self.device or not counts.is_contiguous():
+                return False
+        elif self.counts_shape is not None:
+            return False
+        if out is None:
+            return self.out_shape is None
+        if out.shape != self.out_shape or out.dtype is not self.dtype \
+                or out.device != self.device or not out.is_contiguous():
+            return False
+        if self.in_place is not None:
+            return x.data_ptr() - out.data_ptr() == self.in_place
+        return not overlaps(x, out)
+
+    def run(self, x: torch.Tensor, counts: torch.Tensor | None,
+            out: torch.Tensor | None) -> Any:
+        """The bound steps (the caller checked :meth:`admits`)."""
+        prep = self.prep
+        if out is None:
+            out = (x.new_empty((self.out_rows, prep.shape.out_width), dtype=torch.uint8)
+                   if prep.out_wire else x.new_empty((self.out_rows, *self._rest)))
+        if counts is not None and counts.dim() == 2:
+            counts = counts.reshape(-1)
+        res = prep.run(x, out, counts)
+        return split_wire(res) if self.split else res
+
+    def __call__(self, x: torch.Tensor, *, counts: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> Any:
+        if type(x) is torch.Tensor and not _compiling() and x.shape == self.shape \
+                and x.dtype is self.dtype and x.device == self.device \
+                and self.admits(x, counts, out):
+            return self.run(x, counts, out)
+        return self.fallback(x, counts=counts, out=out)
