@@ -23,7 +23,7 @@ from common import copy_us, cuda_time_us, out_dir, print_table, write_csv
 from dpx.kernels import Tile
 from dpx.kernels import wire as wire_kernels
 from dpx_torch import place_rows, take_rows
-from dpx_torch.wire import quantize_into
+from dpx_torch.passes import TritonPasses
 
 TILES = [None, Tile(2048, 4), Tile(2048, 8), Tile(4096, 8), Tile(4096, 16), Tile(8192, 8),
          Tile(8192, 16), Tile(16384, 16), Tile(16384, 32), Tile(8192, 16, 2048),
@@ -41,13 +41,13 @@ QUANT = [None, (8, 4, 4), (4, 4, 4), (8, 2, 4), (16, 2, 8), (8, 4, 8), (4, 8, 8)
 
 
 def _quantize(src, out, shape: tuple[int, int, int] | None) -> None:
-    """The quantize kernel at ``(rows, groups, warps)``; ``None``: :func:`quantize_into`
-    (the library's own choice by size)."""
+    """The quantize kernel at ``(rows, groups, warps)``; ``None``: the library's own choice
+    by size."""
     from dpx import wire as W
 
     rows, H = out.shape[0], src.shape[1]
     if shape is None:
-        quantize_into(src, 0, rows, out)
+        TritonPasses().quantize(src, 0, rows, out)
         return
     br, bg, warps = shape
     wire_kernels.quantize_rows_kernel[(-(-rows // br), -(-(H // W.GROUP) // bg))](

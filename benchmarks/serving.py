@@ -70,8 +70,9 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
 
     from common import cuda_time_us
     from dpx_torch import DeviceTables, DpComm, mask_pad_rows
-    from dpx_torch.rows import move_into
-    from dpx_torch.wire import dequantize_into, quantize_into
+    from dpx_torch.passes import TritonPasses
+
+    kernels = TritonPasses()
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"file://{tempfile.mkdtemp()}/rdv", rank=0,
@@ -84,11 +85,12 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
         tmp = torch.empty_like(out)
         moved = n * H * 2 + n * wrb
         t_copy = copy_us(moved)
-        t_fused = cuda_time_us(lambda: quantize_into(x, 0, n, out))
-        t_two = cuda_time_us(lambda: (quantize_into(x, 0, n, tmp), move_into(tmp, 0, 0, n, out)))
+        t_fused = cuda_time_us(lambda: kernels.quantize(x, 0, n, out))
+        t_two = cuda_time_us(lambda: (kernels.quantize(x, 0, n, tmp),
+                                      kernels.move(tmp, 0, 0, n, out)))
         back = torch.empty_like(x)
-        quantize_into(x, 0, n, out)
-        t_deq = cuda_time_us(lambda: dequantize_into(out, back))
+        kernels.quantize(x, 0, n, out)
+        t_deq = cuda_time_us(lambda: kernels.dequantize(out, back))
         t_deq_copy = copy_us(2 * n * H * 2)
         quant.append(dict(rows=n, MiB=moved / 2**20, fused_us=t_fused, copy_us=t_copy,
                           two_launch_us=t_two, vs_copy=t_copy / t_fused,

@@ -1,40 +1,51 @@
-"""Host overhead of a dpx_torch gather against a bare NCCL all_gather_into_tensor, at
-world size 1 on one GPU, eager and under CUDA-graph replay (same run, same sizes).
+"""Host cost of dpx_torch's calls against the calls they replace, at world size 1 on one
+GPU (NCCL; the collective is issued on both sides), eager and under CUDA-graph replay.
 
     python benchmarks/torch_step.py
 
-Rows per size (decode 32 rows, mid 512, prefill 4096; hidden 7168 bf16; MAX_LEN):
+Sizes: decode 32 rows, mid 512, prefill 4096; hidden 7168 bf16. Every ratio compares
+timings of one run in which the compared calls take turns (7 rounds of 200 back-to-back
+calls, median; ``host_us`` is the wall time per call before the final sync -- what the CPU
+spends enqueueing).
 
-``same plan``: one plan for every call (a layer loop within a step).
-``new counts``: a different count every call, cycling over more plans than the call cache
-    holds (``CacheLimits(calls=8)``), so every call finds its template by the plan's
-    structure and evaluates it for the new counts -- a serving step's first gather.
-    The bare collective moves the same bytes, call by call.
-``graph in place``: CUDA-graph replay of a capacity plan's gather with device counts, the
-    input being ``comm.local_slot(out, plan)`` (the rows are already where the collective
-    reads them).
-``graph copy``: the same from a separate input (one pass places the rows first).
+Table 1, **against sglang's calls**: per op and padding mode, the sequence sglang's
+``dp_attention`` issues for it, written with stock ops (``sglang``: a SUM_LEN gather is
+``fill_(0)`` + a Triton copy kernel reading its offset and count from device memory,
+launched through Triton's JIT as sglang's ``memcpy_triton`` is + an in-place
+``all_reduce``; a MAX_LEN gather one ``all_gather_into_tensor``; a scatter ``fill_(0)`` +
+the copy kernel; ``dp_reduce_scatter_tensor`` one ``reduce_scatter_tensor``), the same op
+through ``dpx_torch.sglang`` with a forward batch of host counts (``drop_in``), and
+through ``DpComm`` with ``out=`` (``comm``). The sequences lack sglang's own Python around
+them, so they are a lower bound of its host time.
 
-``host_us``: wall time per call of N back-to-back calls before the final sync (what the
-CPU spends enqueueing); ``total_us`` includes the sync; graph rows time replays. Each is the
-median of 7 rounds in which the bare and the dpx call take turns. ``dpx_python_us``: the dpx
-call with the collective replaced by a no-op (dpx's own host time).
+Table 2, **against the bare collective**: ``DpComm.gather`` (MAX_LEN, the input its whole
+slot: one ``all_gather_into_tensor``) with one plan (``same``), and with a new count every
+call (``new``: 32 plans cycling through a call cache of 8 -- a serving step's first
+gather); ``dpx_python_us``: the dpx call with the collective a no-op; ``graph_*``: replay
+of a captured capacity-plan gather with device counts, in place (``local_slot``) and
+from a separate input, against the captured bare collective.
 
-A second table times the launch paths of one row kernel (``move_rows``, 32 rows): the
-direct Triton launch dpx's eager calls use, the ``torch.library`` custom op that
-torch.compile traces, and ``torch.library.triton_op`` + ``wrap_triton``.
-Writes torch_step.csv and torch_step_launch.csv to $OUT.
+Table 3, **kernel launches** (host µs per launch of one row kernel, 32 rows): Triton's
+JIT launch (``kernel[grid](...)``), dpx's direct launch of the compiled kernel
+(``dpx_torch.launch``), the ``torch.library`` custom op torch.compile traces, and a stock
+``copy_`` of the same rows.
+
+Writes torch_step_sglang.csv, torch_step.csv and torch_step_launch.csv to $OUT.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
 
 import dpx
 from common import out_dir, print_table, write_csv
@@ -42,12 +53,34 @@ from dpx_torch import CacheLimits, DpComm
 from dpx_torch import program as program_mod
 
 N = 200
+H = 7168
+SIZES = (("decode", 32), ("mid", 512), ("prefill", 4096))
+
+
+@triton.jit
+def _copy_rows(dst_ptr, src_ptr, offset_ptr, size_ptr, OFFSET_SRC: tl.constexpr, chunk,
+               BLOCK: tl.constexpr):
+    """A flat copy of ``size * chunk`` elements at an offset read from device memory (the
+    kind of kernel sglang launches for its gathers and scatters)."""
+    pid = tl.program_id(0).to(tl.int64)
+    offset = tl.load(offset_ptr).to(tl.int64) * chunk
+    size = tl.load(size_ptr).to(tl.int64) * chunk
+    i = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = i < size
+    if OFFSET_SRC:
+        tl.store(dst_ptr + i, tl.load(src_ptr + offset + i, mask=mask), mask=mask)
+    else:
+        tl.store(dst_ptr + offset + i, tl.load(src_ptr + i, mask=mask), mask=mask)
+
+
+def _copy(dst, src, offset, size, offset_src: bool) -> None:
+    n = min(src.numel(), dst.numel())
+    _copy_rows[(triton.cdiv(n, 8192),)](dst, src, offset, size, offset_src, src.shape[1], 8192)
 
 
 def _timed(fns: dict, rounds: int = 7) -> dict:
     """``{name: (host_us, total_us)}``: per call, median over ``rounds`` rounds, the
-    functions taking turns within each round (so slow drift of the host hits all alike).
-    Each function is called with the call's index."""
+    functions taking turns within each round. Each function gets the call's index."""
     samples: dict = {k: [] for k in fns}
     for fn in fns.values():
         for i in range(20):
@@ -78,86 +111,111 @@ def _graph(fn) -> torch.cuda.CUDAGraph:
     return g
 
 
-def _stub_python(fn) -> float:
-    """dpx's own host time: ``fn`` with the collectives replaced by no-ops."""
-    real = program_mod.all_gather_single
-    program_mod.all_gather_single = lambda *a, **k: None
+def _noop(*args, **kwargs):
+    return None
+
+
+def _dpx_python(layout, make_fn) -> float:
+    """dpx's own host time: a communicator whose prepared calls were bound while every
+    collective was a no-op (the bound steps keep the no-ops)."""
+    saved = (program_mod.all_gather_single, program_mod.reduce_scatter_single,
+             program_mod.dist.all_reduce)
+    program_mod.all_gather_single = program_mod.reduce_scatter_single = _noop
+    program_mod.dist.all_reduce = _noop
     try:
-        return _timed({"x": fn}, rounds=3)["x"][0]
+        comm = DpComm(layout, limits=CacheLimits(calls=8))
+        t = _timed({"x": make_fn(comm)}, rounds=3)["x"][0]
     finally:
-        program_mod.all_gather_single = real
+        (program_mod.all_gather_single, program_mod.reduce_scatter_single,
+         program_mod.dist.all_reduce) = saved
+    comm.destroy()
+    return t
 
 
-def _launch_paths(H: int) -> list[dict]:
-    """Host µs per launch of the move kernel by each path (32 rows x H bf16)."""
-    from dpx_torch.rows import _launch_move
+def _sglang_rows(comm: DpComm, layout) -> list[dict]:
+    """Table 1 (see the module docstring)."""
+    from dpx_torch import sglang as sg
 
-    n = 32
-    src = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(n, H, device="cuda", dtype=torch.bfloat16)
-    fns = {"direct launch (eager dpx)": lambda i: _launch_move(src, None, None, None, 0, 0, n,
-                                                                out),
-           "torch.library custom op": lambda i: torch.ops.dpx.move_rows_out(
-               src, None, None, None, 0, 0, n, out, [4096, 16, 1024, 0])}
-    try:
-        from torch.library import triton_op, wrap_triton
-
-        from dpx.kernels import launch, rows as kernels
-
-        @triton_op("dpx_bench::move_rows_triton", mutates_args={"out"})
-        def move_triton(src: torch.Tensor, count: int, out: torch.Tensor) -> None:
-            block_r, block_c, warps = launch.row_blocks(out.shape[1])
-            wrap_triton(kernels.move_rows_kernel)[launch.grid(*out.shape)](
-                src, src, src, src, 0, 0, count, src.shape[0], out.shape[0], out,
-                WIDTH=out.shape[1], SRC_START_PTR=False, DST_START_PTR=False,
-                COUNT_PTR=False, BLOCK_R=block_r, BLOCK_C=block_c, WIDE=False, STREAM=False,
-                num_warps=warps)
-
-        fns["torch.library.triton_op + wrap_triton"] = lambda i: move_triton(src, n, out)
-    except ImportError as exc:
-        print(f"triton_op unavailable: {exc}")
-    t = _timed(fns)
-    base = t["direct launch (eager dpx)"][0]
-    return [dict(path=k, host_us=v[0], total_us=v[1], vs_direct=v[0] / base)
-            for k, v in t.items()]
-
-
-def main() -> None:
-    torch.cuda.set_device(0)
-    init = os.path.join(tempfile.mkdtemp(), "rdv")
-    dist.init_process_group("nccl", init_method=f"file://{init}", rank=0, world_size=1)
-    lay = dpx.DpLayout(1, 1)
-    comm = DpComm(lay, limits=CacheLimits(calls=8))
-    H = 7168
+    att = sg.setup(comm, hidden_size=H, dtype=torch.bfloat16, device="cuda")
     rows = []
-    for name, n in (("decode", 32), ("mid", 512), ("prefill", 4096)):
+    for name, n in SIZES:
+        local = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+        glob = torch.empty(n, H, device="cuda", dtype=torch.bfloat16)
+        small = torch.empty(n, H, device="cuda", dtype=torch.bfloat16)
+        start = torch.zeros((), dtype=torch.int32, device="cuda")
+        count = torch.full((), n, dtype=torch.int32, device="cuda")
+        for mode, pm in (("sum_len", sg.DpPaddingMode.SUM_LEN),
+                         ("max_len", sg.DpPaddingMode.MAX_LEN)):
+            plan = dpx.plan_step([n], layout, mode=mode)
+            batch = SimpleNamespace(global_num_tokens_cpu=[n], global_num_tokens_gpu=count,
+                                    dp_padding_mode=pm, dp_local_start_pos=None,
+                                    dp_local_num_tokens=None)
+            if mode == "sum_len":
+                def sg_gather(i):
+                    glob.fill_(0)
+                    _copy(glob, local, start, count, False)
+                    dist.all_reduce(glob)
+            else:
+                def sg_gather(i):
+                    dist.all_gather_into_tensor(glob, local)
+
+            def sg_scatter(i):
+                small.fill_(0)
+                _copy(small, glob, start, count, True)
+
+            cases = {
+                "dp_gather_partial": (sg_gather,
+                                      lambda i: sg.dp_gather_partial(glob, local, batch),
+                                      lambda i: comm.gather(local, plan, partial=True,
+                                                            out=glob)),
+                "dp_scatter": (sg_scatter, lambda i: sg.dp_scatter(small, glob, batch),
+                               lambda i: comm.scatter(glob, plan, out=small)),
+            }
+            if mode == "max_len":
+                att.set_dp_buffer_len(n, n, True, [n])
+                cases["dp_reduce_scatter_tensor"] = (
+                    lambda i: dist.reduce_scatter_tensor(small, glob),
+                    lambda i: sg.dp_reduce_scatter_tensor(small, glob),
+                    lambda i: comm.reduce_scatter(glob, plan, out=small))
+            for op, (a, b, c) in cases.items():
+                t = _timed({"sglang": a, "drop_in": b, "comm": c})
+                rows.append(dict(op=op, mode=mode, size=name, rows=n,
+                                 sglang_host_us=t["sglang"][0], drop_in_host_us=t["drop_in"][0],
+                                 comm_host_us=t["comm"][0],
+                                 drop_in_ratio=t["drop_in"][0] / t["sglang"][0],
+                                 comm_ratio=t["comm"][0] / t["sglang"][0],
+                                 sglang_total_us=t["sglang"][1],
+                                 drop_in_total_us=t["drop_in"][1]))
+    sg.teardown()
+    return rows
+
+
+def _bare_rows(comm: DpComm, layout) -> list[dict]:
+    """Table 2 (see the module docstring)."""
+    rows = []
+    for name, n in SIZES:
         local = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(n, H, device="cuda", dtype=torch.bfloat16)
-        plan = dpx.plan_step([n], lay, mode="max_len")
-        # new counts every call: 32 distinct plans (more than the call cache's 8)
+        plan = dpx.plan_step([n], layout, mode="max_len")
         sizes = [n - (i % 32) * max(n // 64, 1) for i in range(32)]
-        plans = [dpx.plan_step([k], lay, mode="max_len") for k in sizes]
+        plans = [dpx.plan_step([k], layout, mode="max_len") for k in sizes]
         outs = [out[:k] for k in sizes]
         ins = [local[:k] for k in sizes]
 
-        def bare(i):
-            dist.all_gather_into_tensor(out, local)
+        def ours(c):
+            return lambda i: c.gather(local, plan, partial=True, out=out)
 
-        def ours(i):
-            comm.gather(local, plan, partial=True, out=out)
+        def ours_new(c):
+            return lambda i: c.gather(ins[i % 32], plans[i % 32], partial=True,
+                                      out=outs[i % 32])
 
-        def bare_new(i):
-            k = i % 32
-            dist.all_gather_into_tensor(outs[k], ins[k])
-
-        def ours_new(i):
-            k = i % 32
-            comm.gather(ins[k], plans[k], partial=True, out=outs[k])
-
-        t = _timed({"bare": bare, "ours": ours, "bare_new": bare_new, "ours_new": ours_new})
-        hp, hp_new = _stub_python(ours), _stub_python(ours_new)
-
-        cplan = dpx.plan_step([n], lay, mode="max_len", capacity=n)
+        t = _timed({"bare": lambda i: dist.all_gather_into_tensor(out, local),
+                    "ours": ours(comm),
+                    "bare_new": lambda i: dist.all_gather_into_tensor(outs[i % 32],
+                                                                      ins[i % 32]),
+                    "ours_new": ours_new(comm)})
+        hp, hp_new = _dpx_python(layout, ours), _dpx_python(layout, ours_new)
+        cplan = dpx.plan_step([n], layout, mode="max_len", capacity=n)
         counts = torch.tensor([n], dtype=torch.int32, device="cuda")
         gout = torch.empty(cplan.global_rows, H, device="cuda", dtype=torch.bfloat16)
         slot = comm.local_slot(gout, cplan)
@@ -178,17 +236,71 @@ def main() -> None:
             graph_bare_us=g["bare"][1], graph_in_place_us=g["in_place"][1],
             graph_in_place_ratio=g["in_place"][1] / g["bare"][1],
             graph_copy_us=g["copy"][1], graph_copy_ratio=g["copy"][1] / g["bare"][1]))
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  NCCL world 1, "
-          f"hidden {H} bf16, {N} back-to-back calls  (dpx from {dpx.__file__})")
+    return rows
+
+
+def _launch_rows() -> list[dict]:
+    """Table 3: host µs per launch of the move kernel (32 rows x H bf16) by each path."""
+    from dpx.kernels import launch, rows as kernels
+    from dpx_torch import ops
+    from dpx_torch.launch import Launcher
+    from dpx_torch.passes import TritonPasses
+
+    n = 32
+    src = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(n, H, device="cuda", dtype=torch.bfloat16)
+    block_r, block_c, warps = launch.row_blocks(H)
+    grid = launch.grid(n, H)
+    direct = TritonPasses(Launcher()).bind_move(n, n, H, src.dtype, src.device, 0, 0, n)
+    fns = {
+        "triton JIT launch": lambda i: kernels.move_rows_kernel[grid](
+            src, src, src, src, 0, 0, n, n, n, out, WIDTH=H, SRC_START_PTR=False,
+            DST_START_PTR=False, COUNT_PTR=False, BLOCK_R=block_r, BLOCK_C=block_c,
+            WIDE=False, STREAM=False, num_warps=warps),
+        "dpx direct launch": lambda i: direct(src, out),
+        "torch.library custom op": lambda i: ops.move_rows_out(src, None, None, None, 0, 0,
+                                                               n, out, []),
+        "stock copy_": lambda i: out.copy_(src),
+    }
+    t = _timed(fns)
+    base = t["triton JIT launch"][0]
+    return [dict(path=k, host_us=v[0], total_us=v[1], vs_jit=v[0] / base)
+            for k, v in t.items()]
+
+
+def _geomean(xs) -> float:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def main() -> None:
+    torch.cuda.set_device(0)
+    init = os.path.join(tempfile.mkdtemp(), "rdv")
+    dist.init_process_group("nccl", init_method=f"file://{init}", rank=0, world_size=1)
+    layout = dpx.DpLayout(1, 1)
+    comm = DpComm(layout, limits=CacheLimits(calls=8))
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton "
+          f"{triton.__version__}  NCCL world 1, hidden {H} bf16, {N} back-to-back calls "
+          f"(dpx from {dpx.__file__})")
+    sg_rows = _sglang_rows(DpComm(layout), layout)
+    print("against sglang's call sequences (host µs per call):")
+    print_table(sg_rows, ["op", "mode", "size", "sglang_host_us", "drop_in_host_us",
+                          "comm_host_us", "drop_in_ratio", "comm_ratio"])
+    print(f"geometric mean drop_in / sglang: {_geomean(r['drop_in_ratio'] for r in sg_rows):.3f}"
+          f"; comm / sglang: {_geomean(r['comm_ratio'] for r in sg_rows):.3f}; worst "
+          f"drop_in / sglang: {max(r['drop_in_ratio'] for r in sg_rows):.3f}")
+    rows = _bare_rows(comm, layout)
+    print("against the bare collective:")
     print_table(rows, ["name", "MiB", "bare_host_us", "dpx_host_us", "host_ratio",
                        "dpx_python_us", "new_bare_host_us", "new_dpx_host_us",
                        "new_host_ratio", "new_dpx_python_us"])
     print_table(rows, ["name", "MiB", "bare_total_us", "dpx_total_us", "graph_bare_us",
                        "graph_in_place_us", "graph_in_place_ratio", "graph_copy_us",
                        "graph_copy_ratio"])
-    launches = _launch_paths(H)
+    launches = _launch_rows()
     print("launch paths of one row kernel (host µs per call):")
     print_table(launches, list(launches[0]))
+    write_csv(out_dir() / "torch_step_sglang.csv", sg_rows)
     write_csv(out_dir() / "torch_step.csv", rows)
     write_csv(out_dir() / "torch_step_launch.csv", launches)
     comm.destroy()

@@ -11,6 +11,7 @@ the ``cp_size * attn_tp_size`` ranks of one DP replica are consecutive too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from dpx.errors import DpxTypeError, DpxValueError
 
@@ -25,9 +26,8 @@ def _check_int(name: str, value: object, *, minimum: int) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class RankCoords:
-    """Coordinates of one rank in a :class:`DpLayout`."""
+class RankCoords(NamedTuple):
+    """Coordinates of one rank in a :class:`DpLayout` (a value: an immutable tuple)."""
 
     attn_dp_rank: int
     attn_cp_rank: int
@@ -84,12 +84,8 @@ class DpLayout:
         """``(attn_dp_rank, attn_cp_rank, attn_tp_rank)`` of ``rank``."""
         if type(rank) is not int or not 0 <= rank < self.world_size:
             self._check_rank(rank)
-        tp = self.attn_tp_size
-        return RankCoords(
-            attn_dp_rank=rank // (tp * self.cp_size),
-            attn_cp_rank=(rank // tp) % self.cp_size,
-            attn_tp_rank=rank % tp,
-        )
+        tp, m = self._sizes
+        return RankCoords(rank // m, (rank // tp) % self.cp_size, rank % tp)
 
     def rank_of(self, dp: int, cp: int = 0, tp: int = 0) -> int:
         """The rank at coordinates ``(dp, cp, tp)``."""

@@ -31,6 +31,7 @@ from dpx import counts as C
 from dpx import wire as W
 from dpx.errors import DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError, DpxValueError
 from dpx.extents import local_rows, op_rows
+from dpx.geometry import structure_of
 from dpx.layout import DpLayout
 from dpx.modes import Op, Wire
 from dpx.plan import DpPlan
@@ -42,10 +43,10 @@ from dpx_torch.checks import InputChecks
 from dpx_torch.groups import DpGroups, adopt_groups, build_groups
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import mask_pad_rows, pad_row_mask
-from dpx_torch.prepared import PreparedOp
+from dpx_torch.prepared import PreparedClass, PreparedOp
 from dpx_torch.program import PreparedCall, all_gather_single
 from dpx_torch.rows import overlaps
-from dpx_torch.runner import Call, CacheLimits, Runner, _LRU
+from dpx_torch.runner import Call, CacheLimits, Runner
 from dpx_torch.wire import split_wire
 
 __all__ = ["DpComm", "counts_tensor"]
@@ -104,8 +105,7 @@ class DpComm:
         self.checks = InputChecks(layout, self.dp_rank, self.groups)
         self.agreement = Agreement(layout, self.groups)
         self._sources: dict[tuple, torch.Tensor] = {}
-        #: prepared ops by call structure (:mod:`dpx_torch.prepared`), bounded like calls
-        self._prepared = _LRU(self.runner.limits.calls)
+        self._prepared, self._classes = self.runner.prepared, self.runner.classes
         self._destroyed = False
         self._exit_hook = _exit_hook(weakref.ref(self))
         atexit.register(self._exit_hook)
@@ -180,8 +180,11 @@ class DpComm:
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
         if type(local) is torch.Tensor and not _compiling():
-            hit = self._prepared.get((_GATHER, plan, partial, wire, dequantize, local.shape,
-                                      local.dtype, local.device, counts is None, out is None))
+            key = (_GATHER, plan, partial, wire, dequantize, local.shape, local.dtype,
+                   local.device, counts is None, out is None)
+            hit = self._prepared.get(key)
+            if hit is None:
+                hit = self._of_class(key, plan, local, counts, out)
             if hit is not None and hit.admits(local, counts, out):
                 return hit.run(local, counts, out)
         self._alive()
@@ -197,8 +200,8 @@ class DpComm:
     def _prepare_gather(self, local, plan, partial, counts, out, wire, dequantize
                         ) -> PreparedOp | PreparedCall:
         """The checked gather of one tensor: a :class:`PreparedOp` (kept for the next call
-        of its structure), or, for a call that records autograd (or is traced, or
-        validated), its prepared program alone."""
+        of its plan, and its class for the next plan of its structure), or, for a call
+        that records autograd (or is traced, or validated), its prepared program alone."""
         wire_in, wire = wire, Wire.parse(wire)
         in_place = self._in_place(local, out, plan, counts)
         prep = self._checked("gather" if wire is Wire.NATIVE else "gather/fp8", plan, local,
@@ -206,15 +209,44 @@ class DpComm:
                              counts, out, wire, bool(dequantize), in_place)
         if wire is Wire.NATIVE and local.requires_grad and torch.is_grad_enabled():
             return prep
-        op = PreparedOp(prep, lambda x, counts=None, out=None: self.gather(
-            x, plan, partial=partial, counts=counts, out=out, wire=wire_in,
-            dequantize=dequantize), local, counts=counts, out=out, in_place=in_place,
-            split=wire is not Wire.NATIVE and not dequantize)
-        return self._remember((_GATHER, plan, partial, wire_in, dequantize, local.shape,
-                               local.dtype, local.device, counts is None, out is None), op)
+        full = (self.gather, plan, dict(partial=partial, wire=wire_in, dequantize=dequantize))
+        split = wire is not Wire.NATIVE and not dequantize
+        op = PreparedOp(prep, full, local, counts=counts, out=out, in_place=in_place,
+                        split=split)
+        key = (_GATHER, plan, partial, wire_in, dequantize, local.shape, local.dtype,
+               local.device, counts is None, out is None)
+        if self._keeps():
+            self._prepared.put(key, op)
+            tkey = self.runner.template_key(plan, Op.GATHER, partial=partial,
+                                            device_counts=counts is not None, wire=wire,
+                                            dequantize=bool(dequantize), in_place=in_place)
+            self._classes.put(self._class_key(key, plan, local, in_place), PreparedClass(
+                self.runner, Op.GATHER, tkey, prep.shape, full, split=split))
+        return op
 
-    def _remember(self, key: tuple, op: PreparedOp) -> PreparedOp:
-        if not self.validate and not _compiling():
+    def _keeps(self) -> bool:
+        """Whether calls are kept as prepared ops (not with validate, not while traced)."""
+        return not self.validate and not _compiling()
+
+    @staticmethod
+    def _class_key(key: tuple, plan: DpPlan, x: torch.Tensor, in_place: bool) -> tuple:
+        """The key of a call's :class:`PreparedClass`: its prepared-op key with the plan's
+        structure for the plan and the input's trailing shape for its shape."""
+        return (key[0], structure_of(plan), key[2], key[3], key[4], x.shape[1:], key[6],
+                key[7], key[8], key[9], in_place)
+
+    def _of_class(self, key: tuple, plan: DpPlan, x: torch.Tensor, counts, out
+                  ) -> PreparedOp | None:
+        """The prepared op of a new plan of a known structure (kept), or None."""
+        if not isinstance(plan, DpPlan):
+            return None
+        in_place = key[0] == _GATHER and out is not None and self._in_place(x, out, plan,
+                                                                            counts)
+        cls = self._classes.get(self._class_key(key, plan, x, in_place))
+        if cls is None:
+            return None
+        op = cls.prepare(plan, x, counts, out, in_place)
+        if op is not None:
             self._prepared.put(key, op)
         return op
 
@@ -349,8 +381,11 @@ class DpComm:
 
     def _global_op(self, tag: int, op: Op, global_, plan, counts, out):
         if type(global_) is torch.Tensor and not _compiling():
-            hit = self._prepared.get((tag, plan, global_.shape, global_.dtype, global_.device,
-                                      counts is None, out is None))
+            key = (tag, plan, True, Wire.NATIVE, True, global_.shape, global_.dtype,
+                   global_.device, counts is None, out is None)
+            hit = self._prepared.get(key)
+            if hit is None:
+                hit = self._of_class(key, plan, global_, counts, out)
             if hit is not None and hit.admits(global_, counts, out):
                 return hit.run(global_, counts, out)
         prepared = self._prepare_global(op, global_, plan, counts, out)
@@ -372,13 +407,20 @@ class DpComm:
                 raise DpxValueError(f"prepare_{name}: global_ requires grad; a prepared call "
                                     f"records no autograd graph")
             return prep
-        method = getattr(self, name)
-        prepared = PreparedOp(prep, lambda x, counts=None, out=None: method(
-            x, plan, counts=counts, out=out), global_, counts=counts, out=out,
-            in_place=False, split=False)
-        tag = _REDUCE_SCATTER if op is Op.REDUCE_SCATTER else _SCATTER
-        return self._remember((tag, plan, global_.shape, global_.dtype, global_.device,
-                               counts is None, out is None), prepared)
+        full = (getattr(self, name), plan, {})
+        prepared = PreparedOp(prep, full, global_, counts=counts, out=out, in_place=False,
+                              split=False)
+        if self._keeps():
+            key = (_REDUCE_SCATTER if op is Op.REDUCE_SCATTER else _SCATTER, plan, True,
+                   Wire.NATIVE, True, global_.shape, global_.dtype, global_.device,
+                   counts is None, out is None)
+            self._prepared.put(key, prepared)
+            tkey = self.runner.template_key(plan, op, partial=True,
+                                            device_counts=counts is not None,
+                                            wire=Wire.NATIVE, dequantize=True, in_place=False)
+            self._classes.put(self._class_key(key, plan, global_, False), PreparedClass(
+                self.runner, op, tkey, prep.shape, full, split=False))
+        return prepared
 
     def gather_async(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
                      counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -532,7 +574,6 @@ class DpComm:
 
     def clear_caches(self) -> None:
         """Empty every cache and the scratch pool (recapture CUDA graphs after this)."""
-        self._prepared.clear()
         self.runner.clear()
         self._sources.clear()
 
@@ -569,7 +610,6 @@ class DpComm:
     def _release(self) -> None:
         """Forget every process group and cache (see :meth:`destroy`)."""
         self._destroyed = True
-        self._prepared.clear()
         self.runner.clear()
         self.groups = self.runner = self.checks = self.agreement = None  # type: ignore
         self._sources.clear()
@@ -618,15 +658,18 @@ class DpComm:
         rows = op_rows(plan, Op.GATHER, self.rank, device_counts=counts is not None)
         if local.shape[0] < rows.need:
             c.tensor("local", local, min_rows=rows.need)
+        grad = local.requires_grad and torch.is_grad_enabled()
         if not in_place:
             c.out(out, local, rows.out, compiling=compiling)
-        elif local.requires_grad and torch.is_grad_enabled():
+        elif grad:
             raise DpxValueError("an in-place gather records no autograd graph; gather from "
                                 "a separate input to differentiate")
+        # kept by the runner only where no prepared op keeps it
         return self.runner.prepare(plan, Op.GATHER, local, partial=partial,
                                    device_counts=counts is not None, wire=wire,
                                    dequantize=dequantize, in_place=in_place,
-                                   scratch_key=scratch_key)
+                                   scratch_key=scratch_key, rows=rows,
+                                   cache=grad or scratch_key != "caller" or self.validate)
 
     def _global_checks(self, op: Op, global_, plan, counts, out,
                        scratch_key: str = "caller") -> PreparedCall:
@@ -640,8 +683,11 @@ class DpComm:
         if global_.shape[0] != rows.need:
             c.tensor("global_", global_, rows=rows.need)
         c.out(out, global_, rows.out, compiling=torch.compiler.is_compiling())
+        grad = global_.requires_grad and torch.is_grad_enabled()
         return self.runner.prepare(plan, op, global_, partial=True,
-                                   device_counts=counts is not None, scratch_key=scratch_key)
+                                   device_counts=counts is not None, scratch_key=scratch_key,
+                                   rows=rows,
+                                   cache=grad or scratch_key != "caller" or self.validate)
 
     def _checked(self, op: str, plan, tensor, partial, counts,
                  checks: Callable[..., PreparedCall], *args) -> PreparedCall:

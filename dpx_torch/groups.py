@@ -60,8 +60,9 @@ class DpGroups:
     _coalesce: dict = field(default_factory=dict, compare=False, repr=False)
 
     def process_group(self, g: Group) -> dist.ProcessGroup:
-        return {Group.WORLD: self.world, Group.ATTN_TP: self.attn_tp,
-                Group.REPLICA: self.replica}[g]
+        if g is Group.WORLD:
+            return self.world
+        return self.attn_tp if g is Group.ATTN_TP else self.replica
 
     def coalesces(self, device_type: str) -> bool:
         """Whether collectives on tensors of ``device_type`` can go out as one launch."""

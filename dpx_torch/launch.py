@@ -61,6 +61,22 @@ class JitLauncher:
                consts: dict[str, Any], num_warps: int) -> None:
         kernel_for(kernel, device)[grid](*args, **consts, num_warps=num_warps)
 
+    def bind(self, kernel, device: torch.device, consts: dict[str, Any], num_warps: int,
+             pointers: tuple) -> "_JitBound":
+        return _JitBound(kernel, device, consts, num_warps)
+
+
+class _JitBound:
+    """:meth:`BoundKernel.tensors` by the ordinary launch."""
+
+    __slots__ = ("kernel", "device", "consts", "warps")
+
+    def __init__(self, kernel, device, consts, warps) -> None:
+        self.kernel, self.device, self.consts, self.warps = kernel, device, consts, warps
+
+    def tensors(self, grid: tuple, args: Sequence[Any]) -> None:
+        JIT.launch(self.kernel, grid, self.device, args, self.consts, self.warps)
+
 
 JIT = JitLauncher()
 
@@ -83,14 +99,19 @@ class _Spec:
 
 class Launcher:
     """Direct launches of compiled ``dpx.kernels`` (see the module docstring): one per
-    communicator, at most ``max_entries`` kernel handles."""
+    communicator, at most ``max_entries`` kernel handles. ``direct``: the device types
+    launched through handles (others take :data:`JIT`)."""
+
+    direct = ("cuda",)
 
     def __init__(self, *, max_entries: int = 128) -> None:
         self.max_entries = max_entries
         self._specs: OrderedDict[tuple, _Spec | None] = OrderedDict()
+        self._bound: OrderedDict[tuple, BoundKernel] = OrderedDict()
         import triton
 
-        self._knobs = getattr(triton, "knobs", None)
+        knobs = getattr(triton, "knobs", None)
+        self._runtime = None if knobs is None else knobs.runtime
         self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
     def __len__(self) -> int:
@@ -98,60 +119,130 @@ class Launcher:
 
     def clear(self) -> None:
         self._specs.clear()
+        self._bound.clear()
 
-    def _hooks(self) -> bool:
-        k = self._knobs
-        if k is None:
+    def hooks(self) -> bool:
+        """Whether a launch hook is set (a profiler's): launches then take the ordinary
+        path, which gives the hooks their metadata."""
+        rt = self._runtime
+        if rt is None:
             return True
-        rt = k.runtime
         return _hook_active(rt.launch_enter_hook) or _hook_active(rt.launch_exit_hook)
 
+    def bind(self, kernel, device: torch.device, consts: dict[str, Any], num_warps: int,
+             pointers: tuple[tuple[int, torch.dtype], ...]):
+        """``kernel`` with ``consts`` and ``num_warps`` on ``device``; ``pointers``: the
+        positions of its pointer arguments among the runtime ones and their dtypes. Its
+        ``tensors(grid, args)`` launches it. Kept (as many as ``max_entries``)."""
+        if device.type not in self.direct:
+            return JIT.bind(kernel, device, consts, num_warps, pointers)
+        key = (kernel, tuple(consts.items()), num_warps, device, pointers)
+        b = self._bound.get(key)
+        if b is None:
+            b = self._bound[key] = BoundKernel(self, kernel, device, consts, num_warps,
+                                               pointers)
+            if len(self._bound) > self.max_entries:
+                self._bound.popitem(last=False)
+        return b
+
     def launch(self, kernel, grid: tuple, device: torch.device, args: Sequence[Any],
-               consts: dict[str, Any], num_warps: int, *, key: tuple | None = None) -> None:
-        """Launch ``kernel`` on ``grid`` with ``args`` (its runtime arguments in signature
-        order: tensors, ints, or ints standing for pointers when ``key`` is given) and
-        ``consts`` (its constexprs, in signature order after them). ``key`` is the
-        specialisation of the pointer arguments (:meth:`pointer_key`); without it, it is
-        read from the tensors in ``args``."""
-        if device.type != "cuda":
-            JIT.launch(kernel, grid, device, args, consts, num_warps)
-            return
-        if key is None:
-            key = self.pointer_key(args)
-        full = (kernel, key, tuple(consts.values()), num_warps, device.index)
-        spec = self._specs.get(full)
-        if spec is None or self._hooks():
-            if spec is None and full not in self._specs:
-                spec = self._compile(kernel, grid, device, args, consts, num_warps, full)
-            if spec is None or self._hooks():
-                JIT.launch(kernel, grid, device, _as_tensors(args, key, device), consts,
-                           num_warps)
-                return
-        g = grid + (1, 1)
-        spec.run(g[0], g[1], g[2], self._raw_stream(device.index), spec.function,
-                 spec.metadata, None, None, None, *args, *spec.consts)
+               consts: dict[str, Any], num_warps: int) -> None:
+        """One launch of ``kernel`` with ``args`` (its runtime arguments in signature
+        order, tensors for the pointers) and ``consts`` (its constexprs, in signature
+        order after them)."""
+        pointers = tuple((i, a.dtype) for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        self.bind(kernel, device, consts, num_warps, pointers).tensors(grid, args)
 
-    @staticmethod
-    def pointer_key(args: Sequence[Any]) -> tuple:
-        """For each tensor argument, its dtype and 16-byte alignment (None for the rest)."""
-        return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
-                     else None for a in args)
-
-    def _compile(self, kernel, grid, device, args, consts, num_warps, full) -> _Spec | None:
-        """The specialisation's compiled kernel (compiled or found by Triton's own cache
-        without launching); None where this Triton has no handle API (then every launch
-        of it takes the ordinary path)."""
+    def spec(self, bound: "BoundKernel", grid: tuple, align: tuple,
+             args: Sequence[Any]) -> "_Spec | None":
+        """The compiled kernel of ``bound`` for pointers of alignment ``align`` (compiled or
+        found by Triton's own cache without launching); None where this Triton has no
+        handle API (then every launch of it takes the ordinary path)."""
+        full = (bound.kernel, bound.cvals, bound.warps, bound.device.index, bound.pointers,
+                align)
+        if full in self._specs:
+            self._specs.move_to_end(full)
+            return self._specs[full]
         try:
-            with torch.cuda.device(device):
-                compiled = kernel.run(*_as_tensors(args, full[1], device), grid=grid,
-                                      warmup=True, **consts, num_warps=num_warps)
-            spec = _Spec(compiled, tuple(consts.values()))
+            with torch.cuda.device(bound.device):
+                compiled = bound.kernel.run(*bound.as_tensors(args, align), grid=grid,
+                                            warmup=True, **bound.consts,
+                                            num_warps=bound.warps)
+            spec = _Spec(compiled)
         except (AttributeError, TypeError):
             spec = None
         self._specs[full] = spec
         if len(self._specs) > self.max_entries:
             self._specs.popitem(last=False)
         return spec
+
+
+class _Spec:
+    """One specialisation's compiled kernel: its launcher, function and metadata."""
+
+    __slots__ = ("run", "function", "metadata")
+
+    def __init__(self, compiled) -> None:
+        self.run = compiled.run
+        self.function = compiled.function
+        self.metadata = compiled.packed_metadata
+
+
+class BoundKernel:
+    """One kernel bound to its constexprs, warps, device and pointer dtypes
+    (:meth:`Launcher.bind`). ``bound(grid, align, args)`` launches it: ``args`` are its
+    runtime arguments with ints (or tensors) for the pointers, ``align`` for each pointer
+    whether it is 16-byte aligned; :meth:`tensors` reads both from tensors."""
+
+    __slots__ = ("launcher", "kernel", "device", "consts", "cvals", "warps", "pointers",
+                 "_specs", "_index")
+
+    def __init__(self, launcher: Launcher, kernel, device: torch.device,
+                 consts: dict[str, Any], num_warps: int,
+                 pointers: tuple[tuple[int, torch.dtype], ...]) -> None:
+        self.launcher, self.kernel, self.device = launcher, kernel, device
+        self.consts, self.cvals, self.warps = consts, tuple(consts.values()), num_warps
+        self.pointers = pointers
+        self._specs: dict[tuple, _Spec | None] = {}
+        self._index = device.index if device.index is not None else 0
+
+    def __call__(self, grid: tuple, align: tuple, args: Sequence[Any]) -> None:
+        launcher = self.launcher
+        spec = self._specs.get(align, _MISSING)
+        if spec is _MISSING:
+            spec = self._specs[align] = launcher.spec(self, grid, align, args)
+        rt = launcher._runtime
+        if spec is None or rt is None or _hook_active(rt.launch_enter_hook) \
+                or _hook_active(rt.launch_exit_hook):
+            JIT.launch(self.kernel, grid, self.device, self.as_tensors(args, align),
+                       self.consts, self.warps)
+            return
+        spec.run(grid[0], grid[1] if len(grid) > 1 else 1, 1,
+                 launcher._raw_stream(self._index), spec.function, spec.metadata, None,
+                 None, None, *args, *self.cvals)
+
+    def tensors(self, grid: tuple, args: Sequence[Any]) -> None:
+        """Launch with tensors for the pointers (their addresses and alignment read
+        here)."""
+        args = list(args)
+        align = []
+        for i, _ in self.pointers:
+            p = args[i].data_ptr()
+            args[i] = p
+            align.append(p % 16 == 0)
+        self(grid, tuple(align), args)
+
+    def as_tensors(self, args: Sequence[Any], align: tuple) -> list:
+        """``args`` with int pointers made into objects Triton binds as pointers of their
+        dtype (and alignment)."""
+        out = list(args)
+        for (i, dtype), _ in zip(self.pointers, align):
+            if not isinstance(out[i], torch.Tensor):
+                out[i] = _Pointer(int(out[i]), dtype)
+        return out
+
+
+_MISSING = object()
 
 
 class _Pointer:
@@ -164,14 +255,3 @@ class _Pointer:
 
     def data_ptr(self) -> int:
         return self._ptr
-
-
-def _as_tensors(args: Sequence[Any], key: tuple, device: torch.device) -> list:
-    """``args`` with int pointers (``key`` names them) made into objects Triton binds as
-    pointers of their dtype and alignment."""
-    out = []
-    for a, k in zip(args, key):
-        if k is not None and not isinstance(a, torch.Tensor):
-            a = _Pointer(int(a), k[0])
-        out.append(a)
-    return out

@@ -32,6 +32,7 @@ tensors that are device data) left to call -- what a prepared call runs.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
@@ -43,7 +44,7 @@ from dpx.kernels import mask as _mask
 from dpx.kernels import rows as _rows
 from dpx.kernels import wire as _wire
 from dpx.steps import CheckCounts
-from dpx_torch.launch import JIT, JitLauncher, Launcher
+from dpx_torch.launch import JIT, BoundKernel, JitLauncher, Launcher
 from dpx_torch.wire import dequantize_rows, quantize_rows
 
 __all__ = ["DEVICE", "Index", "Passes", "passes_for", "TorchPasses", "TritonPasses", "width_of"]
@@ -92,12 +93,14 @@ class Passes:
         return go
 
     def bind_unpack(self, src_rows: int, out_rows: int, width: int, n: int,
-                    dtype: torch.dtype, block: int) -> Callable[..., None]:
+                    dtype: torch.dtype, block: int,
+                    device: torch.device | None = None) -> Callable[..., None]:
         """``go(src, firsts, lens, out)``."""
         return lambda src, firsts, lens, out: self.unpack(src, firsts, lens, block, out)
 
     def bind_pack(self, src_rows: int, out_rows: int, width: int, n: int,
-                  dtype: torch.dtype, block: int) -> Callable[..., None]:
+                  dtype: torch.dtype, block: int,
+                  device: torch.device | None = None) -> Callable[..., None]:
         """``go(src, firsts, lens, out)``."""
         return lambda src, firsts, lens, out: self.pack(src, firsts, lens, block, out)
 
@@ -110,7 +113,8 @@ class Passes:
                           n if n_t is None else n_t, out)
         return go
 
-    def bind_dequantize(self, rows: int, hidden: int, dtype: torch.dtype) -> Callable[..., None]:
+    def bind_dequantize(self, rows: int, hidden: int, dtype: torch.dtype,
+                        device: torch.device | None = None) -> Callable[..., None]:
         """``go(src, out)``."""
         return self.dequantize
 
@@ -119,100 +123,142 @@ class TritonPasses(Passes):
     """The passes as ``dpx.kernels`` launches through ``launcher`` (a
     :class:`~dpx_torch.launch.Launcher`, or :data:`~dpx_torch.launch.JIT`)."""
 
-    def __init__(self, launcher: Launcher | JitLauncher = JIT) -> None:
+    def __init__(self, launcher: Launcher | JitLauncher = JIT, *,
+                 max_launches: int = 256) -> None:
         self.launcher = launcher
+        #: (kind, sizes, flags) -> (grid, bound kernel): the launches of recent binds
+        self._launches: OrderedDict[tuple, tuple] = OrderedDict()
+        self.max_launches = max_launches
+
+    def _launch_of(self, key: tuple, make: Callable[[], tuple]) -> tuple:
+        hit = self._launches.get(key)
+        if hit is None:
+            hit = self._launches[key] = make()
+            if len(self._launches) > self.max_launches:
+                self._launches.popitem(last=False)
+        return hit
+
+    def __len__(self) -> int:
+        return len(self._launches)
+
+    def clear(self) -> None:
+        self._launches.clear()
 
     # ---------------------------------------------------------------- binders
     def bind_move(self, src_rows, out_rows, width, dtype, device, ss, ds, n, tile=None):
         if out_rows * width == 0:
             return _nothing
-        if tile is None:
-            tile = _tiles.tile_for(out_rows, width, _itemsize(dtype), src_rows=src_rows)
-        grid, block_r, block_c, warps = _row_grid(out_rows, width, tile)
-        consts = dict(WIDTH=width, SRC_START_PTR=ss is None, DST_START_PTR=ds is None,
-                      COUNT_PTR=n is None, BLOCK_R=block_r, BLOCK_C=block_c,
-                      WIDE=_tiles.wide(src_rows * width, out_rows * width), STREAM=tile.stream)
-        launch, kernel = self.launcher.launch, _rows.move_rows_kernel
+
+        def make():
+            t = tile or _tiles.tile_for(out_rows, width, dtype.itemsize, src_rows=src_rows)
+            grid, block_r, block_c, warps = _row_grid(out_rows, width, t)
+            consts = dict(WIDTH=width, SRC_START_PTR=ss is None, DST_START_PTR=ds is None,
+                          COUNT_PTR=n is None, BLOCK_R=block_r, BLOCK_C=block_c,
+                          WIDE=_tiles.wide(src_rows * width, out_rows * width),
+                          STREAM=t.stream)
+            i32 = torch.int32
+            return grid, self.launcher.bind(
+                _rows.move_rows_kernel, device, consts, warps,
+                ((0, dtype), (1, dtype if ss is not None else i32),
+                 (2, dtype if ds is not None else i32), (3, dtype if n is not None else i32),
+                 (9, dtype)))
+        grid, k = self._launch_of((0, src_rows, out_rows, width, dtype, device, ss is None,
+                                   ds is None, n is None, tile), make)
         ssv, dsv, nv = ss or 0, ds or 0, n or 0
+        if ss is not None and ds is not None and n is not None and isinstance(k, BoundKernel):
+            # every index a host int: the pointers are the two buffers' (the index slots
+            # repeat the source's, never read)
+            def go(src, out, ss_t=None, ds_t=None, n_t=None):
+                sp, op = src.data_ptr(), out.data_ptr()
+                a = sp % 16 == 0
+                k(grid, (a, a, a, a, op % 16 == 0),
+                  (sp, sp, sp, sp, ssv, dsv, nv, src_rows, out_rows, op))
+            return go
+        go_t = k.tensors
 
         def go(src, out, ss_t=None, ds_t=None, n_t=None):
-            launch(kernel, grid, out.device,
-                   (src, src if ss_t is None else ss_t, src if ds_t is None else ds_t,
-                    src if n_t is None else n_t, ssv, dsv, nv, src_rows, out_rows, out),
-                   consts, warps)
+            go_t(grid, (src, src if ss_t is None else ss_t, src if ds_t is None else ds_t,
+                        src if n_t is None else n_t, ssv, dsv, nv, src_rows, out_rows, out))
         return go
 
     def bind_zero(self, out_rows, width, dtype, device, ks, kn, tile=None):
         if out_rows * width == 0:
             return _nothing
         if tile is None:
-            tile = _tiles.tile_for(out_rows, width, _itemsize(dtype), src_rows=0)
+            tile = _tiles.tile_for(out_rows, width, dtype.itemsize, src_rows=0)
         grid, block_r, block_c, warps = _row_grid(out_rows, width, tile)
         consts = dict(WIDTH=width, START_PTR=ks is None, COUNT_PTR=kn is None,
                       BLOCK_R=block_r, BLOCK_C=block_c, WIDE=_tiles.wide(out_rows * width),
                       STREAM=tile.stream)
-        launch, kernel = self.launcher.launch, _rows.zero_rows_kernel
+        i32 = torch.int32
+        k = self.launcher.bind(_rows.zero_rows_kernel, device, consts, warps,
+                               ((0, dtype if ks is not None else i32),
+                                (1, dtype if kn is not None else i32), (5, dtype)))
         ksv, knv = ks or 0, kn or 0
+        go_t = k.tensors
 
         def go(out, ks_t=None, kn_t=None):
             anchor = out if ks_t is None else ks_t
-            launch(kernel, grid, out.device,
-                   (anchor, anchor if kn_t is None else kn_t, ksv, knv, out_rows, out),
-                   consts, warps)
+            go_t(grid, (anchor, anchor if kn_t is None else kn_t, ksv, knv, out_rows, out))
         return go
 
     def _bind_chunks(self, kernel, src_rows: int, out_rows: int, width: int, n: int,
-                     dtype: torch.dtype, block: int) -> Callable[..., None]:
+                     dtype: torch.dtype, block: int, device: torch.device) -> Callable[..., None]:
         if out_rows * width == 0:
             return _nothing
         grid, block_r, block_c, warps = _row_grid(
-            out_rows, width, _tiles.tile_for(out_rows, width, _itemsize(dtype)))
-        consts = dict(WIDTH=width, BLOCK_R=block_r, BLOCK_C=block_c)
-        launch = self.launcher.launch
+            out_rows, width, _tiles.tile_for(out_rows, width, dtype.itemsize))
+        i32 = torch.int32
+        k = self.launcher.bind(kernel, device, dict(WIDTH=width, BLOCK_R=block_r,
+                                                    BLOCK_C=block_c), warps,
+                               ((0, dtype), (1, i32), (2, i32), (7, dtype)))
+        go_t = k.tensors
 
         def go(src, firsts, lens, out):
-            launch(kernel, grid, out.device,
-                   (src, firsts, lens, src_rows, out_rows, n, block, out), consts, warps)
+            go_t(grid, (src, firsts, lens, src_rows, out_rows, n, block, out))
         return go
 
-    def bind_unpack(self, src_rows, out_rows, width, n, dtype, block):
+    def bind_unpack(self, src_rows, out_rows, width, n, dtype, block, device=None):
         return self._bind_chunks(_rows.unpack_rows_kernel, src_rows, out_rows, width, n,
-                                 dtype, block)
+                                 dtype, block, device)
 
-    def bind_pack(self, src_rows, out_rows, width, n, dtype, block):
+    def bind_pack(self, src_rows, out_rows, width, n, dtype, block, device=None):
         return self._bind_chunks(_rows.pack_rows_kernel, src_rows, out_rows, width, n,
-                                 dtype, block)
+                                 dtype, block, device)
 
     def bind_quantize(self, src_rows, out_rows, hidden, dtype, device, start, n):
         if out_rows == 0:
             return _nothing
-        q = _tiles.quantize_shape(out_rows, hidden, _itemsize(dtype))
+        q = _tiles.quantize_shape(out_rows, hidden, dtype.itemsize)
         grid = _tiles.quantize_grid(out_rows, hidden, q)
-        consts = dict(H=hidden, ROW_BYTES=W.wire_row_bytes(hidden), START_PTR=start is None,
+        rb = W.wire_row_bytes(hidden)
+        consts = dict(H=hidden, ROW_BYTES=rb, START_PTR=start is None,
                       COUNT_PTR=n is None, BLOCK_R=q.block_r, BLOCK_G=q.block_g,
                       COMPILED=device.type == "cuda",
-                      WIDE=_tiles.wide(src_rows * hidden, out_rows * W.wire_row_bytes(hidden)))
-        launch, kernel = self.launcher.launch, _wire.quantize_rows_kernel
+                      WIDE=_tiles.wide(src_rows * hidden, out_rows * rb))
+        i32 = torch.int32
+        k = self.launcher.bind(_wire.quantize_rows_kernel, device, consts, q.warps,
+                               ((0, dtype), (1, dtype if start is not None else i32),
+                                (2, dtype if n is not None else i32), (7, torch.uint8)))
         sv, nv = start or 0, n or 0
+        go_t = k.tensors
 
         def go(src, out, start_t=None, n_t=None):
-            launch(kernel, grid, out.device,
-                   (src, src if start_t is None else start_t, src if n_t is None else n_t,
-                    sv, nv, src_rows, out_rows, out), consts, q.warps)
+            go_t(grid, (src, src if start_t is None else start_t, src if n_t is None else n_t,
+                        sv, nv, src_rows, out_rows, out))
         return go
 
-    def bind_dequantize(self, rows, hidden, dtype):
+    def bind_dequantize(self, rows, hidden, dtype, device=None):
         if rows == 0:
             return _nothing
-        consts = dict(H=hidden, ROW_BYTES=W.wire_row_bytes(hidden), OUT_KIND=_OUT_KIND[dtype],
-                      BLOCK_R=_DEQ_BLOCK_R,
-                      WIDE=_tiles.wide(rows * W.wire_row_bytes(hidden), rows * hidden))
+        rb = W.wire_row_bytes(hidden)
+        consts = dict(H=hidden, ROW_BYTES=rb, OUT_KIND=_OUT_KIND[dtype],
+                      BLOCK_R=_DEQ_BLOCK_R, WIDE=_tiles.wide(rows * rb, rows * hidden))
         grid = (-(-rows // _DEQ_BLOCK_R), hidden // W.GROUP)
-        launch, kernel = self.launcher.launch, _wire.dequantize_rows_kernel
-
-        def go(src, out):
-            launch(kernel, grid, out.device, (src, rows, out), consts, 4)
-        return go
+        k = self.launcher.bind(_wire.dequantize_rows_kernel, device, consts, 4,
+                               ((0, torch.uint8), (2, dtype)))
+        go_t = k.tensors
+        return lambda src, out: go_t(grid, (src, rows, out))
 
     # ---------------------------------------------------------------- calls
     def move(self, src, ss: Index, ds: Index, n: Index, out,
@@ -231,11 +277,11 @@ class TritonPasses(Passes):
 
     def unpack(self, src, firsts, lens, block: int, out) -> None:
         self.bind_unpack(src.shape[0], out.shape[0], width_of(out), firsts.shape[0],
-                         out.dtype, block)(src, firsts, lens, out)
+                         out.dtype, block, out.device)(src, firsts, lens, out)
 
     def pack(self, src, firsts, lens, block: int, out) -> None:
         self.bind_pack(src.shape[0], out.shape[0], width_of(out), firsts.shape[0],
-                       out.dtype, block)(src, firsts, lens, out)
+                       out.dtype, block, out.device)(src, firsts, lens, out)
 
     def quantize(self, src, start: Index, n: Index, out) -> None:
         start, s_t = _split(start)
@@ -244,7 +290,7 @@ class TritonPasses(Passes):
                            start, n)(src, out, s_t, n_t)
 
     def dequantize(self, src, out) -> None:
-        self.bind_dequantize(out.shape[0], out.shape[1], out.dtype)(src, out)
+        self.bind_dequantize(out.shape[0], out.shape[1], out.dtype, out.device)(src, out)
 
     def mask(self, t, firsts, lens, fill) -> None:
         width = width_of(t)
@@ -270,8 +316,6 @@ def _nothing(*args, **kwargs) -> None:
     return None
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return dtype.itemsize
 
 
 def _split(v: Index) -> tuple[int | None, torch.Tensor | None]:

@@ -10,25 +10,38 @@ overlap is refused) -- and runs the bound steps. A call the guards do not admit 
 communicator's full path instead: its checks raise every error they raise on a first call,
 and a valid new structure is prepared anew.
 
-``DpComm`` keeps the prepared op of each call structure it has run (the implicit form:
-every ``gather`` / ``scatter`` / ``reduce_scatter`` after the first of its structure takes
-it), and returns one from ``prepare_gather`` / ``prepare_scatter`` /
-``prepare_reduce_scatter`` (the explicit form, for code that owns its tensors: a call then
-skips the lookup too). With ``validate=True`` every call takes the full path (its host
-exchange is per call).
+``DpComm`` keeps the prepared op of each plan and call it has run (the implicit form:
+every ``gather`` / ``scatter`` / ``reduce_scatter`` after the first of its kind takes it),
+and returns one from ``prepare_gather`` / ``prepare_scatter`` / ``prepare_reduce_scatter``
+(the explicit form, for code that owns its tensors: a call then skips the lookup too).
+With ``validate=True`` every call takes the full path (its host exchange is per call).
+
+A :class:`PreparedClass` is what the calls of one *structure* share -- the plan's
+structure (layout, mode, capacity, CP shards or not), the op and its flags, the input's
+trailing shape, dtype and device: every check that depends on nothing else has passed for
+it. A plan of a known structure with new counts (a serving step's first call of each op)
+is prepared through it -- the rows checked, the schedule template evaluated for the
+counts, the program bound -- without the full path.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from dpx_torch.program import PreparedCall
+from dpx.extents import op_rows
+from dpx.geometry import host_counts
+from dpx.modes import Op
+from dpx.schedule import TemplateKey
+from dpx_torch.program import CallShape, PreparedCall
 from dpx_torch.rows import overlaps
 from dpx_torch.wire import split_wire
 
-__all__ = ["PreparedOp"]
+if TYPE_CHECKING:
+    from dpx_torch.runner import Runner
+
+__all__ = ["PreparedClass", "PreparedOp"]
 
 _compiling = torch.compiler.is_compiling
 _grad = torch.is_grad_enabled
@@ -38,13 +51,14 @@ class PreparedOp:
     """A prepared call (see the module docstring). ``op(x, counts=..., out=...)`` runs it,
     or the communicator's full call when the guards do not admit the tensors."""
 
-    __slots__ = ("prep", "fallback", "shape", "dtype", "device", "counts_shape", "out_shape",
+    __slots__ = ("prep", "_full", "shape", "dtype", "device", "counts_shape", "out_shape",
                  "in_place", "split", "out_rows", "_rest")
 
-    def __init__(self, prep: PreparedCall, fallback: Callable[..., Any], x: torch.Tensor, *,
+    def __init__(self, prep: PreparedCall, full: tuple, x: torch.Tensor, *,
                  counts: torch.Tensor | None, out: torch.Tensor | None, in_place: bool,
                  split: bool) -> None:
-        self.prep, self.fallback = prep, fallback
+        #: ``(method, plan, keywords)``: the communicator's full call of this op
+        self.prep, self._full = prep, full
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self.counts_shape = None if counts is None else counts.shape
         self.out_shape = None if out is None else out.shape
@@ -92,4 +106,36 @@ class PreparedOp:
                 and x.dtype is self.dtype and x.device == self.device \
                 and self.admits(x, counts, out):
             return self.run(x, counts, out)
-        return self.fallback(x, counts=counts, out=out)
+        method, plan, kw = self._full
+        return method(x, plan, counts=counts, out=out, **kw)
+
+
+class PreparedClass:
+    """The calls of one structure (see the module docstring): :meth:`prepare` makes the
+    :class:`PreparedOp` of a plan of that structure, or None where the tensors need the
+    full path (its checks say why)."""
+
+    __slots__ = ("runner", "op", "tkey", "shape", "scratch_key", "device_counts", "full",
+                 "split")
+
+    def __init__(self, runner: "Runner", op: Op, tkey: TemplateKey, shape: CallShape,
+                 full: tuple, *, split: bool) -> None:
+        self.runner, self.op, self.tkey, self.shape = runner, op, tkey, shape
+        self.device_counts, self.full, self.split = tkey.device_counts, full, split
+        self.scratch_key = "caller"
+
+    def prepare(self, plan, x: torch.Tensor, counts: torch.Tensor | None,
+                out: torch.Tensor | None, in_place: bool) -> PreparedOp | None:
+        runner = self.runner
+        rows = op_rows(plan, self.op, runner.rank, device_counts=self.device_counts)
+        in_rows = x.shape[0]
+        if in_rows != rows.need if rows.exact else in_rows < rows.need:
+            return None
+        variant, hv = runner.schedules.variant(self.tkey, host_counts(plan), in_rows,
+                                               rows.out)
+        prep = PreparedCall(runner.program(variant), hv, (in_rows, rows.out), self.shape,
+                            self.scratch_key, rows.need, rows.exact)
+        method, _, kw = self.full
+        op = PreparedOp(prep, (method, plan, kw), x, counts=counts, out=out,
+                        in_place=in_place, split=self.split)
+        return op if op.admits(x, counts, out) else None

@@ -166,23 +166,22 @@ Buffer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class CallShape:
-    """What a prepared call is bound to besides the host values: the input's trailing
-    shape, dtype and device, its rows and the output's, the scratch tensors, the passes
-    of the device and the communicator's runner."""
+    """What a class of prepared calls shares besides the host values and rows: the input's
+    trailing shape, dtype and device, whether the output is a wire buffer, the passes of
+    the device, the device tables and the communicator's runner."""
 
-    __slots__ = ("rest", "width", "dtype", "device", "in_rows", "out_rows", "out_wire",
-                 "out_width", "scratch", "passes", "tables", "runner")
+    __slots__ = ("rest", "width", "dtype", "device", "out_wire", "out_width", "passes",
+                 "tables", "runner")
 
-    def __init__(self, x: torch.Tensor, in_rows: int, out_rows: int, out_wire: bool,
-                 passes: Passes, tables, runner: "Runner") -> None:
+    def __init__(self, x: torch.Tensor, out_wire: bool, passes: Passes, tables,
+                 runner: "Runner") -> None:
         self.rest = tuple(x.shape[1:])
         w = 1
         for s in self.rest:
             w *= s
         self.width, self.dtype, self.device = w, x.dtype, x.device
-        self.in_rows, self.out_rows, self.out_wire = in_rows, out_rows, out_wire
+        self.out_wire = out_wire
         self.out_width = wire_row_bytes(self.rest[0]) if out_wire else w
-        self.scratch: dict[str, torch.Tensor] = {}
         self.passes, self.tables, self.runner = passes, tables, runner
 
 
@@ -190,8 +189,12 @@ class _Bind:
     """The values of one prepared call: host values of the variant resolved to ints, the
     rest marked :data:`~dpx_torch.passes.DEVICE` with a getter from the call's ``dv``."""
 
-    def __init__(self, variant: Variant, hv: tuple, shape: CallShape) -> None:
+    __slots__ = ("variant", "hv", "shape", "in_rows", "out_rows", "scratch")
+
+    def __init__(self, variant: Variant, hv: tuple, shape: CallShape, in_rows: int,
+                 out_rows: int, scratch: dict[str, torch.Tensor]) -> None:
         self.variant, self.hv, self.shape = variant, hv, shape
+        self.in_rows, self.out_rows, self.scratch = in_rows, out_rows, scratch
 
     def value(self, v: Any) -> Any:
         """An int (or a constant tuple), or DEVICE (None) when ``v`` reads device
@@ -208,32 +211,28 @@ class _Bind:
             return DEVICE, (lambda dv: dv(v))
         return h, None
 
-    def rows_of(self, name: str) -> int:
-        s = self.shape
-        if name == IN:
-            return s.in_rows
-        if name == OUT:
-            return s.out_rows
-        return s.scratch[name].shape[0]
-
     def buffer(self, r: Ref, rows: Any = None) -> tuple[Buffer, int]:
         """A getter of ``r``'s rows (exactly ``rows`` of them when given) and how many rows
         it gives. Refs are host-known (a view at a device offset would need a host sync)."""
+        name, first = r.buf, r.first
         want = r.rows if rows is None else rows
-        first = self.value(r.first)
-        n = None if want is None else self.value(want)
+        if type(first) is not int:
+            first = self.value(first)
+        n = want if want is None or type(want) is int else self.value(want)
         if first is DEVICE or (want is not None and n is DEVICE):
             raise DpxValueError(f"dpx_torch cannot view {r} at a device offset")
-        total = self.rows_of(r.buf)
+        total = self.in_rows if name == IN else self.out_rows if name == OUT \
+            else self.scratch[name].shape[0]
         if n is None:
             n = total - first
-        if r.buf not in (IN, OUT):
-            t = self.shape.scratch[r.buf][first:first + n]
+        if name != IN and name != OUT:
+            t = self.scratch[name][first:first + n]
             return (lambda x, out: t), n
-        whole = first == 0 and n == total
-        if r.buf == IN:
-            return ((lambda x, out: x) if whole else (lambda x, out: x[first:first + n])), n
-        return ((lambda x, out: out) if whole else (lambda x, out: out[first:first + n])), n
+        if first == 0 and n == total:
+            return (_whole_in if name == IN else _whole_out), n
+        if name == IN:
+            return (lambda x, out: x[first:first + n]), n
+        return (lambda x, out: out[first:first + n]), n
 
     def table(self, v: Any) -> Callable[[Any], torch.Tensor]:
         """A chunk-table vector as an int32 tensor on the data's device: a host tuple made
@@ -246,6 +245,14 @@ class _Bind:
 
     def group(self, g: Group) -> dist.ProcessGroup:
         return self.shape.runner.groups.process_group(g)
+
+
+def _whole_in(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _whole_out(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return out
 
 
 def _with_indices(go: Callable, a: Buffer, b: Buffer, getters: tuple) -> StepFn:
@@ -296,7 +303,7 @@ def _dequantize(s: Dequantize, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src, s.rows)
     dst, rows = b.buffer(s.dst, s.rows)
     sh = b.shape
-    go = sh.passes.bind_dequantize(rows, sh.width, sh.dtype)
+    go = sh.passes.bind_dequantize(rows, sh.width, sh.dtype, sh.device)
     return lambda x, out, dv: go(src(x, out), dst(x, out))
 
 
@@ -308,7 +315,7 @@ def _chunks(pack: bool) -> Callable[[Pack | Unpack, _Bind], StepFn]:
         sh = b.shape
         n = len_of(s.firsts)
         binder = sh.passes.bind_pack if pack else sh.passes.bind_unpack
-        go = binder(src_rows, rows, sh.width, n, sh.dtype, block)
+        go = binder(src_rows, rows, sh.width, n, sh.dtype, block, sh.device)
         return lambda x, out, dv: go(src(x, out), firsts(dv), lens(dv), dst(x, out))
     return bind
 
@@ -398,14 +405,13 @@ class PreparedCall:
     least, or exactly); ``out_rows``: the output's rows."""
 
     __slots__ = ("program", "values", "params", "shape", "scratch_key", "need", "exact",
-                 "out_rows", "steps", "by_step", "_pool_keys", "_device_values")
+                 "out_rows", "steps", "scratch", "_pool_keys")
 
     def __init__(self, program: Program, hv: tuple, params: tuple[int | None, int],
                  shape: CallShape, scratch_key: str, need: int, exact: bool) -> None:
         self.program, self.values, self.params, self.shape = program, hv, params, shape
         self.scratch_key, self.need, self.exact = scratch_key, need, exact
-        self.out_rows = shape.out_rows
-        self._device_values = shape.tables
+        self.out_rows = params[1]
         self._bind()
 
     @property
@@ -418,35 +424,40 @@ class PreparedCall:
 
     def _bind(self) -> None:
         sh, prog = self.shape, self.program
-        b = _Bind(prog.variant, self.values, sh)
-        pool = sh.runner.pool
+        scratch: dict[str, torch.Tensor] = {}
         keys = []
-        sh.scratch = {}
-        for name, rows, wire in prog.scratch:
-            n = b.value(rows)
-            key = (name, self.scratch_key)
-            if wire:
-                t = pool.get(key, (n, wire_row_bytes(sh.rest[0])), torch.uint8, sh.device)
-                keys.append((key, torch.uint8))
-            else:
-                t = pool.get(key, (n, *sh.rest), sh.dtype, sh.device)
-                keys.append((key, sh.dtype))
-            sh.scratch[name] = t
+        if prog.scratch:
+            pool = sh.runner.pool
+            hv = self.values
+            for name, rows, wire in prog.scratch:
+                n = rows if type(rows) is int else hv[prog.variant.host_index[id(rows)]]
+                key = (name, self.scratch_key)
+                if wire:
+                    scratch[name] = pool.get(key, (n, wire_row_bytes(sh.rest[0])), torch.uint8,
+                                             sh.device)
+                    keys.append((key, torch.uint8))
+                else:
+                    scratch[name] = pool.get(key, (n, *sh.rest), sh.dtype, sh.device)
+                    keys.append((key, sh.dtype))
+        self.scratch = scratch
         # a traced call is bound afresh every time: nothing to refresh
-        self._pool_keys = () if torch.compiler.is_compiling() else tuple(keys)
+        self._pool_keys = tuple(keys) if keys and not torch.compiler.is_compiling() else ()
+        b = _Bind(prog.variant, self.values, sh, self.params[0], self.params[1], scratch)
         self.steps = tuple(binder(step, b) for binder, step in
                            zip(prog.binders, prog.variant.steps))
-        self.by_step = dict(zip(prog.variant.steps, self.steps))
+
+    @property
+    def by_step(self) -> dict:
+        """Each step's bound function, by step (what a batch runs in lockstep)."""
+        return dict(zip(self.program.variant.steps, self.steps))
 
     def refresh(self) -> None:
         """Rebind when the pool has replaced a scratch buffer since (it grew for another
         call), and mark the scratch as read by a CUDA graph while one is being captured
         (:class:`~dpx_torch.pool.BufferPool`)."""
-        if not self._pool_keys:
-            return
         sh = self.shape
         pool = sh.runner.pool
-        if not all(pool.holds(key, dtype, sh.device, sh.scratch[name])
+        if not all(pool.holds(key, dtype, sh.device, self.scratch[name])
                    for (key, dtype), (name, _, _) in zip(self._pool_keys,
                                                          self.program.scratch)):
             self._bind()
@@ -457,14 +468,14 @@ class PreparedCall:
     def device_values(self, counts: torch.Tensor | None) -> DeviceValues | None:
         if counts is None:
             return None
-        return DeviceValues(counts, self._device_values, self.params)
+        return DeviceValues(counts, self.shape.tables, self.params)
 
     def run(self, x: torch.Tensor, out: torch.Tensor,
             counts: torch.Tensor | None) -> torch.Tensor:
         """Every step, in order."""
         if self._pool_keys:
             self.refresh()
-        dv = None if counts is None else DeviceValues(counts, self._device_values, self.params)
+        dv = None if counts is None else DeviceValues(counts, self.shape.tables, self.params)
         for step in self.steps:
             step(x, out, dv)
         return out
@@ -502,12 +513,13 @@ class BatchProgram:
             if p._pool_keys:
                 p.refresh()
             args.append((x, out, p.device_values(counts)))
+        by_step = [p.by_step for p in preps]
         device = calls[0][0].device
         for stage in self.stages:
             for i, step in stage.local:
-                preps[i].by_step[step](*args[i])
+                by_step[i][step](*args[i])
             for batch in stage.batches:
-                items = [(preps[i].by_step[step], args[i]) for i, step in batch.items]
+                items = [(by_step[i][step], args[i]) for i, step in batch.items]
                 if len(items) == 1:
                     fn, a = items[0]
                     fn(*a)

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import torch
 
 from dpx.errors import DpxValueError
-from dpx.extents import op_rows
+from dpx.extents import OpRows, op_rows
 from dpx.geometry import host_counts, structure_of
 from dpx.modes import Group, Op, Transport, Wire
 from dpx.plan import DpPlan
@@ -51,7 +51,9 @@ __all__ = ["CacheLimits", "Call", "Runner"]
 @dataclass(frozen=True)
 class CacheLimits:
     """The bounds of a communicator's caches, in entries (each least recently used first
-    out). ``calls``: prepared calls by (plan, op, flags, input shape/dtype/device);
+    out). ``calls``: prepared calls by (plan, op, flags, input shape/dtype/device), and
+    apart from them as many prepared ops and as many classes of them
+    (:mod:`dpx_torch.prepared`);
     ``templates`` / ``variants``: schedule templates by plan structure, and variants per
     template; ``programs``: compiled programs (one per variant in use); ``batches``:
     lockstep programs of several-tensor gathers; ``tables``: device copies of host index
@@ -118,6 +120,10 @@ class Runner:
         self.passes: dict[str, Passes] = {"cuda": TritonPasses(self.launcher),
                                           "cpu": TorchPasses()}
         self._calls = _LRU(limits.calls)
+        #: the communicator's prepared ops by plan and call, and their classes by
+        #: structure (:mod:`dpx_torch.prepared`), each bounded like the calls
+        self.prepared = _LRU(limits.calls)
+        self.classes = _LRU(limits.calls)
         self._programs = _LRU(limits.programs)
         self._batches = _LRU(limits.batches)
 
@@ -131,24 +137,27 @@ class Runner:
     def prepare(self, plan: DpPlan, op: Op, x: torch.Tensor, *, partial: bool,
                 device_counts: bool, wire: Wire = Wire.NATIVE, dequantize: bool = True,
                 in_place: bool = False, out_rows: int | None = None,
-                scratch_key: str = "caller") -> PreparedCall:
-        """The call's prepared program (cached; see the module docstring) for an input
-        shaped like ``x``. Under torch.compile tracing nothing is cached: the schedule is
-        built and bound afresh, through the custom ops, in plain Python the tracer
-        follows."""
+                scratch_key: str = "caller", rows: OpRows | None = None,
+                cache: bool = True) -> PreparedCall:
+        """The call's prepared program for an input shaped like ``x`` (see the module
+        docstring; ``cache=False``: not kept here -- the caller keeps it). ``rows``: the
+        op's :func:`dpx.extents.op_rows`, when the caller has them. Under torch.compile
+        tracing nothing is cached: the schedule is built and bound afresh, through the
+        custom ops, in plain Python the tracer follows."""
         compiling = torch.compiler.is_compiling()
-        key = (plan, op, partial, device_counts, x.shape, x.dtype, x.device, wire, dequantize,
-               in_place, out_rows, scratch_key)
-        if not compiling:
+        cache = cache and not compiling
+        if cache:
+            key = (plan, op, partial, device_counts, x.shape, x.dtype, x.device, wire,
+                   dequantize, in_place, out_rows, scratch_key)
             hit = self._calls.hit(key)
             if hit is not None:
                 return hit
-        rows = op_rows(plan, op, self.rank, device_counts=device_counts)
+        if rows is None:
+            rows = op_rows(plan, op, self.rank, device_counts=device_counts)
         out = rows.out if out_rows is None else out_rows
         in_rows = x.shape[0]
-        tkey = TemplateKey(structure_of(plan), op._value_, partial, self.rank, device_counts,
-                           self.transport._value_, wire._value_,
-                           dequantize or wire is Wire.NATIVE, in_place, True)
+        tkey = self.template_key(plan, op, partial=partial, device_counts=device_counts,
+                                 wire=wire, dequantize=dequantize, in_place=in_place)
         counts = host_counts(plan)
         if compiling:
             variant, values = ScheduleCache(max_templates=1).variant(tkey, counts, in_rows,
@@ -156,16 +165,25 @@ class Runner:
             program, passes, tables = Program(variant), OpPasses(), FreshTables()
         else:
             variant, values = self.schedules.variant(tkey, counts, in_rows, out)
-            program, passes, tables = self._program(variant), self.passes_for(x.device), \
+            program, passes, tables = self.program(variant), self.passes_for(x.device), \
                 self.tables
-        shape = CallShape(x, in_rows, out, OUT in variant.wire_bufs, passes, tables, self)
+        shape = CallShape(x, OUT in variant.wire_bufs, passes, tables, self)
         prep = program.prepare(values, (in_rows, out), shape, scratch_key, rows.need,
                                rows.exact)
-        if not compiling:
+        if cache:
             self._calls.put(key, prep)
         return prep
 
-    def _program(self, variant: Variant) -> Program:
+    def template_key(self, plan: DpPlan, op: Op, *, partial: bool, device_counts: bool,
+                     wire: Wire, dequantize: bool, in_place: bool) -> TemplateKey:
+        """The schedule template of a call of this rank (plain values: hashed on every
+        lookup)."""
+        return TemplateKey(structure_of(plan), op._value_, partial, self.rank, device_counts,
+                           self.transport._value_, wire._value_,
+                           dequantize or wire is Wire.NATIVE, in_place, True)
+
+    def program(self, variant: Variant) -> Program:
+        """The compiled program of ``variant`` (cached)."""
         p = self._programs.hit(variant)
         if p is None:
             p = self._programs.put(variant, Program(variant))
@@ -213,7 +231,8 @@ class Runner:
     # ------------------------------------------------------------ state
     def sizes(self) -> dict[str, int]:
         """Entries in each cache (and the pool's buffers)."""
-        return {"calls": len(self._calls), "templates": len(self.schedules),
+        return {"calls": len(self._calls), "prepared": len(self.prepared),
+                "classes": len(self.classes), "templates": len(self.schedules),
                 "variants": self.schedules.variants(), "programs": len(self._programs),
                 "batches": len(self._batches), "tables": len(self.tables),
                 "kernels": len(self.launcher), "pool_buffers": len(self.pool),
@@ -226,8 +245,8 @@ class Runner:
         and the soak benchmark."""
         seen: set[int] = {id(self)}
         total = 0
-        stack: list = [self._calls, self._programs, self._batches, self.schedules._templates,
-                       self.tables._tables]
+        stack: list = [self._calls, self.prepared, self.classes, self._programs,
+                       self._batches, self.schedules._templates, self.tables._tables]
         skip = (type, torch.Tensor, torch.device, types.ModuleType, Passes, DpGroups,
                 torch.distributed.ProcessGroup)
         while stack:
@@ -262,6 +281,8 @@ class Runner:
         """Empty every cache and the scratch pool (buffers a captured CUDA graph reads are
         freed only when the graph is: recapture graphs after this)."""
         self._calls.clear()
+        self.prepared.clear()
+        self.classes.clear()
         self._programs.clear()
         self._batches.clear()
         self.schedules.clear()

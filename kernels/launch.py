@@ -14,10 +14,7 @@ __all__ = [
 
 
 def _pow2_at_least(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @dataclass(frozen=True)
@@ -48,14 +45,22 @@ TILES_BY_BYTES: tuple[tuple[int, Tile], ...] = (
 STREAM_BYTES = 16 * 2**20
 
 
+#: Each tile of :data:`TILES_BY_BYTES` with streaming stores (a constant table).
+_STREAMED = {t: replace(t, stream=True) for _, t in TILES_BY_BYTES}
+
+
 def tile_for(rows: int, width: int, itemsize: int, *, src_rows: int | None = None) -> Tile:
     """The launch tile of a row pass writing ``rows x width`` elements of ``itemsize``
     bytes from ``src_rows`` source rows (``0``: a pass that only writes zeros; ``None``:
     unknown), what both frontends launch with unless a caller passes a tile."""
     nbytes = rows * width * itemsize
-    tile = next((t for limit, t in TILES_BY_BYTES if nbytes <= limit), DEFAULT_TILE)
+    for limit, tile in TILES_BY_BYTES:
+        if nbytes <= limit:
+            break
+    else:
+        tile = DEFAULT_TILE
     if src_rows is not None and 2 * src_rows <= rows and nbytes >= STREAM_BYTES:
-        tile = replace(tile, stream=True)
+        return _STREAMED.get(tile) or replace(tile, stream=True)
     return tile
 
 

@@ -382,3 +382,88 @@ def test_sglang_layer_on_nccl_and_under_cuda_graphs(nccl1):
             assert not y[n:].any(), n
     finally:
         sg.teardown()
+
+
+def test_direct_launches_equal_the_jit_launches():
+    """dpx's direct launch of Triton's compiled kernels (dpx_torch.launch) writes what the
+    JIT launch writes, for 16-byte aligned and unaligned buffers, host and device indices,
+    every kernel a schedule runs; it compiles once per specialisation, and a launch hook
+    (a profiler's) sends launches through the JIT path, which calls it."""
+    import triton
+
+    from dpx.wire import wire_row_bytes
+    from dpx_torch.launch import Launcher
+    from dpx_torch.passes import TritonPasses
+
+    launcher = Launcher()
+    direct, jit = TritonPasses(launcher), TritonPasses()
+    base = torch.randn(64, 3, device="cuda")          # rows of 12 bytes: views misalign
+    dev = lambda v: torch.tensor([v], dtype=torch.int32, device="cuda")  # noqa: E731
+    for src in (base, base[1:], base[3:]):
+        for lo in (0, 1):
+            a = torch.full((30, 3), 7.0, device="cuda")[lo:]
+            b = a.clone()
+            for ss, ds, n in ((2, 1, 5), (dev(2), 1, dev(5)), (0, 0, 29 - lo)):
+                direct.move(src, ss, ds, n, a)
+                jit.move(src, ss, ds, n, b)
+                assert torch.equal(a, b)
+                direct.zero(a, 3, dev(4))
+                jit.zero(b, 3, dev(4))
+                assert torch.equal(a, b)
+    f = torch.tensor([0, 5], dtype=torch.int32, device="cuda")
+    ln = torch.tensor([3, 2], dtype=torch.int32, device="cuda")
+    u1, u2 = torch.empty(9, 3, device="cuda"), torch.empty(9, 3, device="cuda")
+    direct.unpack(base[:8], f, ln, 4, u1)
+    jit.unpack(base[:8], f, ln, 4, u2)
+    assert torch.equal(u1, u2)
+    x = torch.randn(10, 256, device="cuda", dtype=torch.bfloat16)
+    w1 = torch.empty(10, wire_row_bytes(256), dtype=torch.uint8, device="cuda")
+    w2 = torch.empty_like(w1)
+    direct.quantize(x, 1, 8, w1)
+    jit.quantize(x, 1, 8, w2)
+    assert torch.equal(w1, w2)
+    y1, y2 = torch.empty_like(x), torch.empty_like(x)
+    direct.dequantize(w1, y1)
+    jit.dequantize(w2, y2)
+    assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
+    compiled = len(launcher)
+    assert compiled > 0
+    direct.move(base, 2, 1, 5, torch.empty(30, 3, device="cuda"))
+    assert len(launcher) == compiled            # known specialisation: no new compile
+    seen = []
+    hook = seen.append
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        direct.move(base, 2, 1, 5, torch.empty(30, 3, device="cuda"))
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    torch.cuda.synchronize()
+    assert len(seen) == 1
+
+
+def test_prepared_calls_replay_in_graphs_and_rebind_when_the_pool_grows(nccl1):
+    """A prepared call (the implicit one DpComm keeps) captured in a CUDA graph replays with
+    new device counts; when a larger call regrows the pool's scratch, the prepared call
+    rebinds (no stale buffer), and the captured graph still replays correctly."""
+    H = 64
+    plan = dpx.plan_step([1], nccl1.layout, capacity=16, mode="max_len")
+    counts = torch.tensor([16], dtype=torch.int32, device="cuda")
+    local = torch.randn(plan.slot_rows[0], H, device="cuda")
+    out = torch.empty(plan.global_rows, H, device="cuda")
+    step = lambda: nccl1.gather(local, plan, partial=True, counts=counts, out=out)  # noqa: E731
+    warm_up(step)
+    graph, _ = capture(step, warm=False)
+    for n in (3, 16, 0, 9):
+        counts.fill_(n)
+        out.fill_(5.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out[:n], local[:n]) and not out[n:].any()
+    big = dpx.plan_step([1], nccl1.layout, capacity=4096, mode="max_len")
+    nccl1.gather(torch.randn(big.slot_rows[0], H, device="cuda"), big, partial=True,
+                 counts=torch.tensor([7], dtype=torch.int32, device="cuda"))
+    counts.fill_(11)
+    graph.replay()
+    assert torch.equal(out[:11], local[:11]) and not out[11:].any()
+    got = step()
+    assert torch.equal(got[:11], local[:11]) and not got[11:].any()
