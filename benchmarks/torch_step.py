@@ -21,7 +21,8 @@ them, so they are a lower bound of its host time.
 Table 2, **against the bare collective**: ``DpComm.gather`` (MAX_LEN, the input its whole
 slot: one ``all_gather_into_tensor``) with one plan (``same``), and with a new count every
 call (``new``: 32 plans cycling through a call cache of 8 -- a serving step's first
-gather); ``dpx_python_us``: the dpx call with the collective a no-op; ``graph_*``: replay
+gather); ``dpx_python_us``: the dpx call with the collective a no-op (everything else dpx
+does per call); ``graph_*``: replay
 of a captured capacity-plan gather with device counts, in place (``local_slot``) and
 from a separate input, against the captured bare collective.
 
@@ -50,7 +51,7 @@ import triton.language as tl
 import dpx
 from common import out_dir, print_table, write_csv
 from dpx_torch import CacheLimits, DpComm
-from dpx_torch import program as program_mod
+from dpx_torch import collectives
 
 N = 200
 H = 7168
@@ -118,16 +119,16 @@ def _noop(*args, **kwargs):
 def _dpx_python(layout, make_fn) -> float:
     """dpx's own host time: a communicator whose prepared calls were bound while every
     collective was a no-op (the bound steps keep the no-ops)."""
-    saved = (program_mod.all_gather_single, program_mod.reduce_scatter_single,
-             program_mod.dist.all_reduce)
-    program_mod.all_gather_single = program_mod.reduce_scatter_single = _noop
-    program_mod.dist.all_reduce = _noop
+    names = ("bind_all_gather", "bind_reduce_scatter", "bind_all_reduce")
+    saved = [getattr(collectives, n) for n in names]
+    for n in names:
+        setattr(collectives, n, lambda group: _noop)
     try:
         comm = DpComm(layout, limits=CacheLimits(calls=8))
         t = _timed({"x": make_fn(comm)}, rounds=3)["x"][0]
     finally:
-        (program_mod.all_gather_single, program_mod.reduce_scatter_single,
-         program_mod.dist.all_reduce) = saved
+        for n, fn in zip(names, saved):
+            setattr(collectives, n, fn)
     comm.destroy()
     return t
 

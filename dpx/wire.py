@@ -17,12 +17,13 @@ finite inputs, ``|x' - x| <= 2**-4 * |x| + 2**-10 * scale`` per element before t
 rounding to the output dtype (e4m3 keeps 3 mantissa bits: half a unit in the last place is
 at most ``2**-4`` of a normal value, and ``2**-10`` (times the scale) for a subnormal one).
 
-Non-finite elements: a NaN or an infinity travels as e4m3fn's NaN code with the element's
-sign bit (``NAN_CODE = 0x7F``, ``0xFF`` when negative; e4m3fn has no infinity) and
-dequantizes to the output dtype's canonical quiet NaN (float32 ``0x7FC00000``, bfloat16
-``0x7FC0``, float16 ``0x7E00``): **NaN stays NaN and +-inf arrives as NaN**. They take no
-part in their group's scale, so no finite element -- of their group, their row or any other
-row -- changes because of them.
+Non-finite elements: a NaN or an infinity, of either sign, travels as e4m3fn's NaN code
+``NAN_CODE = 0x7F`` (e4m3fn has no infinity; the sign of a NaN is not kept, as a GPU's
+float16-to-float32 conversion does not keep it either) and dequantizes to the output
+dtype's canonical quiet NaN (float32 ``0x7FC00000``, bfloat16 ``0x7FC0``, float16
+``0x7E00``): **NaN stays NaN and +-inf arrives as NaN**. They take no part in their
+group's scale, so no finite element -- of their group, their row or any other row --
+changes because of them.
 
 A sum cannot run on fp8, so only the copy modes carry it: ``MAX_LEN`` and ``GATHERV``.
 The attn-tp sum of a partial input runs in the input's dtype first; only the world
@@ -39,8 +40,7 @@ __all__ = ["check_fp8", "EPS", "FLOAT_DTYPES", "FP8_MAX", "GROUP", "NAN_CODE", "
 GROUP = 128
 FP8_MAX = 448.0
 EPS = 1e-10
-#: The e4m3fn NaN code (exponent and mantissa all ones) of a non-finite element; bit 7 is
-#: the element's sign.
+#: The e4m3fn NaN code (exponent and mantissa all ones) of every non-finite element.
 NAN_CODE = 0x7F
 #: Input dtypes the fp8 wire quantizes (by name, as both frontends spell them).
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")

@@ -1,8 +1,10 @@
-"""Pad rows of a gathered buffer for JAX (:mod:`dpx.padrows`): ``mask_pad_rows`` returns
-the buffer with every row that is not a real token row set to ``fill``; ``pad_row_mask``
-the boolean mask. Inside or outside ``shard_map``; ``counts`` (int32 ``[dp_size]``, or a
-``[dp_size, cp_size]`` shard table; capacity plans only) are data, so new counts never
-recompile."""
+"""Pad rows for JAX (:mod:`dpx.padrows`). Of a gathered buffer: ``mask_pad_rows`` returns
+it with every row that is not a real token row set to ``fill``; ``pad_row_mask`` the
+boolean mask (inside or outside ``shard_map``). Of a device's own rows (its ``local`` input
+of a gather, its scatter / reduce_scatter output): ``local_count`` is how many are real
+(its replica's count, or its CP shard) and ``local_row_mask`` marks them (inside
+``shard_map``). ``counts`` (int32 ``[dp_size]``, or a ``[dp_size, cp_size]`` shard table;
+capacity plans only) are data, so new counts never recompile."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import jax.numpy as jnp
 
 from dpx import expr as X
 from dpx.errors import DpxValueError
+from dpx.geometry import geometry, host_counts, structure_of
 from dpx.padrows import real_ranges
 from dpx.plan import DpPlan
+from dpx.routes import symbolic_rank
 from dpx_jax.interpreter import JaxValues
-from dpx_jax.ops import _check_plan, _counts
+from dpx_jax.mesh import DEFAULT_AXES, Axes
+from dpx_jax.ops import _axes, _check_plan, _counts
 
-__all__ = ["mask_pad_rows", "pad_row_mask"]
+__all__ = ["local_count", "local_row_mask", "mask_pad_rows", "pad_row_mask"]
 
 
 def pad_row_mask(plan: DpPlan, *, counts: jax.Array | None = None) -> jax.Array:
@@ -40,3 +45,27 @@ def mask_pad_rows(t: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None
                             f"rows, got shape {getattr(t, 'shape', None)}")
     pad = pad_row_mask(plan, counts=counts).reshape((-1,) + (1,) * (t.ndim - 1))
     return jnp.where(pad, jnp.asarray(fill, t.dtype), t)
+
+
+def local_count(plan: DpPlan, *, counts: jax.Array | None = None,
+                axes: Axes = DEFAULT_AXES) -> jax.Array:
+    """Inside ``shard_map``: this device's real rows, an int32 scalar -- its replica's
+    count, or its CP rank's shard with a sharded plan (the rows of ``local`` a gather reads,
+    and the real rows at the start of its scatter / reduce_scatter output)."""
+    _check_plan(plan)
+    axes = _axes(axes)
+    c = _counts(plan, counts)
+    if c is None:   # the plan's own counts, as constants
+        c = jnp.asarray(host_counts(plan), jnp.int32)
+    r = symbolic_rank()
+    held = geometry(structure_of(plan)).held(r.dp, r.cp)
+    return jnp.asarray(X.evaluate(held, JaxValues(c, axes), {}), jnp.int32).reshape(())
+
+
+def local_row_mask(plan: DpPlan, *, counts: jax.Array | None = None,
+                   axes: Axes = DEFAULT_AXES) -> jax.Array:
+    """Inside ``shard_map``: boolean ``[plan.max_slot_rows]``, True at this device's real
+    rows (:func:`local_count` of them, first) -- e.g. to mask a per-token loss over the
+    rows a scatter / reduce_scatter returns."""
+    return jnp.arange(plan.max_slot_rows, dtype=jnp.int32) < local_count(plan, counts=counts,
+                                                                         axes=axes)

@@ -20,7 +20,7 @@ from dpx.errors import DpxCapacityError, DpxMismatchError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups
-from dpx_torch.program import all_gather_single
+from dpx_torch.collectives import all_gather_single
 
 __all__ = ["Agreement"]
 

@@ -44,7 +44,8 @@ from dpx_torch.groups import DpGroups, adopt_groups, build_groups
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import mask_pad_rows, pad_row_mask
 from dpx_torch.prepared import PreparedClass, PreparedOp
-from dpx_torch.program import PreparedCall, all_gather_single
+from dpx_torch.collectives import all_gather_single
+from dpx_torch.program import PreparedCall
 from dpx_torch.rows import overlaps
 from dpx_torch.runner import Call, CacheLimits, Runner
 from dpx_torch.wire import split_wire
@@ -183,10 +184,13 @@ class DpComm:
             key = (_GATHER, plan, partial, wire, dequantize, local.shape, local.dtype,
                    local.device, counts is None, out is None)
             hit = self._prepared.get(key)
-            if hit is None:
+            if hit is not None:
+                if hit.admits(local, counts, out):
+                    return hit.run(local, counts, out)
+            else:
                 hit = self._of_class(key, plan, local, counts, out)
-            if hit is not None and hit.admits(local, counts, out):
-                return hit.run(local, counts, out)
+                if hit is not None:
+                    return hit.run(local, counts, out)
         self._alive()
         if isinstance(local, (tuple, list)):
             return self._gather_many(tuple(local), plan, partial, counts, out, wire,
@@ -237,7 +241,8 @@ class DpComm:
 
     def _of_class(self, key: tuple, plan: DpPlan, x: torch.Tensor, counts, out
                   ) -> PreparedOp | None:
-        """The prepared op of a new plan of a known structure (kept), or None."""
+        """The prepared op of a new plan of a known structure (kept; it admits these
+        tensors), or None."""
         if not isinstance(plan, DpPlan):
             return None
         in_place = key[0] == _GATHER and out is not None and self._in_place(x, out, plan,
@@ -384,10 +389,13 @@ class DpComm:
             key = (tag, plan, True, Wire.NATIVE, True, global_.shape, global_.dtype,
                    global_.device, counts is None, out is None)
             hit = self._prepared.get(key)
-            if hit is None:
+            if hit is not None:
+                if hit.admits(global_, counts, out):
+                    return hit.run(global_, counts, out)
+            else:
                 hit = self._of_class(key, plan, global_, counts, out)
-            if hit is not None and hit.admits(global_, counts, out):
-                return hit.run(global_, counts, out)
+                if hit is not None:
+                    return hit.run(global_, counts, out)
         prepared = self._prepare_global(op, global_, plan, counts, out)
         if isinstance(prepared, PreparedOp):
             return prepared.run(global_, counts, out)

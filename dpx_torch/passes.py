@@ -334,6 +334,26 @@ def _clip(lo: int, hi: int, n: int) -> tuple[int, int]:
 class TorchPasses(Passes):
     """The passes as stock torch ops (CPU tensors; see the module docstring)."""
 
+    def bind_move(self, src_rows, out_rows, width, dtype, device, ss, ds, n, tile=None):
+        if ss is None or ds is None or n is None:
+            return super().bind_move(src_rows, out_rows, width, dtype, device, ss, ds, n)
+        lo, hi = max(0, -ss, -ds), min(n, src_rows - ss, out_rows - ds)
+        if hi <= lo:
+            return lambda src, out, *_: out.zero_()
+        a, b, sa, sb = ds + lo, ds + hi, ss + lo, ss + hi
+        if a == 0 and b == out_rows:       # a copy (of part of the source)
+            if sa == 0 and sb == src_rows:
+                return lambda src, out, *_: out.copy_(src)
+            return lambda src, out, *_: out.copy_(src[sa:sb])
+
+        def go(src, out, *_):
+            if a:
+                out[:a].zero_()
+            out[a:b].copy_(src[sa:sb])
+            if b < out_rows:
+                out[b:].zero_()
+        return go
+
     # ---------------------------------------------------------------- calls
     @staticmethod
     def move(src, ss: Index, ds: Index, n: Index, out, tile=None) -> None:
@@ -346,16 +366,23 @@ class TorchPasses(Passes):
             out.zero_()
             return
         a, b = ds + lo, ds + hi
-        out[:a].zero_()
-        out[a:b].copy_(src[ss + lo:ss + hi])
-        out[b:].zero_()
+        if a:
+            out[:a].zero_()
+        if a == 0 and b == rows:
+            out.copy_(src[ss + lo:ss + hi])
+        else:
+            out[a:b].copy_(src[ss + lo:ss + hi])
+        if b < rows:
+            out[b:].zero_()
 
     @staticmethod
     def zero(out, ks: Index, kn: Index, tile=None) -> None:
         ks, kn = _host(ks), _host(kn)
         a, b = _clip(ks, ks + kn, out.shape[0])
-        out[:a].zero_()
-        out[b:].zero_()
+        if a:
+            out[:a].zero_()
+        if b < out.shape[0]:
+            out[b:].zero_()
 
     @staticmethod
     def _chunks(firsts, lens, block: int, src_rows: int, out_rows: int, unpack: bool):

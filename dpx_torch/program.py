@@ -33,20 +33,17 @@ from dpx.steps import (IN, OUT, AllGather, AllReduce, BroadcastV, CheckCounts, D
                        Move, Pack, Quantize, ReduceScatter, ReduceV, Ref, Step, Unpack, Zero,
                        len_of)
 from dpx.wire import wire_row_bytes
+from dpx_torch import collectives as C
 from dpx_torch.passes import DEVICE, Passes
 
 __all__ = [
-    "all_gather_single", "BatchProgram", "BINDERS", "CallShape", "DeviceTables",
-    "DeviceValues", "FreshTables", "PreparedCall", "Program", "reduce_scatter_single",
-    "StepFn", "tables_for_call"
+    "BatchProgram", "BINDERS", "CallShape", "DeviceTables", "DeviceValues", "FreshTables",
+    "PreparedCall", "Program", "StepFn", "tables_for_call"
 ]
 
 if TYPE_CHECKING:
     from dpx_torch.runner import Runner
 
-# torch >= 2.12 renamed the single-tensor collectives; older releases have only the old names
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class DeviceTables:
@@ -204,6 +201,13 @@ class _Bind:
         i = self.variant.host_index.get(id(v))
         return DEVICE if i is None else self.hv[i]
 
+    def elem(self, name: str) -> tuple[torch.dtype, int]:
+        """The element dtype and row width of buffer ``name``: uint8 wire rows for the
+        variant's wire buffers, else the input's."""
+        if name in self.variant.wire_bufs:
+            return torch.uint8, wire_row_bytes(self.shape.rest[0])
+        return self.shape.dtype, self.shape.width
+
     def index(self, v: Any) -> tuple[int | None, Callable[[Any], Any] | None]:
         """``(value, getter)``: an int and no getter, or DEVICE and ``dv -> tensor``."""
         h = self.value(v)
@@ -274,7 +278,8 @@ def _move(s: Move, b: _Bind) -> StepFn:
     dst, rows = b.buffer(s.dst, s.rows)
     (ss, gs), (ds, gd), (n, gn) = b.index(s.src_start), b.index(s.dst_start), b.index(s.count)
     sh = b.shape
-    go = sh.passes.bind_move(src_rows, rows, sh.width, sh.dtype, sh.device, ss, ds, n)
+    dtype, width = b.elem(s.dst.buf)
+    go = sh.passes.bind_move(src_rows, rows, width, dtype, sh.device, ss, ds, n)
     return _with_indices(go, src, dst, (gs, gd, gn))
 
 
@@ -282,7 +287,8 @@ def _zero(s: Zero, b: _Bind) -> StepFn:
     buf, rows = b.buffer(s.buf, s.rows)
     (ks, gs), (kn, gn) = b.index(s.keep_start), b.index(s.keep_count)
     sh = b.shape
-    go = sh.passes.bind_zero(rows, sh.width, sh.dtype, sh.device, ks, kn)
+    dtype, width = b.elem(s.buf.buf)
+    go = sh.passes.bind_zero(rows, width, dtype, sh.device, ks, kn)
     if gs is None and gn is None:
         return lambda x, out, dv: go(buf(x, out))
     gs = gs or (lambda dv: None)
@@ -315,7 +321,8 @@ def _chunks(pack: bool) -> Callable[[Pack | Unpack, _Bind], StepFn]:
         sh = b.shape
         n = len_of(s.firsts)
         binder = sh.passes.bind_pack if pack else sh.passes.bind_unpack
-        go = binder(src_rows, rows, sh.width, n, sh.dtype, block, sh.device)
+        dtype, width = b.elem(s.dst.buf)
+        go = binder(src_rows, rows, width, n, dtype, block, sh.device)
         return lambda x, out, dv: go(src(x, out), firsts(dv), lens(dv), dst(x, out))
     return bind
 
@@ -324,21 +331,25 @@ def _chunks(pack: bool) -> Callable[[Pack | Unpack, _Bind], StepFn]:
 def _all_gather(s: AllGather, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src, s.rows)
     dst, _ = b.buffer(s.dst)
-    group, ag = b.group(s.group), all_gather_single
-    return lambda x, out, dv: ag(dst(x, out), src(x, out), group=group)
+    go = b.shape.runner.collective(C.bind_all_gather, b.group(s.group))
+    if src is _whole_in and dst is _whole_out:
+        return lambda x, out, dv: go(out, x)
+    return lambda x, out, dv: go(dst(x, out), src(x, out))
 
 
 def _reduce_scatter(s: ReduceScatter, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src)
     dst, _ = b.buffer(s.dst, s.rows)
-    group, rs = b.group(s.group), reduce_scatter_single
-    return lambda x, out, dv: rs(dst(x, out), src(x, out), group=group)
+    go = b.shape.runner.collective(C.bind_reduce_scatter, b.group(s.group))
+    if src is _whole_in and dst is _whole_out:
+        return lambda x, out, dv: go(out, x)
+    return lambda x, out, dv: go(dst(x, out), src(x, out))
 
 
 def _all_reduce(s: AllReduce, b: _Bind) -> StepFn:
     buf, _ = b.buffer(s.buf, s.rows)
-    group, ar = b.group(s.group), dist.all_reduce
-    return lambda x, out, dv: ar(buf(x, out), group=group)
+    go = b.shape.runner.collective(C.bind_all_reduce, b.group(s.group))
+    return lambda x, out, dv: go(buf(x, out))
 
 
 def _per_root(fn_name: str, key: str) -> Callable[[BroadcastV | ReduceV, _Bind], StepFn]:

@@ -24,7 +24,7 @@ import sys
 import types
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -119,6 +119,7 @@ class Runner:
         self.launcher = Launcher(max_entries=limits.kernels)
         self.passes: dict[str, Passes] = {"cuda": TritonPasses(self.launcher),
                                           "cpu": TorchPasses()}
+        self._collectives: dict[tuple, Any] = {}
         self._calls = _LRU(limits.calls)
         #: the communicator's prepared ops by plan and call, and their classes by
         #: structure (:mod:`dpx_torch.prepared`), each bounded like the calls
@@ -126,6 +127,18 @@ class Runner:
         self.classes = _LRU(limits.calls)
         self._programs = _LRU(limits.programs)
         self._batches = _LRU(limits.batches)
+
+    def collective(self, bind: Callable[[Any], Any], group: Any) -> Any:
+        """``bind(group)`` (a :mod:`dpx_torch.collectives` binder), made once per group
+        and binder (a fixed set: three binders, three groups). Under torch.compile
+        tracing, made afresh."""
+        if torch.compiler.is_compiling():
+            return bind(group)
+        key = (bind, group)
+        fn = self._collectives.get(key)
+        if fn is None:
+            fn = self._collectives[key] = bind(group)
+        return fn
 
     def passes_for(self, device: torch.device) -> Passes:
         p = self.passes.get(device.type)
@@ -281,6 +294,7 @@ class Runner:
         """Empty every cache and the scratch pool (buffers a captured CUDA graph reads are
         freed only when the graph is: recapture graphs after this)."""
         self._calls.clear()
+        self._collectives.clear()
         self.prepared.clear()
         self.classes.clear()
         self._programs.clear()

@@ -53,7 +53,7 @@ from dpx.plan import DpPlan
 from dpx.policy import sglang_mode
 from dpx_torch.comm import DpComm
 from dpx_torch.padrows import real_rows
-from dpx_torch.program import all_gather_single, reduce_scatter_single
+from dpx_torch.collectives import all_gather_single, reduce_scatter_single
 
 __all__ = [
     "DpAttention", "DpPaddingMode", "attn_cp_all_gather_into_tensor",
@@ -154,6 +154,9 @@ class DpAttention:
         self._global_num_tokens: list[int] | None = None
         self._is_extend = False
         self._plans: OrderedDict = OrderedDict()
+        #: (batch, its host counts, its padding mode, (plan, counts)) of the last plan_of
+        self._last: tuple | None = None
+        self._rs_plan: DpPlan | None = None
 
     def _cp_group(self, given: dist.ProcessGroup | None
                   ) -> tuple[dist.ProcessGroup | None, tuple]:
@@ -226,6 +229,7 @@ class DpAttention:
         self._max_padding = bool(dp_max_padding)
         self._global_num_tokens = (None if global_num_tokens is None
                                    else [int(x) for x in global_num_tokens])
+        self._rs_plan: DpPlan | None = None
 
     def get_global_dp_buffer(self, group: Any = None) -> torch.Tensor:
         """A new ``[global_dp_buffer_len, hidden_size]`` buffer (``group`` is accepted for
@@ -291,7 +295,23 @@ class DpAttention:
         return plan
 
     def plan_of(self, forward_batch: Any) -> tuple[DpPlan, torch.Tensor | None]:
-        """The plan of a forward batch and its device counts (None with host counts)."""
+        """The plan of a forward batch and its device counts (None with host counts). The
+        layers of one forward ask with the same batch: its answer is kept while the batch,
+        its padding mode and its counts (compared by value) stay the same."""
+        last = self._last
+        if last is not None and last[0] is forward_batch:
+            host = getattr(forward_batch, "global_num_tokens_cpu", None)
+            if host is not None and host == last[1] and \
+                    getattr(forward_batch, "dp_padding_mode", None) is last[2]:
+                return last[3]
+        got = self._plan_of(forward_batch)
+        host = getattr(forward_batch, "global_num_tokens_cpu", None)
+        self._last = (None if host is None else forward_batch,
+                      None if host is None else list(host),
+                      getattr(forward_batch, "dp_padding_mode", None), got)
+        return got
+
+    def _plan_of(self, forward_batch: Any) -> tuple[DpPlan, torch.Tensor | None]:
         mode = self._mode(getattr(forward_batch, "dp_padding_mode", None))
         host = getattr(forward_batch, "global_num_tokens_cpu", None)
         if host is not None:
@@ -310,6 +330,14 @@ class DpAttention:
         return plan, counts
 
     def _scatter_plan(self) -> DpPlan:
+        """The plan of this forward's combine (:meth:`set_dp_buffer_len`), made once per
+        forward."""
+        plan = self._rs_plan
+        if plan is None:
+            plan = self._rs_plan = self._make_scatter_plan()
+        return plan
+
+    def _make_scatter_plan(self) -> DpPlan:
         lay = self.layout
         counts = self._global_num_tokens
         if counts is None:
@@ -373,8 +401,7 @@ class DpAttention:
         """``local_tokens[:n] =`` this replica's rows of ``global_tokens``; its other rows
         are zeroed (``local_tokens`` may be longer, padded for a CUDA graph)."""
         plan, counts = self.plan_of(forward_batch)
-        self._into(local_tokens, plan, counts, lambda out: self.comm.scatter(
-            global_tokens, plan, counts=counts, out=out))
+        self._into(local_tokens, plan, counts, self.comm.scatter, global_tokens)
 
     def dp_reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """``output[...] =`` :meth:`DpComm.reduce_scatter` ``(input, plan)``, the plan from
@@ -382,8 +409,7 @@ class DpAttention:
         attn_tp > 1)."""
         plan = self._scatter_plan()
         self._check_rows("input", input, plan.global_rows)
-        self._into(output, plan, None, lambda out: self.comm.reduce_scatter(
-            input, plan, out=out))
+        self._into(output, plan, None, self.comm.reduce_scatter, input)
 
     def dp_gather_partial_async(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
                                 forward_batch: Any, event_key: Any = ("gather", 0)
@@ -446,18 +472,21 @@ class DpAttention:
                                 f"forward batch's counts must describe the same step)")
 
     def _into(self, dst: torch.Tensor, plan: DpPlan, counts: torch.Tensor | None,
-              run) -> None:
-        """``run(out=...)`` writes this replica's ``plan.slot_rows[d]``-row result; ``dst``
-        gets it, longer ``dst`` its tail zeroed, shorter ``dst`` (at least the real count:
-        the rest are pad rows) the head."""
+              op, src: torch.Tensor) -> None:
+        """``op(src, plan, counts=counts, out=...)`` writes this replica's
+        ``plan.slot_rows[d]``-row result; ``dst`` gets it, longer ``dst`` its tail zeroed,
+        shorter ``dst`` (at least the real count: the rest are pad rows) the head."""
         rows = plan.slot_rows[self.coords.attn_dp_rank]
+        if type(dst) is torch.Tensor and dst.shape[0] == rows:
+            op(src, plan, counts=counts, out=dst)
+            return
         if not isinstance(dst, torch.Tensor) or dst.dim() < 1:
             raise DpxTypeError(f"the output must be a tensor, got {type(dst).__name__}")
         n = dst.shape[0]
         if n == rows:
-            run(dst)
+            op(src, plan, counts=counts, out=dst)
         elif n > rows:
-            run(dst[:rows])
+            op(src, plan, counts=counts, out=dst[:rows])
             dst[rows:].zero_()
         else:
             need = rows if counts is not None else \
@@ -465,7 +494,7 @@ class DpAttention:
             if n < need:
                 raise DpxValueError(f"the output has {n} rows; replica "
                                     f"{self.coords.attn_dp_rank} has {need} rows to receive")
-            dst.copy_(run(None)[:n])
+            dst.copy_(op(src, plan, counts=counts)[:n])
 
 
 def _reduce_scatter(group, output: torch.Tensor, input: torch.Tensor) -> None:

@@ -38,8 +38,7 @@ def quantize_rows(src: torch.Tensor, out: torch.Tensor) -> None:
     q = (xf / scale[..., None]).clamp_(-W.FP8_MAX, W.FP8_MAX)
     code = q.to(torch.float8_e4m3fn).view(torch.uint8)
     if not bool(finite.all()):
-        nan = torch.where(torch.signbit(x), W.NAN_CODE | 0x80, W.NAN_CODE).to(torch.uint8)
-        code = torch.where(finite, code, nan)
+        code = torch.where(finite, code, torch.full((), W.NAN_CODE, dtype=torch.uint8))
     out[:, :h].copy_(code.view(k, h))
     out[:, h:].copy_(scale.view(torch.uint8).view(k, 4 * g))
 

@@ -30,7 +30,7 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
     ``out`` are zero bytes. src ``[src_rows, H]`` (float32 / bfloat16 / float16) -> out
     uint8 ``[out_rows, ROW_BYTES]``. One program: ``BLOCK_R`` rows x ``BLOCK_G`` groups. A
     group's scale comes from its finite elements; a NaN or an infinity is stored as the NaN
-    code ``0x7F`` with its sign bit.
+    code ``0x7F``.
 
     ``COMPILED`` (a GPU build; Triton's interpreter has no exact fused multiply-add and
     truncates float8 conversions): ``x / scale`` as ``q = x * r`` with ``r = div_rn(1,
@@ -95,8 +95,7 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
         normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
         sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # exact: a * 512 < 8
         code = (tl.where(a < 0.015625, sub, normal) | (sign << 7)).to(tl.uint8)
-    in_sign = (x_in.to(tl.int32, bitcast=True) >> 31) & 1
-    code = tl.where(finite, code, (0x7F | (in_sign << 7)).to(tl.uint8))
+    code = tl.where(finite, code, 0x7F)
     row_ok = rows < out_rows  # (rows past count loaded zeros: their codes are 0)
     row_base = out_ptr + rows * ROW_BYTES
     tl.store(row_base[:, None, None] + cols[None, :, :], code,

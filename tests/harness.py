@@ -37,6 +37,18 @@ class WorkerContext:
             self._comms[key] = DpComm(layout, **kwargs)
         return self._comms[key]
 
+    def kernel_comm(self, layout):
+        """A communicator whose CPU passes are the Triton kernels (in Triton's interpreter)
+        instead of torch ops: its calls run every launch argument the GPU path binds."""
+        from dpx_torch import DpComm
+        from dpx_torch.passes import TritonPasses
+
+        key = (layout, "kernels")
+        if key not in self._comms:
+            comm = self._comms[key] = DpComm(layout)
+            comm.runner.passes["cpu"] = TritonPasses()
+        return self._comms[key]
+
 
 def _worker(rank: int, size: int, init_file: str, jobs: mp.Queue, results: mp.Queue,
             path: list[str], backend: str) -> None:

@@ -89,6 +89,30 @@ def local_inputs(seed: int, plan: DpPlan, rest: tuple[int, ...], *, partial: boo
     return out
 
 
+#: (row, column, value) written into the real rows of every rank's input by
+#: :func:`with_nonfinite`: NaN and infinities at the first, a middle and the last element of
+#: a 128-element group, a whole group of them, and a huge finite value beside one
+NONFINITE = ((0, 0, np.nan), (0, 129, 3.0e38), (1, 127, np.inf), (1, 128, -np.inf),
+             (2, 64, -np.nan), (3, 255, np.nan))
+
+
+def with_nonfinite(locals_: list[np.ndarray], plan: DpPlan, eff=None) -> list[np.ndarray]:
+    """``locals_`` with :data:`NONFINITE` written into each rank's real rows (the same on
+    every rank of a replica, so replicated copies stay identical; a whole group of row 4 is
+    NaN); rows past a rank's count are left alone. Needs rows of at least 256 elements."""
+    out = []
+    for r, x in enumerate(locals_):
+        x = x.copy()
+        _, n = held(plan, r, eff)
+        for row, col, v in NONFINITE:
+            if row < n:
+                x[row, col] = v
+        if n > 4:
+            x[4, 128:256] = np.nan
+        out.append(x)
+    return out
+
+
 def global_inputs(seed: int, plan: DpPlan, rest: tuple[int, ...], *,
                   floats: bool = False) -> list[np.ndarray]:
     """A different ``[global_rows, *rest]`` buffer per rank (for reduce_scatter)."""
@@ -149,8 +173,7 @@ def real_rows(plan: DpPlan, eff=None) -> np.ndarray:
 def quantize_fp8(x: np.ndarray, real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The fp8 wire rows of float32 ``x [rows, H]`` (dpx/wire.py): ``(payload uint8 [rows,
     H], scales float32 [rows, H/128])``; rows where ``real`` is False are zeros. A group's
-    scale comes from its finite elements; a NaN or an infinity becomes the NaN code 0x7F
-    with its sign bit."""
+    scale comes from its finite elements; a NaN or an infinity becomes the NaN code 0x7F."""
     import ml_dtypes
 
     rows, h = x.shape
@@ -161,8 +184,7 @@ def quantize_fp8(x: np.ndarray, real: np.ndarray) -> tuple[np.ndarray, np.ndarra
     scale = np.maximum(amax, np.float32(1e-10)) / np.float32(448)
     q = np.clip(gf / scale[..., None], -448, 448).astype(ml_dtypes.float8_e4m3fn)
     code = q.view(np.uint8)
-    nan = np.where(np.signbit(g), np.uint8(0xFF), np.uint8(0x7F))
-    payload = np.where(finite, code, nan).reshape(rows, h).copy()
+    payload = np.where(finite, code, np.uint8(0x7F)).reshape(rows, h).copy()
     payload[~real] = 0
     scale = scale.astype(np.float32)
     scale[~real] = 0

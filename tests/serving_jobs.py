@@ -42,13 +42,14 @@ def fp8_reference(plan, locs, partial, dtype, eff):
     return want, payload, scales, deq
 
 
-def check_serving(ctx, layout_args, cases, *, width: int = 256) -> int:
+def check_serving(ctx, layout_args, cases, *, width: int = 256, kernels: bool = False) -> int:
     """Each case (as torch_jobs.check_cases; float dtypes): the fp8 gather (wire rows and
     dequantized, bitwise against the NumPy quantizer, SUM_LEN refused), a three-tensor
     gather with a topk-ids and a topk-weights tensor (each as gathered alone), an fp8 +
-    native pair, and mask_pad_rows / pad_row_mask on the gathered ids."""
+    native pair, and mask_pad_rows / pad_row_mask on the gathered ids. ``kernels``: through
+    the Triton kernels (Triton's interpreter) instead of the CPU's torch ops."""
     layout = dpx.DpLayout(*layout_args)
-    comm = ctx.comm(layout)
+    comm = ctx.kernel_comm(layout) if kernels else ctx.comm(layout)
     r = ctx.rank
     d = layout.coords(r).attn_dp_rank
     done = 0
@@ -135,3 +136,39 @@ def check_exchange_counts(ctx, layout_args, count_sets, shard_sets) -> dict:
     good = checked.exchange_counts(torch.tensor([4], dtype=torch.int32))
     errs["good"] = good.tolist()
     return errs
+
+
+def check_fp8_nonfinite(ctx, layout_args, cases) -> int:
+    """fp8 gathers of rows holding NaN, infinities and huge values (reference.NONFINITE):
+    wire rows and dequantized rows bit for bit against the NumPy reference of the format's
+    non-finite rule, NaN wherever the gathered value is not finite."""
+    from reference import as_dtype, bits_of, with_nonfinite
+
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    r = ctx.rank
+    d = layout.coords(r).attn_dp_rank
+    done = 0
+    for case in cases:
+        dtype = DTYPES[case["dtype"]]
+        partial = case["partial"]
+        plan, counts_t, eff = _plan_of(layout, case)
+        rows = plan.slot_rows[d] if plan.is_static else None
+        locs = with_nonfinite(local_inputs(case["seed"], plan, (256,), partial=partial,
+                                           rows=rows, eff=eff), plan, eff)
+        x = _t(locs[r], dtype)
+        want = _t(ref_gather(locs, plan, partial=partial, counts=eff), dtype).float().numpy()
+        payload, scales = quantize_fp8(want, real_rows(plan, eff))
+        p_got, s_got = comm.gather(x, plan, partial=partial, counts=counts_t, wire="fp8",
+                                   dequantize=False)
+        assert np.array_equal(p_got.view(torch.uint8).cpu().numpy(), payload), case
+        assert np.array_equal(s_got.cpu().numpy().view(np.int32), scales.view(np.int32)), case
+        g = comm.gather(x, plan, partial=partial, counts=counts_t, wire="fp8")
+        deq = bits_of(as_dtype(dequantize_fp8(payload, scales), case["dtype"]))
+        got = g.cpu().view(_BITS.get(g.dtype, g.dtype)).numpy().view(deq.dtype)
+        assert np.array_equal(got, deq), case
+        gf = g.float().cpu().numpy()
+        bad = ~np.isfinite(want)
+        assert bad.any() and np.isnan(gf[bad]).all(), case
+        done += 1
+    return done

@@ -137,3 +137,96 @@ def test_fp8_rules():
     with pytest.raises(dpx.DpxValueError, match="no gradient"):
         plan = dpx.plan_step([3, 1], lay, mode="max_len")
         jax.grad(lambda v: call(plan, v, wire="fp8").astype(jnp.float32).sum())(x)
+
+
+@pytest.mark.parametrize("layout_args", [(8, 4), (8, 2, 2), (8, 1, 4)],
+                         ids=lambda l: "w{}dp{}".format(*l) + (f"cp{l[2]}" if len(l) > 2 else ""))
+def test_each_device_knows_its_real_rows(layout_args):
+    """local_count / local_row_mask inside shard_map give every device its real rows (its
+    replica's count, or its CP shard), for host counts, shard tables and capacity plans'
+    device counts, against the reference's rows of each rank."""
+    from reference import held
+
+    layout = dpx.DpLayout(*layout_args)
+    dp, cp = layout.dp_size, layout.cp_size
+    mesh = dpx_jax.make_mesh(layout)
+    plans = [(dpx.plan_step([3 + 2 * d if d % 2 == 0 else 0 for d in range(dp)], layout),
+              None)]
+    if cp > 1:   # shards of unequal size, one CP rank idle
+        plans.append((dpx.plan_step([5] * dp, layout,
+                                    cp_shards=[[5 - (cp - 2)] + [1] * (cp - 2) + [0]] * dp),
+                      None))
+    cap = dpx.plan_step([0] * dp, layout, capacity=16)
+    plans.append((cap, [1 + d for d in range(dp)]))
+    for plan, dev in plans:
+        counts = None if dev is None else jnp.asarray(dev, jnp.int32)
+
+        def body(c):
+            return (dpx_jax.local_count(plan, counts=c if dev is not None else None)[None],
+                    dpx_jax.local_row_mask(plan, counts=c if dev is not None else None))
+
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=(P(dpx_jax.AXES),
+                                                                              P(dpx_jax.AXES)),
+                                  check_vma=False))
+        n, mask = f(jnp.zeros(dp, jnp.int32) if counts is None else counts)
+        want = [held(plan, r, dev)[1] for r in range(layout.world_size)]
+        assert np.asarray(n).tolist() == want, (plan, dev)
+        m = np.asarray(mask).reshape(layout.world_size, plan.max_slot_rows)
+        for r, k in enumerate(want):
+            assert m[r, :k].all() and not m[r, k:].any()
+
+
+@functools.cache
+def _fp8_fn(plan: dpx.DpPlan, partial: bool, with_counts: bool):
+    mesh = mesh_for(plan.layout)
+
+    def body(x, counts):
+        c = counts if with_counts else None
+        p, s = dpx_jax.gather(x, plan, partial=partial, counts=c, wire="fp8",
+                              dequantize=False)
+        return p, s, dpx_jax.gather(x, plan, partial=partial, counts=c, wire="fp8")
+
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(SPEC, P()), out_specs=SPEC))
+
+
+@pytest.mark.parametrize("layout", [(8, 4), (8, 2, 2)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
+@pytest.mark.parametrize("mode", ["max_len", "gatherv"])
+def test_fp8_wire_carries_nan_and_inf_by_its_rule(layout, mode):
+    """The JAX fp8 gather of rows holding NaN, +-inf and huge values: bit for bit the
+    format's non-finite rule (the NumPy reference dpx_torch is held to as well)."""
+    lay = dpx.DpLayout(*layout)
+    dp = lay.dp_size
+    counts = [6 if i % 2 == 0 else 0 for i in range(dp)]
+    cases = [(dpx.plan_step(counts, lay, mode=mode), True, "bfloat16", None),
+             (dpx.plan_step(counts, lay, mode=mode), False, "float16", None),
+             (dpx.plan_step([0] * dp, lay, mode=mode, capacity=12), True, "float32",
+              counts)]
+    for plan, partial, dtype, dev in cases:
+        _nonfinite_case(lay, plan, partial, dtype, dev)
+
+
+def _nonfinite_case(lay, plan, partial, dtype, dev) -> None:
+    """One case of the test above (3e38 overflows float16 to inf on purpose)."""
+    from reference import as_dtype, bits_of, with_nonfinite
+
+    dp, W = lay.dp_size, lay.world_size
+    with np.errstate(over="ignore"):
+        eff = None if dev is None else tuple(dev)
+        locs = with_nonfinite(local_inputs(3, plan, (H,), partial=partial,
+                                           rows=plan.max_slot_rows, eff=eff), plan, eff)
+        f = _fp8_fn(plan, partial, dev is not None)
+        p, s, g = f(shard(mesh_for(lay), locs, DT[dtype]),
+                    jnp.asarray(dev if dev is not None else [0] * dp, jnp.int32))
+        want = np.asarray(jnp.asarray(ref_gather(locs, plan, partial=partial, counts=eff),
+                                      DT[dtype]).astype(jnp.float32))
+        payload, scales = quantize_fp8(want, real_rows(plan, eff))
+        deq = bits_of(as_dtype(dequantize_fp8(payload, scales), dtype))
+        p = np.asarray(p).reshape(W, -1, H)
+        s = np.asarray(s).reshape(W, -1, H // 128)
+        g = np.asarray(g).reshape(W, -1, H)
+        for r in range(W):
+            np.testing.assert_array_equal(p[r].view(np.uint8), payload)
+            np.testing.assert_array_equal(s[r].view(np.int32), scales.view(np.int32))
+            np.testing.assert_array_equal(g[r].view(deq.dtype), deq)
+        assert np.isnan(g[0][~np.isfinite(want)].astype(np.float32)).all()

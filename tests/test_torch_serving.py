@@ -46,6 +46,45 @@ def test_serving_features(gloo_worlds, layout):
     assert done[0] >= 5 * len(cases) and len(set(done)) == 1
 
 
+@pytest.mark.parametrize("layout", [(2, 2), (4, 1, 2)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
+def test_serving_features_through_the_kernels(gloo_worlds, layout):
+    """The same through the Triton kernels (Triton's interpreter on CPU tensors): every
+    launch the GPU path binds -- shapes, dtypes of wire buffers, device indices -- checked
+    on a machine without one."""
+    cp = layout[2] if len(layout) > 2 else 1
+    cases = [c for c in _fixed_cases(layout[1], cp)
+             if c["dtype"] == "bfloat16" and (c.get("capacity") or c.get("shards")
+                                              or c["mode"] == "max_len")]
+    done = gloo_worlds(layout[0]).run("serving_jobs:check_serving", layout, cases,
+                                      kernels=True, timeout=300)
+    assert done[0] >= 5 * len(cases) and len(set(done)) == 1
+
+
+@pytest.mark.parametrize("layout", [(1, 1), (4, 2), (4, 4), (4, 2, 2)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
+def test_fp8_wire_carries_nan_and_inf_by_its_rule(gloo_worlds, layout):
+    """NaN, +-inf and huge finite values in the rows of an fp8 gather, every copy mode,
+    host and device counts, partial and replicated, every float dtype: bit for bit the
+    format's rule (a group's scale from its finite values, non-finite as NaN)."""
+    dp = layout[1]
+    cp = layout[2] if len(layout) > 2 else 1
+    counts = [6 if i % 2 == 0 else 0 for i in range(dp)]
+    cases = []
+    for mode in ("max_len", "gatherv"):
+        for partial, dtype in ((True, "bfloat16"), (False, "float32"), (False, "float16")):
+            cases.append(dict(counts=counts, mode=mode, partial=partial, dtype=dtype,
+                              seed=len(cases)))
+        cases.append(dict(counts=[0] * dp, mode=mode, capacity=12,
+                          run_counts=[6 if i % 2 == 0 else 0 for i in range(dp)],
+                          partial=True, dtype="bfloat16", seed=len(cases)))
+    if cp > 1:
+        cases.append(dict(counts=[6] * dp, shards=[[6] + [0] * (cp - 1)] * dp,
+                          mode="gatherv", partial=False, dtype="bfloat16", seed=50))
+    done = gloo_worlds(layout[0]).run("serving_jobs:check_fp8_nonfinite", layout, cases)
+    assert done == [len(cases)] * layout[0]
+
+
 @pytest.mark.parametrize("layout", [(4, 2), (4, 1, 2), (4, 2, 2)],
                          ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
 def test_serving_features_fuzzed(gloo_worlds, layout):

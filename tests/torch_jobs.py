@@ -226,20 +226,29 @@ def recording(comm, log: list[str]):
     from dpx_torch.passes import TorchPasses
 
     class Recorder(TorchPasses):
-        pass
+        def check(self, *a, **k):
+            log.append("check_counts")
+            return super().check(*a, **k)
 
-    for kind in ("move", "zero", "pack", "unpack", "quantize", "dequantize", "check"):
+    for kind in ("move", "zero", "pack", "unpack", "quantize", "dequantize"):
         def make(kind=kind):
-            real = getattr(TorchPasses, kind)
+            real_bind = getattr(TorchPasses, f"bind_{kind}")
 
-            def rec(*a, **k):
-                log.append("check_counts" if kind == "check" else kind)
-                return real(*a, **k)
-            return staticmethod(rec)
-        setattr(Recorder, kind, make())
-    names = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
-    saved = {n: getattr(it, n) for n in names}
-    dist_saved = {n: getattr(it.dist, n) for n in ("all_reduce", "broadcast", "reduce")}
+            def bind(self, *a, **k):
+                go = real_bind(self, *a, **k)
+
+                def rec(*a2, **k2):
+                    log.append(kind)
+                    return go(*a2, **k2)
+                return rec
+            return bind
+        setattr(Recorder, f"bind_{kind}", make())
+    import dpx_torch.collectives as coll
+
+    binders = {"bind_all_gather": "all_gather", "bind_reduce_scatter": "reduce_scatter",
+               "bind_all_reduce": "all_reduce"}
+    saved = {n: getattr(coll, n) for n in binders}
+    dist_saved = {n: getattr(it.dist, n) for n in ("broadcast", "reduce")}
 
     def recorder(name, fn):
         def wrapped(*a, **k):
@@ -247,11 +256,14 @@ def recording(comm, log: list[str]):
             return fn(*a, **k)
         return wrapped
 
+    def bind_recorder(name, bind):
+        return lambda group: recorder(name, bind(group))
+
     real_passes = comm.runner.passes["cpu"]
     comm.clear_caches()
     comm.runner.passes["cpu"] = Recorder()
-    for n, short in names.items():
-        setattr(it, n, recorder(short, saved[n]))
+    for n, short in binders.items():
+        setattr(coll, n, bind_recorder(short, saved[n]))
     for n, fn in dist_saved.items():
         setattr(it.dist, n, recorder(n, fn))
     try:
@@ -259,7 +271,7 @@ def recording(comm, log: list[str]):
     finally:
         comm.runner.passes["cpu"] = real_passes
         for n, fn in saved.items():
-            setattr(it, n, fn)
+            setattr(coll, n, fn)
         for n, fn in dist_saved.items():
             setattr(it.dist, n, fn)
         comm.clear_caches()
