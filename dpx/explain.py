@@ -83,6 +83,8 @@ def explain_plan(plan: "DpPlan", modes: Sequence[ModeEstimate], *, row_bytes: in
                  ranks: Iterable[int], device_counts: bool, wire: Wire = Wire.NATIVE) -> str:
     lay = plan.layout
     out = [
+        f"prices : rows of {hidden} elements x {itemsize} B = {row_bytes} B (set by "
+        f"explain(hidden=, itemsize=); the CLI's --hidden, --dtype)",
         f"layout : {lay.describe()}",
         f"counts : {list(plan.num_tokens)} (aligned to cp*attn_tp={lay.replica_size}: "
         f"{list(plan.aligned_tokens)})" + ("  [extend]" if plan.is_extend else ""),

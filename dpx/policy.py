@@ -67,7 +67,8 @@ def cost_mode(counts: tuple[int, ...], layout: DpLayout, *,
     def reason() -> str:
         text = ", ".join(f"{m.value}{'=' if exact else '>='}{t * 1e6:.1f}us"
                          for m, (t, exact) in zip(candidates, priced))
-        return f"cost policy: cheapest schedule estimate ({text})"
+        return (f"cost policy: cheapest schedule estimate for rows of {row_bytes} B "
+                f"({text})")
     return candidates[best], reason
 
 

@@ -180,7 +180,7 @@ class DpComm:
         per batch where the backend coalesces). When a tensor requires grad, each is
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
-        if type(local) is torch.Tensor and not _compiling():
+        if type(local) is torch.Tensor and type(partial) is bool and not _compiling():
             key = (_GATHER, plan, partial, wire, dequantize, local.shape, local.dtype,
                    local.device, counts is None, out is None)
             hit = self._prepared.get(key)

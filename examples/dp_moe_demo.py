@@ -297,6 +297,14 @@ def _run_problem(problem: DemoProblem, frontend: str) -> bool:
             print(f"{name:<8} {step:>4}  {counts:<22} {plan.mode.name:<8} "
                   f"{plan.global_rows:>6} {est.moved:>10} {res['ms']:>8.2f} {err:>9.2e}  "
                   f"{'ok' if good else 'FAIL'}")
+    print("columns: global = rows of the gathered buffer; sends/rank = bytes one rank sends "
+          "in the step's gather and reduce_scatter, as its frontend's schedule moves them "
+          "(GATHERV: torch broadcasts each replica's real rows from its owner; JAX on CPU "
+          "devices has no variable-size collective and all-gathers equal blocks, so it sends "
+          "more for the same result); time ms = wall time of the step on the slowest "
+          "simulated rank (torch: gloo processes; JAX: one compiled program) -- not a "
+          "comparison of the frontends' speed; max err = largest difference from the dense "
+          "single-process reference")
     if len(names) == 2:
         same_gather = all(np.array_equal(a, b) for s in range(steps) for a, b in
                           zip(results["torch"][s]["gathered"], results["jax"][s]["gathered"]))

@@ -79,8 +79,7 @@ def make_loss(plan: dpx.DpPlan, mesh: Mesh):
         g = dpx_jax.gather(att, plan, partial=True, counts=counts, axes=AXES)
         ids = dpx_jax.mask_pad_rows(top_ids(g, p), plan, counts=counts, fill=-1)
         y = dpx_jax.reduce_scatter(moe(g, ids, p), plan, counts=counts, axes=AXES)
-        n = counts[jax.lax.axis_index("data")]
-        real = (jnp.arange(CAP) < n)[:, None]
+        real = dpx_jax.local_row_mask(plan, counts=counts, axes=AXES)[:CAP, None]
         err = jnp.where(real, (y[:CAP] + x - tgt) ** 2, 0.0)
         # every "model" device holds its replica's rows: count them once
         return jax.lax.psum(jnp.sum(err) / TP, WORLD)

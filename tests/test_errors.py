@@ -201,6 +201,9 @@ CASES = {
                                        r"requires grad"),
     "comm-grad-out": (lambda c: c.gather(_x().requires_grad_(), P5, partial=True, out=_x(5)),
                       DpxValueError, r"out= cannot be used when local requires grad"),
+    "comm-prepare-grad": (lambda c: c.prepare_gather(_x().requires_grad_(), P5, partial=True),
+                          DpxValueError, r"prepare_gather: local requires grad; a prepared "
+                                         r"call records no autograd graph"),
     "comm-sync-counts": (lambda c: c.sync_counts(-3), DpxMismatchError,
                          r"sync_counts: rank 0 passed num_tokens=-3 \(it must be an int >= 0\)"),
     "comm-destroyed": (lambda c: _destroyed(c).gather(_x(), P5, partial=True), DpxValueError,
@@ -265,3 +268,61 @@ def test_catalogue_and_tests_match():
     documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", DOC.read_text(), re.M))
     assert documented == set(CASES), (f"documented only: {sorted(documented - set(CASES))}; "
                                       f"tested only: {sorted(set(CASES) - documented)}")
+
+
+#: The catalogue's DpComm call errors, and a valid call of the same op and plan that runs
+#: (and is kept prepared) before each.
+_PRIMES = {
+    "comm-local-rows": lambda c: c.gather(_x(6), P5, partial=True),
+    "comm-dtype": lambda c: c.gather(_x(6), P5, partial=True),
+    "comm-contiguous": lambda c: c.gather(_x(6, 4), P5, partial=True),
+    "comm-device": lambda c: c.gather(_x(6, 4), P5, partial=True),
+    "comm-out-size": lambda c: c.gather(_x(), P5, partial=True, out=_x(5)),
+    "comm-out-alias": lambda c: c.gather(_x(6), P5, partial=True, out=_x(5)),
+    "comm-global-rows": lambda c: c.reduce_scatter(_x(5), P5),
+    "comm-partial": lambda c: c.gather(_x(), P5, partial=True),
+    "comm-counts-dtype": lambda c: c.gather(_x(8), _CAP8, partial=True,
+                                            counts=torch.tensor([1], dtype=torch.int32)),
+    "comm-grad-out": lambda c: c.gather(_x(), P5, partial=True, out=_x(5)),
+}
+_CAP8 = dpx.plan_step([1], L1, capacity=8)
+
+
+@pytest.mark.parametrize("name", sorted(_PRIMES))
+def test_errors_fire_after_a_prepared_call(comm, name):
+    """Each call error fires when the call comes after a valid call of the same op and plan
+    (kept as a prepared op): the prepared path admits only what it was checked for."""
+    prime = _PRIMES[name]
+    for _ in range(2):
+        prime(comm)
+    fn, kind, pattern = CASES[name]
+    if name == "comm-counts-dtype":   # the same plan object as the prime
+        fn = lambda c: c.gather(_x(8), _CAP8, partial=True,  # noqa: E731
+                                counts=torch.tensor([1]))
+    with pytest.raises(kind, match=pattern):
+        fn(comm)
+
+
+def test_explicit_prepared_calls_raise_what_the_call_raises(comm):
+    """A prepared op (comm.prepare_*) given tensors it was not prepared for takes the full
+    call, which raises the catalogue's errors."""
+    op = comm.prepare_gather(_x(), P5, partial=True, out=_x(5))
+    assert torch.equal(op(_x(), out=_x(5)), torch.zeros(5, 4))
+    with pytest.raises(DpxTypeError, match=r"local has dtype torch.float64"):
+        op(_x(dtype=torch.float64), out=_x(5))
+    with pytest.raises(DpxValueError, match=r"local has 2 rows; replica 0 needs at least 5"):
+        op(_x(2), out=_x(5))
+    with pytest.raises(DpxValueError, match=r"out has shape \(4, 4\)"):
+        op(_x(), out=_x(4))
+    with pytest.raises(DpxValueError, match=r"must be contiguous"):
+        op(torch.zeros(4, 6).t(), out=_x(5))
+    x = _x(6)
+    with pytest.raises(DpxValueError, match=r"local overlaps out"):
+        op(x, out=x[1:])
+    rs = comm.prepare_reduce_scatter(_x(5), P5)
+    with pytest.raises(DpxValueError, match=r"global_ has 7 rows; the plan needs exactly 5"):
+        rs(_x(7))
+    cap = comm.prepare_gather(_x(8), _CAP8, partial=True,
+                              counts=torch.tensor([1], dtype=torch.int32))
+    with pytest.raises(DpxTypeError, match=r"counts must be a contiguous int32 tensor"):
+        cap(_x(8), counts=torch.tensor([1]))
