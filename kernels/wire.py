@@ -67,17 +67,16 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
     load_ok = real[:, None, None] & g_ok[None, :, None]
     x = tl.load(src_ptr + src_row[:, None, None] * H + cols[None, :, :], mask=load_ok,
                 other=0).to(tl.float32)                                 # [R, G, 128]
-    # |x| by its bits: ordered as |x| is, and >= 0x7F800000 exactly for NaN and infinities.
-    # Non-finite elements take no part in the scale and travel as the NaN code; a block
-    # holding one (rare) takes the group maxima again over its finite elements.
-    ux = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    umax = tl.reduce(ux, 2, tl.standard._elementwise_max)              # [R, G]
-    block_max = tl.reduce(tl.reduce(umax, 1, tl.standard._elementwise_max), 0,
-                          tl.standard._elementwise_max)
-    nonfinite = block_max >= 0x7F800000
-    if nonfinite:
-        umax = tl.reduce(tl.where(ux < 0x7F800000, ux, 0), 2, tl.standard._elementwise_max)
-    amax = umax.to(tl.float32, bitcast=True)
+    # Non-finite elements take no part in the scale and travel as the NaN code 0x7F.
+    ax = tl.abs(x)
+    if COMPILED:
+        # fma(|x|, 0, |x|) is |x| when finite and NaN otherwise, and the GPU's max ignores
+        # NaN: the maximum over the finite elements (NaN when there is none, which the
+        # clamp to 1e-10 below also ignores) at one instruction per element
+        amax = tl.reduce(tl.fma(ax, 0.0, ax), 2, tl.standard._elementwise_max)
+    else:
+        amax = tl.reduce(tl.where(ax < float("inf"), ax, 0.0), 2,
+                         tl.standard._elementwise_max)
     scale = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
     if COMPILED:
         s = scale[:, :, None]
@@ -85,15 +84,15 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
         nr = -r  # nonzero: its negation is exact (a negated zero would lose its sign)
         q = x * r
         # q += (x - q*s) * r, written as fma(fma(q, s, -x), -r, q) so that a zero x gives
-        # fma(+0, -r, q) = q, the zero with x's sign
+        # fma(+0, -r, q) = q, the zero with x's sign; a NaN or an infinity x gives NaN
         q = tl.fma(tl.fma(q, s, -x), nr, q)
         y = tl.fma(tl.fma(q, s, -x), nr, q)
-    else:
-        y = tl.math.div_rn(x, scale[:, :, None])
-    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    if COMPILED:
+        # |y| <= 448 (the scale is the finite amax / 448): the conversion needs no clamp,
+        # and turns the NaN of a non-finite element into the NaN code 0x7F
         code = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     else:
+        y = tl.math.div_rn(x, scale[:, :, None])
+        y = tl.minimum(tl.maximum(y, -448.0), 448.0)
         # float32 -> e4m3fn, round to nearest even, by bits
         bits = y.to(tl.int32, bitcast=True)
         sign = (bits >> 31) & 1
@@ -102,8 +101,7 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
         normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
         sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # exact: a * 512 < 8
         code = (tl.where(a < 0.015625, sub, normal) | (sign << 7)).to(tl.uint8)
-    if nonfinite:
-        code = tl.where(ux < 0x7F800000, code, 0x7F)
+        code = tl.where(ax < float("inf"), code, 0x7F)
     row_ok = rows < out_rows  # (rows past count loaded zeros: their codes are 0)
     row_base = out_ptr + rows * ROW_BYTES
     tl.store(row_base[:, None, None] + cols[None, :, :], code,
