@@ -121,7 +121,7 @@ def main() -> None:
                                             BLOCK_R=br, BLOCK_C=bc, N_COLB=ncolb,
                                             num_warps=warps))
         rows_out.append(row)
-        del slot, out, ref, a, b
+        del slot, out, ref
         torch.cuda.empty_cache()
     cols = list(rows_out[0])
     print(f"device: {torch.cuda.get_device_name()}  hidden {H} bf16, dp {dp}: slot place, "

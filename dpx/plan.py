@@ -131,7 +131,11 @@ class DpPlan:
         return h
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        """Pickled: the fields, the reason as text (not the function that formats it);
+        nothing derived (a hash is per process)."""
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        state["why"] = self.reason
+        return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

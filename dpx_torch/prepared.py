@@ -35,7 +35,6 @@ from dpx.geometry import host_counts
 from dpx.modes import Op
 from dpx.schedule import TemplateKey
 from dpx_torch.program import CallShape, PreparedCall
-from dpx_torch.rows import overlaps
 from dpx_torch.wire import split_wire
 
 if TYPE_CHECKING:
@@ -52,7 +51,7 @@ class PreparedOp:
     or the communicator's full call when the guards do not admit the tensors."""
 
     __slots__ = ("prep", "_full", "shape", "dtype", "device", "counts_shape", "out_shape",
-                 "in_place", "split", "out_rows", "_rest")
+                 "in_place", "split", "out_rows", "_rest", "_xbytes", "_obytes")
 
     def __init__(self, prep: PreparedCall, full: tuple, x: torch.Tensor, *,
                  counts: torch.Tensor | None, out: torch.Tensor | None, in_place: bool,
@@ -64,13 +63,16 @@ class PreparedOp:
         self.out_shape = None if out is None else out.shape
         self.out_rows = prep.out_rows
         self._rest = x.shape[1:]
+        self._xbytes = x.nbytes
+        self._obytes = 0 if out is None else out.nbytes
         # an in-place gather's input lies this many bytes into ``out``
         self.in_place = (x.data_ptr() - out.data_ptr()) if in_place else None
         self.split = split
 
     def admits(self, x: torch.Tensor, counts: torch.Tensor | None,
                out: torch.Tensor | None) -> bool:
-        """Whether a call with these tensors runs the prepared steps."""
+        """Whether a call with these tensors (``x`` of the prepared shape, dtype and
+        device: the caller's key says so) runs the prepared steps."""
         if not x.is_contiguous() or (x.requires_grad and _grad()):
             return False
         if counts is not None:
@@ -84,9 +86,12 @@ class PreparedOp:
         if out.shape != self.out_shape or out.dtype is not self.dtype \
                 or out.device != self.device or not out.is_contiguous():
             return False
+        xp, op = x.data_ptr(), out.data_ptr()
         if self.in_place is not None:
-            return x.data_ptr() - out.data_ptr() == self.in_place
-        return not overlaps(x, out)
+            return xp - op == self.in_place
+        # no overlap (two live allocations never share an address)
+        return not (self._xbytes and self._obytes and xp < op + self._obytes
+                    and op < xp + self._xbytes)
 
     def run(self, x: torch.Tensor, counts: torch.Tensor | None,
             out: torch.Tensor | None) -> Any:

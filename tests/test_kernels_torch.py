@@ -293,3 +293,45 @@ def test_pack_and_unpack_are_adjoint(device):
     w2 = torch.randn(9, 3, device=device)
     (pack_rows(y, f, ln, 3) * w2).sum().backward()
     assert torch.equal(y.grad, _ref_unpack(w2, [0, 3, 4], [3, 0, 2], 8))
+
+
+def test_passes_skip_work_that_cannot_matter():
+    """No launch for a pass over zero rows, no read of a source when no row moves, no zero
+    pass over an empty range: a pass does only the work its output needs."""
+    from dpx_torch.launch import JitLauncher
+    from dpx_torch.passes import TorchPasses, TritonPasses
+
+    launches = []
+
+    class Counting(JitLauncher):
+        def launch(self, kernel, grid, device, args, consts, num_warps):
+            launches.append(kernel)
+            super().launch(kernel, grid, device, args, consts, num_warps)
+
+        def bind(self, kernel, device, consts, num_warps, pointers):
+            launches.append(kernel)
+            return super().bind(kernel, device, consts, num_warps, pointers)
+
+    kernels = TritonPasses(Counting())
+    empty = torch.empty(0, 4)
+    kernels.move(torch.zeros(3, 4), 0, 0, 0, empty)       # an idle replica's empty output
+    kernels.zero(empty, 0, 0)
+    kernels.quantize(torch.zeros(3, 128), 0, 0, torch.empty(0, 132, dtype=torch.uint8))
+    kernels.dequantize(torch.empty(0, 132, dtype=torch.uint8), torch.empty(0, 128))
+    assert launches == []
+    # torch ops: no row to move reads nothing (a meta source would fail if read) and
+    # writes the zeros; a full copy zeroes nothing
+    out = torch.full((5, 4), 7.0)
+    TorchPasses().move(torch.empty(9, 4, device="meta"), 0, 2, 0, out)
+    assert not out.any()
+    calls = []
+    real_zero = torch.Tensor.zero_
+    torch.Tensor.zero_ = lambda t: (calls.append(t.shape[0]), real_zero(t))[1]
+    try:
+        src = torch.arange(20.0).view(5, 4)
+        go = TorchPasses().bind_move(5, 5, 4, torch.float32, src.device, 0, 0, 5)
+        go(src, out)
+        TorchPasses().zero(out, 0, 5)
+    finally:
+        torch.Tensor.zero_ = real_zero
+    assert torch.equal(out, src) and calls == []
