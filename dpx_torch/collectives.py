@@ -65,11 +65,10 @@ def _direct(group, method_name: str, opts_name: str, *, reduce: bool):
     return method, opts
 
 
-def bind_all_gather(group: dist.ProcessGroup) -> Pair:
-    """``fn(out, inp)``: the equal all-gather of ``inp`` blocks into ``out`` over
-    ``group``."""
-    method, opts = _direct(group, "_allgather_base", "AllgatherOptions", reduce=False)
-    public = all_gather_single
+def _bind_pair(group, method_name: str, opts_name: str, public, *, reduce: bool) -> Pair:
+    """``fn(out, inp)`` of an out-of-place single-tensor collective (see the module
+    docstring)."""
+    method, opts = _direct(group, method_name, opts_name, reduce=reduce)
     if method is None:
         return lambda out, inp: public(out, inp, group=group)
     coalescing = _coalescing()
@@ -82,25 +81,19 @@ def bind_all_gather(group: dist.ProcessGroup) -> Pair:
         if work is not None:
             work.wait()
     return go
+
+
+def bind_all_gather(group: dist.ProcessGroup) -> Pair:
+    """``fn(out, inp)``: the equal all-gather of ``inp`` blocks into ``out`` over
+    ``group``."""
+    return _bind_pair(group, "_allgather_base", "AllgatherOptions", all_gather_single,
+                      reduce=False)
 
 
 def bind_reduce_scatter(group: dist.ProcessGroup) -> Pair:
     """``fn(out, inp)``: this rank's block of the sum over ``group`` of ``inp``."""
-    method, opts = _direct(group, "_reduce_scatter_base", "ReduceScatterOptions",
-                           reduce=True)
-    public = reduce_scatter_single
-    if method is None:
-        return lambda out, inp: public(out, inp, group=group)
-    coalescing = _coalescing()
-
-    def go(out: torch.Tensor, inp: torch.Tensor) -> None:
-        if group in coalescing or type(out) is not _T or type(inp) is not _T:
-            public(out, inp, group=group)
-            return
-        work = method(out, inp, opts)
-        if work is not None:
-            work.wait()
-    return go
+    return _bind_pair(group, "_reduce_scatter_base", "ReduceScatterOptions",
+                      reduce_scatter_single, reduce=True)
 
 
 def bind_all_reduce(group: dist.ProcessGroup) -> Callable[[torch.Tensor], None]:

@@ -53,8 +53,9 @@ from dpx_torch.wire import split_wire
 __all__ = ["DpComm", "counts_tensor"]
 
 _compiling = torch.compiler.is_compiling
-# prepared-op key tags
+# prepared-op key tags, and what a call that needs the full path gets back
 _GATHER, _SCATTER, _REDUCE_SCATTER = 0, 1, 2
+_MISS = object()
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -181,16 +182,11 @@ class DpComm:
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
         if type(local) is torch.Tensor and type(partial) is bool and not _compiling():
-            key = (_GATHER, plan, partial, wire, dequantize, local.shape, local.dtype,
-                   local.device, counts is None, out is None)
-            hit = self._prepared.get(key)
-            if hit is not None:
-                if hit.admits(local, counts, out):
-                    return hit.run(local, counts, out)
-            else:
-                hit = self._of_class(key, plan, local, counts, out)
-                if hit is not None:
-                    return hit.run(local, counts, out)
+            res = self._run_prepared((_GATHER, plan, partial, wire, dequantize, local.shape,
+                                      local.dtype, local.device, counts is None,
+                                      out is None), plan, local, counts, out)
+            if res is not _MISS:
+                return res
         self._alive()
         if isinstance(local, (tuple, list)):
             return self._gather_many(tuple(local), plan, partial, counts, out, wire,
@@ -200,6 +196,15 @@ class DpComm:
             return op.run(local, counts, out)
         prep: PreparedCall = op
         return self._dispatch(prep, plan, Op.GATHER, counts, local, out, "local")
+
+    def _run_prepared(self, key: tuple, plan: DpPlan, x: torch.Tensor, counts, out):
+        """The call through its prepared op (of its plan, or made from its structure's
+        class), or ``_MISS`` when it needs the full path."""
+        hit = self._prepared.get(key)
+        if hit is not None:
+            return hit.run(x, counts, out) if hit.admits(x, counts, out) else _MISS
+        hit = self._of_class(key, plan, x, counts, out)
+        return _MISS if hit is None else hit.run(x, counts, out)
 
     def _prepare_gather(self, local, plan, partial, counts, out, wire, dequantize
                         ) -> PreparedOp | PreparedCall:
@@ -386,16 +391,11 @@ class DpComm:
 
     def _global_op(self, tag: int, op: Op, global_, plan, counts, out):
         if type(global_) is torch.Tensor and not _compiling():
-            key = (tag, plan, True, Wire.NATIVE, True, global_.shape, global_.dtype,
-                   global_.device, counts is None, out is None)
-            hit = self._prepared.get(key)
-            if hit is not None:
-                if hit.admits(global_, counts, out):
-                    return hit.run(global_, counts, out)
-            else:
-                hit = self._of_class(key, plan, global_, counts, out)
-                if hit is not None:
-                    return hit.run(global_, counts, out)
+            res = self._run_prepared((tag, plan, True, Wire.NATIVE, True, global_.shape,
+                                      global_.dtype, global_.device, counts is None,
+                                      out is None), plan, global_, counts, out)
+            if res is not _MISS:
+                return res
         prepared = self._prepare_global(op, global_, plan, counts, out)
         if isinstance(prepared, PreparedOp):
             return prepared.run(global_, counts, out)

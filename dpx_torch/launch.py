@@ -27,7 +27,9 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["JIT", "JitLauncher", "Launcher", "kernel_for"]
+from dpx.errors import DpxValueError
+
+__all__ = ["BoundKernel", "JIT", "JitLauncher", "Launcher", "kernel_for"]
 
 
 def kernel_for(kernel, device: torch.device):
@@ -36,20 +38,10 @@ def kernel_for(kernel, device: torch.device):
     if device.type == "cuda":
         return kernel
     if device.type == "cpu":
-        return _interpreted(kernel)
-    from dpx.errors import DpxValueError
-
-    raise DpxValueError(f"device {device} is not supported: dpx kernels run on cuda or cpu")
-
-
-def _interpreted(kernel):
-    fn = getattr(kernel, "_dpx_interpreted", None)
-    if fn is None:
         from triton.runtime.interpreter import InterpretedFunction
 
-        fn = InterpretedFunction(kernel.fn)
-        kernel._dpx_interpreted = fn  # one per kernel: a fixed set
-    return fn
+        return InterpretedFunction(kernel.fn)
+    raise DpxValueError(f"device {device} is not supported: dpx kernels run on cuda or cpu")
 
 
 class JitLauncher:

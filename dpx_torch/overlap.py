@@ -30,14 +30,13 @@ class DpWork:
 
 
 class Overlap:
-    """The comm stream and events of one communicator. ``on_comm_stream`` is True while
-    an overlapped call runs (its scratch buffers are then keyed apart from the caller's)."""
+    """The comm stream and events of one communicator (an overlapped call's scratch
+    buffers are keyed apart from the caller's when it prepares: ``scratch_key="comm"``)."""
 
     def __init__(self, pool: BufferPool) -> None:
         self.pool = pool
         self._stream: torch.cuda.Stream | None = None
         self.events: dict[tuple[str, object], torch.cuda.Event] = {}
-        self.on_comm_stream = False
 
     @property
     def stream(self) -> torch.cuda.Stream:
@@ -70,11 +69,7 @@ class Overlap:
         with torch.cuda.stream(comm):
             if out is None:
                 out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
-            self.on_comm_stream = True
-            try:
-                run(out)
-            finally:
-                self.on_comm_stream = False
+            run(out)
             ev = self._event(kind, key)
             ev.record(comm)
         inp.record_stream(comm)      # freed only after the comm stream is done with it

@@ -33,7 +33,7 @@ tensors that are device data) left to call -- what a prepared call runs.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import torch
 
@@ -47,9 +47,10 @@ from dpx.steps import CheckCounts
 from dpx_torch.launch import JIT, BoundKernel, JitLauncher, Launcher
 from dpx_torch.wire import dequantize_rows, quantize_rows
 
-__all__ = ["DEVICE", "Index", "Passes", "passes_for", "TorchPasses", "TritonPasses", "width_of"]
+__all__ = ["DEVICE", "Index", "Passes", "passes_for", "TorchPasses", "TritonPasses",
+           "width_of"]
 
-Index = Any  # int | torch.Tensor (one element, int32, on the data's device)
+Index = Union[int, torch.Tensor]  # a tensor: one element, int32, on the data's device
 
 #: Marks an index a bound pass reads from a device tensor given at each call.
 DEVICE = None
@@ -126,11 +127,14 @@ class TritonPasses(Passes):
     def __init__(self, launcher: Launcher | JitLauncher = JIT, *,
                  max_launches: int = 256) -> None:
         self.launcher = launcher
-        #: (kind, sizes, flags) -> (grid, bound kernel): the launches of recent binds
+        #: (kind, sizes, flags) -> (grid, bound kernel): the launches of recent binds (at
+        #: most ``max_launches``; 0 keeps none)
         self._launches: OrderedDict[tuple, tuple] = OrderedDict()
         self.max_launches = max_launches
 
     def _launch_of(self, key: tuple, make: Callable[[], tuple]) -> tuple:
+        if not self.max_launches:
+            return make()
         hit = self._launches.get(key)
         if hit is None:
             hit = self._launches[key] = make()
@@ -450,8 +454,9 @@ class TorchPasses(Passes):
             flag |= bad
 
 
-#: The passes of a device type when no communicator's launcher is at hand.
-_DEFAULT = {"cuda": TritonPasses(JIT), "cpu": TorchPasses()}
+#: The passes of a device type when no communicator's launcher is at hand (they keep
+#: nothing: Triton's ordinary launch, torch ops).
+_DEFAULT = {"cuda": TritonPasses(JIT, max_launches=0), "cpu": TorchPasses()}
 
 
 def passes_for(device: torch.device) -> Passes:

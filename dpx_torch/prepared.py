@@ -138,8 +138,8 @@ class PreparedClass:
             return None
         variant, hv = runner.schedules.variant(self.tkey, host_counts(plan), in_rows,
                                                rows.out)
-        prep = PreparedCall(runner.program(variant), hv, (in_rows, rows.out), self.shape,
-                            self.scratch_key, rows.need, rows.exact)
+        prep = runner.program(variant).prepare(hv, (in_rows, rows.out), self.shape,
+                                               self.scratch_key, rows.need, rows.exact)
         method, _, kw = self.full
         op = PreparedOp(prep, (method, plan, kw), x, counts=counts, out=out,
                         in_place=in_place, split=self.split)

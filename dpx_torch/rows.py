@@ -23,16 +23,12 @@ runs the ``dpx::*`` custom ops (:mod:`dpx_torch.ops`).
 
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.kernels.launch import Tile
 from dpx_torch import ops
-from dpx_torch.passes import Passes, passes_for
-
-Index = Union[int, torch.Tensor]
+from dpx_torch.passes import Index, Passes, passes_for
 
 __all__ = ["Index", "overlaps", "pack_rows", "place_rows", "take_rows", "unpack_rows",
            "zero_rows_"]
