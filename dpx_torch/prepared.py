@@ -26,7 +26,7 @@ counts, the program bound -- without the full path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 import torch
 
@@ -34,11 +34,8 @@ from dpx.extents import op_rows
 from dpx.geometry import host_counts
 from dpx.modes import Op
 from dpx.schedule import TemplateKey
-from dpx_torch.program import CallShape, PreparedCall
+from dpx_torch.program import CallShape, Host, PreparedCall
 from dpx_torch.wire import split_wire
-
-if TYPE_CHECKING:
-    from dpx_torch.runner import Runner
 
 __all__ = ["PreparedClass", "PreparedOp"]
 
@@ -123,7 +120,7 @@ class PreparedClass:
     __slots__ = ("runner", "op", "tkey", "shape", "scratch_key", "device_counts", "full",
                  "split")
 
-    def __init__(self, runner: "Runner", op: Op, tkey: TemplateKey, shape: CallShape,
+    def __init__(self, runner: Host, op: Op, tkey: TemplateKey, shape: CallShape,
                  full: tuple, *, split: bool) -> None:
         self.runner, self.op, self.tkey, self.shape = runner, op, tkey, shape
         self.device_counts, self.full, self.split = tkey.device_counts, full, split

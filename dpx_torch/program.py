@@ -19,7 +19,7 @@ counts.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -38,11 +38,27 @@ from dpx_torch.passes import DEVICE, Passes
 
 __all__ = [
     "BatchProgram", "BINDERS", "CallShape", "DeviceTables", "DeviceValues", "FreshTables",
-    "PreparedCall", "Program", "StepFn", "tables_for_call"
+    "Host", "PreparedCall", "Program", "StepFn", "tables_for_call"
 ]
 
-if TYPE_CHECKING:
-    from dpx_torch.runner import Runner
+
+class Host(Protocol):
+    """What bound programs (and :mod:`dpx_torch.prepared`) use of the communicator's runner
+    (:class:`dpx_torch.runner.Runner`, which imports this module): its rank, groups,
+    scratch pool, overflow flags, schedule cache, compiled programs, bound collectives
+    and coalescing."""
+
+    rank: int
+    groups: Any
+    pool: Any
+    flags: Any
+    schedules: Any
+
+    def program(self, variant: Variant) -> "Program": ...
+
+    def collective(self, bind: Callable[[Any], Any], group: Any) -> Any: ...
+
+    def coalesced(self, group: Group, device: torch.device, *, collected: bool = False): ...
 
 
 
@@ -171,7 +187,7 @@ class CallShape:
                  "tables", "runner")
 
     def __init__(self, x: torch.Tensor, out_wire: bool, passes: Passes, tables,
-                 runner: "Runner") -> None:
+                 runner: Host) -> None:
         self.rest = tuple(x.shape[1:])
         w = 1
         for s in self.rest:
@@ -513,7 +529,7 @@ class BatchProgram:
 
     __slots__ = ("stages", "_runner")
 
-    def __init__(self, runner: "Runner", variants: tuple[Variant, ...]) -> None:
+    def __init__(self, runner: Host, variants: tuple[Variant, ...]) -> None:
         self._runner = runner
         self.stages: tuple[Stage, ...] = lockstep(variants)
 
