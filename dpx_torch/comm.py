@@ -182,9 +182,8 @@ class DpComm:
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
         if type(local) is torch.Tensor and type(partial) is bool and not _compiling():
-            res = self._run_prepared((_GATHER, plan, partial, wire, dequantize, local.shape,
-                                      local.dtype, local.device, counts is None,
-                                      out is None), plan, local, counts, out)
+            res = self._run_prepared(_key(_GATHER, plan, partial, wire, dequantize, local,
+                                          counts, out), plan, local, counts, out)
             if res is not _MISS:
                 return res
         self._alive()
@@ -222,20 +221,23 @@ class DpComm:
         split = wire is not Wire.NATIVE and not dequantize
         op = PreparedOp(prep, full, local, counts=counts, out=out, in_place=in_place,
                         split=split)
-        key = (_GATHER, plan, partial, wire_in, dequantize, local.shape, local.dtype,
-               local.device, counts is None, out is None)
-        if self._keeps():
-            self._prepared.put(key, op)
-            tkey = self.runner.template_key(plan, Op.GATHER, partial=partial,
-                                            device_counts=counts is not None, wire=wire,
-                                            dequantize=bool(dequantize), in_place=in_place)
-            self._classes.put(self._class_key(key, plan, local, in_place), PreparedClass(
-                self.runner, Op.GATHER, tkey, prep.shape, full, split=split))
+        self._keep(_key(_GATHER, plan, partial, wire_in, dequantize, local, counts, out), op,
+                   Op.GATHER, plan, local, partial=partial, wire=wire,
+                   dequantize=bool(dequantize), in_place=in_place)
         return op
 
-    def _keeps(self) -> bool:
-        """Whether calls are kept as prepared ops (not with validate, not while traced)."""
-        return not self.validate and not _compiling()
+    def _keep(self, key: tuple, op: PreparedOp, kind: Op, plan: DpPlan, x: torch.Tensor, *,
+              partial: bool, wire: Wire, dequantize: bool, in_place: bool) -> None:
+        """Keep ``op`` for the next call of its plan (``key``), and its class for the next
+        plan of its structure -- not with validate, not while traced."""
+        if self.validate or _compiling():
+            return
+        self._prepared.put(key, op)
+        tkey = self.runner.template_key(plan, kind, partial=partial,
+                                        device_counts=key[8] is False, wire=wire,
+                                        dequantize=dequantize, in_place=in_place)
+        self._classes.put(self._class_key(key, plan, x, in_place), PreparedClass(
+            self.runner, kind, tkey, op.prep.shape, op.full, split=op.split))
 
     @staticmethod
     def _class_key(key: tuple, plan: DpPlan, x: torch.Tensor, in_place: bool) -> tuple:
@@ -391,9 +393,8 @@ class DpComm:
 
     def _global_op(self, tag: int, op: Op, global_, plan, counts, out):
         if type(global_) is torch.Tensor and not _compiling():
-            res = self._run_prepared((tag, plan, True, Wire.NATIVE, True, global_.shape,
-                                      global_.dtype, global_.device, counts is None,
-                                      out is None), plan, global_, counts, out)
+            res = self._run_prepared(_key(tag, plan, True, Wire.NATIVE, True, global_, counts,
+                                          out), plan, global_, counts, out)
             if res is not _MISS:
                 return res
         prepared = self._prepare_global(op, global_, plan, counts, out)
@@ -418,16 +419,10 @@ class DpComm:
         full = (getattr(self, name), plan, {})
         prepared = PreparedOp(prep, full, global_, counts=counts, out=out, in_place=False,
                               split=False)
-        if self._keeps():
-            key = (_REDUCE_SCATTER if op is Op.REDUCE_SCATTER else _SCATTER, plan, True,
-                   Wire.NATIVE, True, global_.shape, global_.dtype, global_.device,
-                   counts is None, out is None)
-            self._prepared.put(key, prepared)
-            tkey = self.runner.template_key(plan, op, partial=True,
-                                            device_counts=counts is not None,
-                                            wire=Wire.NATIVE, dequantize=True, in_place=False)
-            self._classes.put(self._class_key(key, plan, global_, False), PreparedClass(
-                self.runner, op, tkey, prep.shape, full, split=False))
+        tag = _REDUCE_SCATTER if op is Op.REDUCE_SCATTER else _SCATTER
+        self._keep(_key(tag, plan, True, Wire.NATIVE, True, global_, counts, out), prepared, op,
+                   plan, global_, partial=True, wire=Wire.NATIVE, dequantize=True,
+                   in_place=False)
         return prepared
 
     def gather_async(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
@@ -736,6 +731,14 @@ class DpComm:
             raise DpxValueError(f"{name} records no autograd graph and its input requires "
                                 f"grad: {hint}, or pass a detached tensor under "
                                 f"torch.no_grad()")
+
+
+def _key(tag: int, plan: DpPlan, partial: bool, wire, dequantize, x: torch.Tensor,
+         counts: torch.Tensor | None, out: torch.Tensor | None) -> tuple:
+    """A prepared op's key: the op, its plan and flags, the input's shape, dtype and
+    device, and whether counts and out are given (indices 8, 9)."""
+    return (tag, plan, partial, wire, dequantize, x.shape, x.dtype, x.device, counts is None,
+            out is None)
 
 
 def _exit_hook(ref: "weakref.ref[DpComm]") -> Callable[[], None]:

@@ -47,14 +47,14 @@ class PreparedOp:
     """A prepared call (see the module docstring). ``op(x, counts=..., out=...)`` runs it,
     or the communicator's full call when the guards do not admit the tensors."""
 
-    __slots__ = ("prep", "_full", "shape", "dtype", "device", "counts_shape", "out_shape",
+    __slots__ = ("prep", "full", "shape", "dtype", "device", "counts_shape", "out_shape",
                  "in_place", "split", "out_rows", "_rest", "_xbytes", "_obytes")
 
     def __init__(self, prep: PreparedCall, full: tuple, x: torch.Tensor, *,
                  counts: torch.Tensor | None, out: torch.Tensor | None, in_place: bool,
                  split: bool) -> None:
         #: ``(method, plan, keywords)``: the communicator's full call of this op
-        self.prep, self._full = prep, full
+        self.prep, self.full = prep, full
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self.counts_shape = None if counts is None else counts.shape
         self.out_shape = None if out is None else out.shape
@@ -108,7 +108,7 @@ class PreparedOp:
                 and x.dtype is self.dtype and x.device == self.device \
                 and self.admits(x, counts, out):
             return self.run(x, counts, out)
-        method, plan, kw = self._full
+        method, plan, kw = self.full
         return method(x, plan, counts=counts, out=out, **kw)
 
 
