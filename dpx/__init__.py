@@ -9,21 +9,26 @@ live in ``dpx.kernels``; the frontends are ``dpx_torch`` and ``dpx_jax``. A plan
 from dpx.cost import CostModel, ModeEstimate, OpEstimate, StepCost, estimate
 from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError,
                         DpxValueError)
-from dpx.expr import ceil_align
+from dpx.explain import explain
 from dpx.extents import OpRows, local_rows, op_rows
+from dpx.geometry import INTS
 from dpx.layout import DpLayout, RankCoords
 from dpx.modes import Group, Op, PaddingMode, Policy, Transport, Wire
-from dpx.plan import DpPlan, plan_step
+from dpx.plan import CountRule, DpPlan
+from dpx.planner import plan_step
 from dpx.policy import compare_modes, sglang_mode
 from dpx.routes import Route
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
 
+#: The smallest multiple of ``multiple`` that is >= ``value`` (ints, or tuples of ints).
+ceil_align = INTS.ceil_align
+
 __version__ = "0.3.0"
 
 __all__ = [
-    "CostModel", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError", "DpxMismatchError",
+    "CostModel", "CountRule", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError", "DpxMismatchError",
     "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op", "OpEstimate", "OpRows",
     "PaddingMode", "Policy", "RankCoords", "Route", "Schedule", "ScheduleCache", "StepCost",
-    "Transport", "Wire", "build_schedule", "ceil_align", "compare_modes", "estimate",
+    "Transport", "Wire", "build_schedule", "ceil_align", "compare_modes", "estimate", "explain",
     "local_rows", "op_rows", "plan_step", "sglang_mode",
 ]

@@ -11,9 +11,10 @@ from typing import Sequence
 
 from dpx.cost import CostModel
 from dpx.errors import DpxError
+from dpx.explain import explain
 from dpx.layout import DpLayout
 from dpx.modes import Wire
-from dpx.plan import plan_step
+from dpx.planner import plan_step
 
 __all__ = ["build_parser", "main"]
 
@@ -91,10 +92,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
           f"CostModel(bus_bandwidth={m.bus_bandwidth:.3g} B/s, latency={m.latency:.3g} s, "
           f"per_root_latency={m.per_root_latency:.3g} s, memory_bandwidth="
           f"{m.memory_bandwidth:.3g} B/s)")
-    print(plan.explain(hidden=args.hidden, itemsize=itemsize,
-                       ranks=None if args.rank == "all" else (args.rank,),
-                       transport=args.transport, device_counts=args.device_counts,
-                       wire=wire))
+    print(explain(plan, hidden=args.hidden, itemsize=itemsize,
+                  ranks=None if args.rank == "all" else (args.rank,),
+                  transport=args.transport, device_counts=args.device_counts, wire=wire))
     print(f"fingerprint: {plan.fingerprint()}")
     return 0
 

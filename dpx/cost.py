@@ -19,13 +19,13 @@ estimate in closed form from the plan (what the cost policy uses, tested equal).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.extents import op_rows
-from dpx.geometry import host_counts
 from dpx.modes import Group, Op, PaddingMode, Transport
+from dpx.plan import DpPlan
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
 from dpx.steps import (AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts,
                        Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
@@ -35,10 +35,6 @@ __all__ = [
     "CostModel", "estimate", "estimate_op", "group_size", "ModeEstimate", "op_estimate",
     "OpEstimate", "price", "PRICERS", "split_costs", "StepCost"
 ]
-
-if TYPE_CHECKING:
-    from dpx.plan import DpPlan
-
 
 @dataclass(frozen=True)
 class StepCost:
@@ -191,7 +187,7 @@ def price(schedule: Schedule, *, row_bytes: int, cost_model: CostModel,
     ``counts`` (default: the plan's counts, as the counts leaf reads them). Steps on fp8
     wire buffers count ``wire_row_bytes`` per row (default ``row_bytes``); a quantize
     reads input rows and writes wire rows, a dequantize the reverse."""
-    c = host_counts(schedule.plan) if counts is None else tuple(counts)
+    c = schedule.plan.leaf_counts if counts is None else tuple(counts)
     p = _Pricing(schedule, row_bytes, row_bytes if wire_row_bytes is None else wire_row_bytes,
                  cost_model, c)
     return tuple(PRICERS[type(s)](s, p) for s in schedule.steps)
@@ -254,7 +250,7 @@ def split_costs(costs: tuple[StepCost, ...]) -> tuple[float, int, int]:
     return coll, local, moved
 
 
-def estimate_op(plan: "DpPlan", op: Op, *, row_bytes: int, cost_model: CostModel,
+def estimate_op(plan: DpPlan, op: Op, *, row_bytes: int, cost_model: CostModel,
                 transport: Transport = Transport.PER_ROOT, partial: bool = True,
                 device_counts: bool = False,
                 cache: ScheduleCache | None = None) -> OpEstimate:
@@ -274,7 +270,7 @@ def estimate_op(plan: "DpPlan", op: Op, *, row_bytes: int, cost_model: CostModel
     return best
 
 
-def estimate(plan: "DpPlan", *, row_bytes: int, cost_model: CostModel,
+def estimate(plan: DpPlan, *, row_bytes: int, cost_model: CostModel,
              transport: Transport = Transport.PER_ROOT,
              cache: ScheduleCache | None = None) -> ModeEstimate:
     """``plan``'s step (partial gather, then reduce_scatter) priced from its schedules."""

@@ -6,19 +6,18 @@ Everything printed here comes from the schedules (:mod:`dpx.schedule`) and their
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from dpx.cost import CostModel, ModeEstimate, price, split_costs
 from dpx.extents import op_rows
 from dpx.errors import DpxValueError
 from dpx.modes import Op, Transport, Wire
+from dpx.plan import DpPlan
+from dpx.policy import compare_modes
 from dpx.schedule import build_schedule
 from dpx.wire import wire_row_bytes
 
-__all__ = ["buffer_picture", "explain_plan", "fmt_bytes", "schedule_lines"]
-
-if TYPE_CHECKING:
-    from dpx.plan import DpPlan
+__all__ = ["buffer_picture", "explain", "explain_plan", "fmt_bytes", "schedule_lines"]
 
 _BAR = 48
 
@@ -31,7 +30,7 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.2f} GiB"
 
 
-def buffer_picture(plan: "DpPlan") -> list[str]:
+def buffer_picture(plan: DpPlan) -> list[str]:
     """One line per slot: ``#`` real rows, ``.`` pad rows, scaled to a fixed width."""
     scale = max(plan.global_rows, 1)
     lines = []
@@ -44,7 +43,7 @@ def buffer_picture(plan: "DpPlan") -> list[str]:
     return lines
 
 
-def schedule_lines(plan: "DpPlan", rank: int, *, row_bytes: int, cost_model: CostModel,
+def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostModel,
                    transport: Transport, device_counts: bool, hidden: int,
                    wire: Wire = Wire.NATIVE) -> list[str]:
     """Rank ``rank``'s priced steps for a partial gather, a replicated gather (on
@@ -78,7 +77,7 @@ def schedule_lines(plan: "DpPlan", rank: int, *, row_bytes: int, cost_model: Cos
     return out
 
 
-def explain_plan(plan: "DpPlan", modes: Sequence[ModeEstimate], *, row_bytes: int, hidden: int,
+def explain_plan(plan: DpPlan, modes: Sequence[ModeEstimate], *, row_bytes: int, hidden: int,
                  itemsize: int, cost_model: CostModel, transport: Transport,
                  ranks: Iterable[int], device_counts: bool, wire: Wire = Wire.NATIVE) -> str:
     lay = plan.layout
@@ -114,3 +113,22 @@ def explain_plan(plan: "DpPlan", modes: Sequence[ModeEstimate], *, row_bytes: in
                                   transport=transport, device_counts=device_counts,
                                   hidden=hidden, wire=wire))
     return "\n".join(out)
+
+
+def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
+            cost_model: CostModel | None = None, ranks: Sequence[int] | None = (0,),
+            transport: Transport | str = Transport.PER_ROOT, device_counts: bool = False,
+            wire: Wire | str = Wire.NATIVE) -> str:
+    """A human-readable account of ``plan``: layout, slots, a picture, every mode's
+    estimate, and the priced schedules (partial and replicated gather on ``wire``,
+    reduce_scatter) of ``ranks`` (``None``: all). Prices rows of ``hidden`` elements of
+    ``itemsize`` bytes."""
+    model = cost_model or CostModel()
+    transport = Transport.parse(transport)
+    rb = hidden * itemsize
+    modes = compare_modes(plan.num_tokens, plan.layout, row_bytes=rb, cost_model=model,
+                          transport=transport, cp_shards=plan.cp_shards)
+    return explain_plan(plan, modes, row_bytes=rb, hidden=hidden, itemsize=itemsize,
+                        cost_model=model, transport=transport,
+                        ranks=range(plan.layout.world_size) if ranks is None else ranks,
+                        device_counts=device_counts, wire=Wire.parse(wire))

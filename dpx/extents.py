@@ -15,16 +15,13 @@ by their largest over the ranks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from dpx.errors import DpxValueError
 from dpx.modes import Op, PaddingMode
+from dpx.plan import DpPlan
 
 __all__ = ["held_rows", "local_rows", "op_rows", "OpRows"]
-
-if TYPE_CHECKING:
-    from dpx.plan import DpPlan
-
 
 class OpRows(NamedTuple):
     """``need``: rows the input must have (at least, or exactly when ``exact``);
@@ -35,7 +32,7 @@ class OpRows(NamedTuple):
     out: int
 
 
-def held_rows(plan: "DpPlan", rank: int) -> int:
+def held_rows(plan: DpPlan, rank: int) -> int:
     """Real rows of ``rank``'s input under the plan's host counts: its replica's count, or
     its CP rank's shard."""
     c = plan.layout.coords(rank)
@@ -44,7 +41,7 @@ def held_rows(plan: "DpPlan", rank: int) -> int:
     return plan.num_tokens[c.attn_dp_rank]
 
 
-def op_rows(plan: "DpPlan", op: Op, rank: int | None, *, device_counts: bool) -> OpRows:
+def op_rows(plan: DpPlan, op: Op, rank: int | None, *, device_counts: bool) -> OpRows:
     """The input and output rows of ``op`` on ``rank`` (``None``: the largest over the
     ranks, for one program serving them all)."""
     if op in (Op.GATHER, Op.GATHER_SUM):
@@ -67,7 +64,7 @@ def op_rows(plan: "DpPlan", op: Op, rank: int | None, *, device_counts: bool) ->
     return OpRows(plan.global_rows, True, slot)
 
 
-def local_rows(plan: "DpPlan", rank: int, *, device_counts: bool) -> tuple[int, int]:
+def local_rows(plan: DpPlan, rank: int, *, device_counts: bool) -> tuple[int, int]:
     """``(first, rows)``: where rank ``rank``'s own rows lie in the gathered buffer -- its
     replica's slot (real and pad rows), or its CP shard -- the view an in-place gather
     reads. A dpx error when that place is device data (a SUM_LEN / GATHERV capacity plan,

@@ -13,38 +13,34 @@ rank's place among them)::
 Every rank contributes one *chunk* of at most ``B`` rows (static for a call) to the world
 collective of a copy mode (MAX_LEN, GATHERV), and receives it back in a reduce_scatter:
 
-- CP ranks hold the same rows (``plan.cp_shards is None``, always so with ``cp == 1``):
-  ``B = max_d S_d // m`` (a capacity plan: its slot capacity over ``m``); the slot is cut
-  in ``m`` consecutive ``B``-row blocks, rank ``q`` owns block ``q``: ``first = o_d +
-  min(q*B, S_d)``, ``len = clip(S_d - q*B, 0, B)`` (the leading ranks hold full blocks).
-  Its real rows are local rows ``[min(q*B, n_d), +clip(n_d - q*B, 0, B))``.
-- CP ranks hold shards (``s_{d,c}`` rows each, back to back from the slot's start:
-  shard c begins at row ``o_d + P_{d,c}``, ``P`` the exclusive cumulative sum of the
-  shards): ``B = ceil(max shard / tp)`` (capacity plans: ``ceil(capacity / tp)``, the
-  capacity aligned to ``m``); attn-tp rank t owns block t of its shard: ``first = o_d +
-  P_{d,c} + min(t*B, s)``, ``len = clip(s - t*B, 0, B)``, from local rows ``[min(t*B,
-  s), +len)``. The slot's rows past ``n_d`` belong to no chunk and are zero.
+- CP ranks hold the same rows (no shards, always so with ``cp == 1``): ``B = max_d S_d //
+  m`` (a capacity plan: its slot capacity over ``m``); the slot is cut in ``m``
+  consecutive ``B``-row blocks, rank ``q`` owns block ``q``: ``first = o_d + min(q*B,
+  S_d)``, ``len = clip(S_d - q*B, 0, B)``. Its real rows are local rows ``[min(q*B, n_d),
+  +clip(n_d - q*B, 0, B))``.
+- CP ranks hold shards (``s_{d,c}`` rows each, back to back from the slot's start, shard
+  c at row ``o_d + P_{d,c}``, ``P`` the exclusive cumulative sum of the shards): ``B =
+  ceil(max shard / tp)`` (capacity plans: ``ceil(capacity / tp)``); attn-tp rank t owns
+  block t of its shard: ``first = o_d + P_{d,c} + min(t*B, s)``, ``len = clip(s - t*B, 0,
+  B)``. The slot's rows past ``n_d`` belong to no chunk and are zero.
 
 In rank order the chunks never overlap, and they tile ``[0, G)`` when CP ranks hold the
-same rows. Every quantity is built with :mod:`dpx.expr` over the counts leaf, so a
-:class:`Geometry` depends only on a plan's *structure* (:func:`structure_of`): the same
-geometry serves every count vector of that structure, whether the counts are host ints
-(folded per call) or a device vector (capacity plans' ``counts=``).
+same rows. The arithmetic is written once, against an *ops* namespace: :data:`INTS`
+evaluates it on host ints (what :func:`dpx.plan_step` and the cost policy use), and
+:mod:`dpx.expr` builds it as expressions over a counts leaf (what a schedule template
+holds, evaluated later for host or device counts).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from itertools import accumulate
+from typing import Any, Callable, NamedTuple
 
-from dpx import expr as X
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 
-__all__ = ["clamp", "Geometry", "geometry", "host_counts", "Structure", "structure_of"]
-
-if TYPE_CHECKING:  # the plan module sits above this one
-    from dpx.plan import DpPlan
+__all__ = ["Geometry", "geometry", "INTS", "Ints", "Structure"]
 
 
 class Structure(NamedTuple):
@@ -69,48 +65,105 @@ class Structure(NamedTuple):
     def padding_mode(self) -> PaddingMode:
         return PaddingMode(self.mode)
 
-
-def structure_of(plan: "DpPlan") -> Structure:
-    """``plan``'s structure (computed once per plan object)."""
-    s = plan.__dict__.get("_structure")
-    if s is None:
-        cap = ((plan.capacity, plan.global_rows, plan.max_slot_rows)
-               if plan.capacity is not None else None)
-        lay = plan.layout
-        s = Structure(lay.world_size, lay.dp_size, lay.cp_size, plan.mode.value,
-                      plan.cp_shards is not None, cap)
-        object.__setattr__(plan, "_structure", s)
-    return s
+    @property
+    def counts_size(self) -> int:
+        """Entries of the counts vector: ``dp``, or ``dp * cp`` shards."""
+        return self.dp_size * (self.cp_size if self.sharded else 1)
 
 
-def host_counts(plan: "DpPlan") -> tuple[int, ...]:
-    """The plan's counts as the counts leaf reads them: per replica, or the shard table
-    row by row for a sharded plan."""
-    c = plan.__dict__.get("_leaf_counts")
-    if c is None:
-        c = (tuple(x for row in plan.cp_shards for x in row) if plan.cp_shards is not None
-             else plan.num_tokens)
-        object.__setattr__(plan, "_leaf_counts", c)
-    return c
+def _each(fn: Callable[[int, int], int]) -> Callable[[Any, Any], Any]:
+    """``fn`` on two ints, a vector and an int, or two vectors of one length."""
+    def op(a: Any, b: Any) -> Any:
+        ta, tb = type(a) is tuple, type(b) is tuple
+        if not ta and not tb:
+            return fn(a, b)
+        if ta and tb:
+            if len(a) != len(b):
+                raise ValueError(f"vector lengths differ: {len(a)} and {len(b)}")
+            return tuple(map(fn, a, b))
+        return tuple(fn(x, b) for x in a) if ta else tuple(fn(a, y) for y in b)
+    return staticmethod(op)
 
 
-def clamp(x: Any, lo: int, hi: Any) -> Any:
-    """``min(max(x, lo), hi)``; ``hi`` may be an expression."""
-    if type(hi) is int:
-        return X.clip(x, lo, hi)
-    return X.minimum(X.maximum(x, lo), hi)
+class Ints:
+    """The geometry's operations on host ints (scalars) and tuples of ints (vectors).
+    :mod:`dpx.expr` folds constant operands with these, so the two never differ."""
+
+    add = _each(lambda x, y: x + y)
+    sub = _each(lambda x, y: x - y)
+    mul = _each(lambda x, y: x * y)
+    floordiv = _each(lambda x, y: x // y)
+    minimum = _each(min)
+    maximum = _each(max)
+    eq = _each(lambda x, y: int(x == y))
+    land = _each(lambda x, y: int(bool(x) and bool(y)))
+
+    @staticmethod
+    def clip(a: Any, lo: int, hi: Any) -> Any:
+        return Ints.minimum(Ints.maximum(a, lo), hi)
+
+    @staticmethod
+    def ceil_align(a: Any, m: int) -> Any:
+        if m == 1:
+            return a
+        return tuple(-(-x // m) * m for x in a) if type(a) is tuple else -(-a // m) * m
+
+    @staticmethod
+    def ceil_div(a: Any, k: int) -> Any:
+        return tuple(-(-x // k) for x in a) if type(a) is tuple else -(-a // k)
+
+    @staticmethod
+    def vmax(v: tuple) -> int:
+        return max(v, default=0)
+
+    @staticmethod
+    def vsum(v: tuple) -> int:
+        return sum(v)
+
+    @staticmethod
+    def vall(v: tuple) -> int:
+        return int(all(v))
+
+    @staticmethod
+    def repeat(s: int, n: int) -> tuple:
+        return (s,) * n
+
+    @staticmethod
+    def exclusive_cumsum(v: tuple) -> tuple:
+        return tuple(accumulate(v, initial=0))[:-1]
+
+    @staticmethod
+    def group_sum(v: tuple, k: int) -> tuple:
+        return v if k == 1 else tuple(sum(v[i:i + k]) for i in range(0, len(v), k))
+
+    @staticmethod
+    def group_cumsum_excl(v: tuple, k: int) -> tuple:
+        return tuple(x for i in range(0, len(v), k) for x in Ints.exclusive_cumsum(v[i:i + k]))
+
+    @staticmethod
+    def gather(v: tuple, indices: tuple) -> tuple:
+        return tuple(v[i] for i in indices)
+
+    @staticmethod
+    def index(v: tuple, i: int) -> int:
+        return v[i]
+
+
+#: The host-int namespace of the geometry.
+INTS = Ints()
 
 
 @dataclass(frozen=True, eq=False)
 class Geometry:
-    """Rows of one plan structure, as expressions over the counts leaf (ints where they
-    do not depend on the counts)."""
+    """Rows of one plan structure for one counts value: ints (with :data:`INTS`) or
+    expressions over a counts leaf (with :mod:`dpx.expr`), as ``ops`` builds them."""
 
+    ops: Any
     layout: DpLayout
     mode: PaddingMode
-    counts: X.Expr  # the leaf: n [dp], or the shard table [dp * cp]
+    counts: Any     # n [dp], or the shard table [dp * cp] row by row
     n: Any          # real rows per replica [dp]
-    shards: Any     # s [dp * cp] row by row, or None: CP ranks hold the same rows
+    shards: Any     # s [dp * cp], or None: CP ranks hold the same rows
     aligned: Any    # a [dp]
     slots: Any      # S_d [dp]
     offsets: Any    # o_d [dp]
@@ -135,73 +188,69 @@ class Geometry:
         return self.shards is not None
 
     def count(self, d: Any) -> Any:
-        return X.index(self.n, d)
+        return self.ops.index(self.n, d)
 
     def offset(self, d: Any) -> Any:
-        return X.index(self.offsets, d)
+        return self.ops.index(self.offsets, d)
 
     def slot(self, d: Any) -> Any:
-        return X.index(self.slots, d)
+        return self.ops.index(self.slots, d)
 
     def shard(self, d: Any, c: Any) -> Any:
         """Rows CP rank ``c`` of replica ``d`` holds (sharded plans)."""
+        X = self.ops
         return X.index(self.shards, X.add(X.mul(d, self.cp), c))
 
     def shard_start(self, d: Any, c: Any) -> Any:
         """First row of that shard inside its replica's slot."""
+        X = self.ops
         return X.index(X.group_cumsum_excl(self.shards, self.cp), X.add(X.mul(d, self.cp), c))
 
     def held(self, d: Any, c: Any) -> Any:
         """Real rows of the rank's input: its shard, or all of its replica's rows."""
         return self.shard(d, c) if self.sharded else self.count(d)
 
-    def held_start(self, d: Any, c: Any) -> Any:
-        """Where the rank's rows start inside its replica's slot."""
-        return self.shard_start(d, c) if self.sharded else 0
-
     def rows_start(self, d: Any, c: Any) -> Any:
         """First global row of the rank's rows (its shard's, or its replica's slot)."""
-        return X.add(self.offset(d), self.held_start(d, c))
+        if not self.sharded:
+            return self.offset(d)
+        return self.ops.add(self.offset(d), self.shard_start(d, c))
 
     def group_base(self, c: Any) -> Any:
         """Index of the first block of the rank's attn-tp group: ``c*tp`` when CP ranks
         hold the same rows (block ``q = c*tp + t`` is rank ``(c, t)``'s), 0 in a shard."""
-        return 0 if self.sharded else X.mul(c, self.tp)
+        return 0 if self.sharded else self.ops.mul(c, self.tp)
 
     def block_index(self, c: Any, t: Any) -> Any:
         """The rank's block among the blocks of its rows (``q``, or ``t`` in a shard)."""
-        return X.add(self.group_base(c), t)
-
-    @property
-    def bound_blocks(self) -> int:
-        """The most blocks a rank's input can hold under the plan: its replica's ``m``
-        blocks, or its attn-tp group's ``tp`` blocks of a shard."""
-        return self.tp if self.sharded else self.m
+        return self.ops.add(self.group_base(c), t)
 
     def local_range(self, held: Any, start: Any, blocks: int) -> tuple[Any, Any]:
         """``(first, rows)`` of the real rows among local rows ``[start, start +
         blocks*B)`` of an input holding ``held`` real rows."""
+        X = self.ops
         rows = X.mul(blocks, self.block)
         if type(start) is int and start == 0:
             # from the first row: the count needs no clipping when the plan bounds it
             # (a device count then costs no extra op, e.g. in a captured CUDA graph)
-            return 0, held if self.bound_blocks <= blocks else clamp(held, 0, rows)
-        return X.minimum(start, held), clamp(X.sub(held, start), 0, rows)
+            bound = self.tp if self.sharded else self.m
+            return 0, held if bound <= blocks else X.clip(held, 0, rows)
+        return X.minimum(start, held), X.clip(X.sub(held, start), 0, rows)
 
     def own_block(self, d: Any, c: Any, t: Any) -> tuple[Any, Any]:
         """``(first local row, rows)`` of the rank's real rows in its own block."""
-        start = X.mul(self.block_index(c, t), self.block)
+        start = self.ops.mul(self.block_index(c, t), self.block)
         return self.local_range(self.held(d, c), start, 1)
 
     def group_span(self, d: Any, c: Any) -> tuple[Any, Any]:
         """``(first local row, rows)`` of the real rows the rank's attn-tp group covers:
         what it reduce-scatters when it holds partial sums."""
-        start = X.mul(self.group_base(c), self.block)
+        start = self.ops.mul(self.group_base(c), self.block)
         return self.local_range(self.held(d, c), start, self.tp)
 
     def chunk_table(self) -> tuple[Any, Any]:
         """``(firsts, lens)``: every rank's chunk, vectors of ``world_size`` in rank order."""
-        lay, B = self.layout, self.block
+        X, lay, B = self.ops, self.layout, self.block
         coords = [lay.coords(r) for r in range(lay.world_size)]
         d_of = tuple(c.attn_dp_rank for c in coords)
         offsets = X.gather(self.offsets, d_of)
@@ -214,41 +263,40 @@ class Geometry:
             tB = X.mul(tuple(c.attn_cp_rank * self.tp + c.attn_tp_rank for c in coords), B)
             held = X.gather(self.slots, d_of)
             base = offsets
-        firsts = X.add(base, X.minimum(tB, held))
-        lens = clamp(X.sub(held, tB), 0, B)
-        return firsts, lens
+        return X.add(base, X.minimum(tB, held)), X.clip(X.sub(held, tB), 0, B)
 
-    def chunk(self, rank: Any, d: Any, c: Any, t: Any) -> tuple[Any, Any]:
+    def chunk(self, d: Any, c: Any, t: Any) -> tuple[Any, Any]:
         """``(first global row, rows)`` of one rank's chunk (an entry of
         :meth:`chunk_table`, without building the table)."""
+        X = self.ops
         q_b = X.mul(self.block_index(c, t), self.block)
         held = self.shard(d, c) if self.sharded else self.slot(d)
         return (X.add(self.rows_start(d, c), X.minimum(q_b, held)),
-                clamp(X.sub(held, q_b), 0, self.block))
+                X.clip(X.sub(held, q_b), 0, self.block))
 
     def equal_chunks(self) -> Any:
         """1 when every rank's chunk is a full block at ``rank * B`` (plain collectives
         move them): every shard, or every aligned count, fills ``tp*B`` / ``m*B`` rows."""
+        X = self.ops
         if self.mode is PaddingMode.MAX_LEN and not self.sharded:
             return 1
-        if self.sharded:
-            full = X.eq(self.shards, X.mul(self.tp, self.block))
-            if self.mode is PaddingMode.MAX_LEN:  # shards must also fill the slots
-                full = X.land(X.vall(full), X.vall(X.eq(self.n, self.slots)))
-                return full
-        else:
-            full = X.eq(self.aligned, X.mul(self.m, self.block))
-        return X.vall(full)
+        if not self.sharded:
+            return X.vall(X.eq(self.aligned, X.mul(self.m, self.block)))
+        full = X.vall(X.eq(self.shards, X.mul(self.tp, self.block)))
+        if self.mode is PaddingMode.MAX_LEN:  # shards must also fill the slots
+            return X.land(full, X.vall(X.eq(self.n, self.slots)))
+        return full
 
 
-def geometry(structure: Structure) -> Geometry:
-    """The :class:`Geometry` of a plan structure (:func:`structure_of`)."""
+def geometry(structure: Structure, ops: Any = INTS, counts: Any = None) -> Geometry:
+    """The :class:`Geometry` of a plan structure for ``counts`` (per replica, or the shard
+    table row by row), built with ``ops``."""
     lay, mode, sharded, cap = (structure.layout, structure.padding_mode, structure.sharded,
                                structure.capacity_rows)
+    X = ops
     m, dp, cp, tp = lay.replica_size, lay.dp_size, lay.cp_size, lay.attn_tp_size
-    leaf = X.counts_leaf(dp * cp if sharded else dp)
-    shards = leaf if sharded else None
-    n = X.group_sum(leaf, cp) if sharded else leaf
+    shards = counts if sharded else None
+    n = X.group_sum(counts, cp) if sharded else counts
     a = X.ceil_align(n, m)
     if cap is not None:
         _, global_rows, max_slot = cap
@@ -265,9 +313,8 @@ def geometry(structure: Structure) -> Geometry:
             max_slot = X.vmax(a)
             global_rows = X.vsum(a)
     if sharded:
-        bound = max_slot if cap is not None else X.vmax(leaf)
-        block = X.ceil_div(bound, tp)
+        block = X.ceil_div(max_slot if cap is not None else X.vmax(counts), tp)
     else:
         block = X.floordiv(max_slot, m)
-    return Geometry(lay, mode, leaf, n, shards, a, slots, offsets, global_rows, block,
+    return Geometry(ops, lay, mode, counts, n, shards, a, slots, offsets, global_rows, block,
                     cap is not None)

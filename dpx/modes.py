@@ -98,8 +98,9 @@ class Transport(_ParsableEnum):
     ``PER_ROOT``: grouped per-root broadcasts / reduces whose sizes must be host ints
     (``torch.distributed``: NCCL, gloo). ``RAGGED``: a ragged all-to-all whose sizes may be
     device data (``lax.ragged_all_to_all``: JAX on GPU). ``EQUAL``: equal-size collectives
-    only (JAX on CPU). Where a GATHERV plan cannot move variable sizes, its schedule runs
-    SUM_LEN's place + all-reduce, which gives the same result.
+    only (JAX on CPU). Where a GATHERV plan cannot move variable sizes, its schedule moves
+    every rank's block in an equal all-gather and one pass unpacks the chunks to their
+    rows (reduce_scatter: a pack pass, then an equal reduce-scatter): the same result.
     """
 
     PER_ROOT = "per_root"

@@ -9,24 +9,22 @@ padding, alignment rows, idle replicas' slots, the tail past the last slot -- is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dpx import expr as X
-from dpx.geometry import geometry, host_counts, structure_of
+from dpx.geometry import INTS, geometry
+from dpx.plan import DpPlan
+from dpx.routes import symbolic_geometry
 
 __all__ = ["real_ranges"]
 
-if TYPE_CHECKING:
-    from dpx.plan import DpPlan
 
-
-def real_ranges(plan: "DpPlan", *, device_counts: bool) -> tuple[Any, Any]:
+def real_ranges(plan: DpPlan, *, device_counts: bool) -> tuple[Any, Any]:
     """``(firsts, lens)``, one entry per replica: the global rows ``[firsts[d], firsts[d] +
     lens[d])`` are replica d's real rows. Tuples of ints for the plan's host counts;
     :mod:`dpx.expr` vectors over the device counts (a ``[dp]`` vector, or a ``[dp, cp]``
     shard table row by row) when ``device_counts`` (capacity plans)."""
-    g = geometry(structure_of(plan))
     if device_counts:
-        return g.offsets, g.n
-    counts = host_counts(plan)
-    return X.substitute(g.offsets, counts=counts), X.substitute(g.n, counts=counts)
+        g = symbolic_geometry(plan.structure)
+    else:
+        g = geometry(plan.structure, INTS, plan.leaf_counts)
+    return g.offsets, g.n

@@ -1,10 +1,10 @@
-"""The padding planner: per-replica token counts in, a static plan out.
+"""The plan of one step: a frozen value, its counts' rules, its slots.
 
 A :class:`DpPlan` is a frozen, hashable dataclass of ints and enums. Every rank that plans
 the same counts with the same arguments gets an equal plan (and an equal
 :meth:`DpPlan.fingerprint`), so it can key caches, be compared across ranks, and be a
-static argument of ``jax.jit``. What each rank then does with it is its schedule
-(:mod:`dpx.schedule`).
+static argument of ``jax.jit``. :func:`dpx.plan_step` (:mod:`dpx.planner`) chooses the
+mode; this module makes the plan from it, its rows evaluated from :mod:`dpx.geometry`.
 
 Shape algebra for replica ``d`` (``n_d`` real tokens, ``a_d = ceil_align(n_d, m)`` with
 ``m = replica_size = cp_size * attn_tp_size``, the ranks that share a slot)::
@@ -28,37 +28,137 @@ With ``capacity=`` the shapes are static and independent of the counts::
 from __future__ import annotations
 
 import hashlib
-from itertools import accumulate
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from functools import cached_property
+from typing import Callable, Iterable, NamedTuple, Sequence
 
-from dpx.cost import CostModel
-from dpx.counts import check_counts, check_shards
 from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError
-from dpx.explain import explain_plan
-from dpx.expr import ceil_align
+from dpx.geometry import INTS, Structure, geometry
 from dpx.layout import DpLayout
-from dpx.modes import PaddingMode, Policy, Transport, Wire
-from dpx.policy import ALL_MODES, compare_modes, cost_mode, sglang_mode
+from dpx.modes import PaddingMode
 
-__all__ = ["DpPlan", "plan_step"]
-
-#: The cost model of ``policy="cost"`` when none is given (immutable).
-DEFAULT_COST_MODEL = CostModel()
+__all__ = ["check_counts", "check_shards", "count_rule", "CountRule", "DpPlan", "make_plan"]
 
 
-def _layout_rows(mode: PaddingMode, aligned: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    n = len(aligned)
-    if mode is PaddingMode.MAX_LEN:
-        slot = max(aligned) if aligned else 0
-        return (slot,) * n, (tuple(range(0, slot * n, slot)) if slot else (0,) * n)
-    slots = tuple(aligned)
-    return slots, tuple(accumulate(slots, initial=0))[:-1]
+def check_counts(num_tokens: Iterable[object], layout: DpLayout) -> tuple[int, ...]:
+    """Validate per-replica counts: ``dp_size`` non-negative ints (numpy integers are
+    accepted through ``__index__``; floats and bools are not)."""
+    if isinstance(num_tokens, (str, bytes)) or not hasattr(num_tokens, "__iter__"):
+        raise DpxTypeError(f"num_tokens={num_tokens!r} must be a sequence of ints")
+    counts = tuple(num_tokens)
+    if len(counts) != layout.dp_size:
+        raise DpxValueError(
+            f"num_tokens has {len(counts)} entries {counts!r}; the layout has "
+            f"dp_size={layout.dp_size} replicas and needs one count per replica")
+    if set(map(type, counts)) <= {int} and (not counts or min(counts) >= 0):
+        return counts  # the common case: plain non-negative ints
+    return tuple(_index(f"num_tokens[{d}]", n) for d, n in enumerate(counts))
+
+
+def _index(name: str, n: object) -> int:
+    if isinstance(n, bool) or not hasattr(n, "__index__"):
+        raise DpxTypeError(f"{name}={n!r} must be an int (got {type(n).__name__})")
+    if n.__index__() < 0:
+        raise DpxValueError(f"{name}={n} must be >= 0")
+    return n.__index__()
+
+
+def check_shards(cp_shards: object, counts: tuple[int, ...],
+                 layout: DpLayout) -> tuple[tuple[int, ...], ...] | None:
+    """Validate a CP shard table: one tuple of ``cp_size`` ints >= 0 per replica, summing
+    to the replica's count. With ``cp_size == 1`` a shard table says nothing new and is
+    dropped (every replica's one CP rank holds all its rows)."""
+    if cp_shards is None:
+        return None
+    if isinstance(cp_shards, (str, bytes)) or not hasattr(cp_shards, "__iter__"):
+        raise DpxTypeError(f"cp_shards={cp_shards!r} must be a sequence of per-replica "
+                           f"shard sequences")
+    table = [tuple(s) if hasattr(s, "__iter__") and not isinstance(s, (str, bytes))
+             else s for s in cp_shards]
+    if len(table) != layout.dp_size:
+        raise DpxValueError(f"cp_shards has {len(table)} entries; the layout has dp_size="
+                            f"{layout.dp_size} replicas and needs one shard tuple per replica")
+    out = []
+    for d, shards in enumerate(table):
+        if not isinstance(shards, tuple) or len(shards) != layout.cp_size:
+            raise DpxValueError(f"cp_shards[{d}]={shards!r} must hold cp_size="
+                                f"{layout.cp_size} counts, one per CP rank")
+        row = tuple(_index(f"cp_shards[{d}][{c}]", s) for c, s in enumerate(shards))
+        if sum(row) != counts[d]:
+            raise DpxValueError(f"cp_shards[{d}]={row} sums to {sum(row)}; it must "
+                                f"sum to num_tokens[{d}]={counts[d]}")
+        out.append(row)
+    return tuple(out) if layout.cp_size > 1 else None
+
+
+class CountRule(NamedTuple):
+    """What a capacity plan's counts must satisfy, on the host and on the device: each of
+    ``entries`` counts ``>= 0``; the per-replica counts (sums of ``group`` consecutive
+    entries: a shard table's rows) at most ``max_each`` (MAX_LEN: the slot), and the sum
+    of their ``align``-aligned values at most ``max_sum`` (SUM_LEN / GATHERV: the global
+    buffer); ``None``: no bound. :meth:`problems` is the host form; the device forms
+    (:class:`dpx.steps.CheckCounts` in each frontend) are tested against it."""
+
+    entries: int
+    group: int
+    align: int
+    max_each: int | None
+    max_sum: int | None
+
+    def per_replica(self, counts: Sequence[int]) -> list[int]:
+        g = self.group
+        return [sum(counts[i:i + g]) for i in range(0, len(counts), g)]
+
+    def aligned_sum(self, counts: Sequence[int]) -> int:
+        a = self.align
+        return sum(-(-max(x, 0) // a) * a for x in self.per_replica(counts))
+
+    def broken(self, counts: Sequence[int]) -> list[tuple[int, str]]:
+        """``(bit, message)`` per count that breaks the rule (empty when every row fits):
+        bit 1 a negative entry, 2 a replica past ``max_each``, 4 the sum past
+        ``max_sum`` -- the bits a device check ORs into its flag."""
+        out, g = [], self.group
+        for i, x in enumerate(counts):
+            if x < 0:
+                out.append((1, f"replica {i // g}" + (f" CP rank {i % g}" if g > 1 else "")
+                            + f" has count {x} < 0"))
+        if self.max_each is not None:
+            out += [(2, f"replica {d} has count {x} > capacity {self.max_each} (a MAX_LEN "
+                        f"capacity is each replica's slot)")
+                    for d, x in enumerate(self.per_replica(counts)) if x > self.max_each]
+        if self.max_sum is not None and self.aligned_sum(counts) > self.max_sum:
+            out.append((4, f"counts {self.per_replica(counts)} aligned to {self.align} sum "
+                           f"to {self.aligned_sum(counts)} > capacity {self.max_sum} (the "
+                           f"global buffer's rows: a SUM_LEN / GATHERV capacity holds every "
+                           f"replica's rows)"))
+        return out
+
+    def problems(self, counts: Sequence[int]) -> list[str]:
+        """One message per count that breaks the rule (empty when every row fits)."""
+        return [text for _, text in self.broken(counts)]
+
+    def flags(self, counts: Sequence[int]) -> int:
+        """The OR of the bits of :meth:`broken` (0 when every row fits)."""
+        bits = 0
+        for bit, _ in self.broken(counts):
+            bits |= bit
+        return bits
+
+
+def count_rule(structure: Structure) -> CountRule:
+    """The :class:`CountRule` of a capacity plan's structure."""
+    lay = structure.layout
+    group = lay.cp_size if structure.sharded else 1
+    capacity, global_rows, _ = structure.capacity_rows  # type: ignore[misc]
+    if structure.mode == PaddingMode.MAX_LEN.value:
+        return CountRule(structure.counts_size, group, lay.replica_size, capacity, None)
+    return CountRule(structure.counts_size, group, lay.replica_size, None, global_rows)
 
 
 @dataclass(frozen=True)
 class DpPlan:
-    """A static description of one step's global buffer. Build it with :func:`plan_step`.
+    """A static description of one step's global buffer. Build it with
+    :func:`dpx.plan_step`.
 
     Fields: ``layout``; ``mode``; ``num_tokens`` (real count per replica; with a capacity
     plan, the host counts used when no device counts are passed); ``slot_rows`` (rows of
@@ -86,18 +186,17 @@ class DpPlan:
     @property
     def reason(self) -> str:
         """Why the mode was chosen (the cost policy's prices are formatted when read)."""
-        why = self.why
-        if not isinstance(why, str):
-            why = why()
-            object.__setattr__(self, "why", why)
-        return why
+        return self.why if isinstance(self.why, str) else self._reason_text
+
+    @cached_property
+    def _reason_text(self) -> str:
+        return self.why()  # type: ignore[operator]
 
     @property
     def aligned_tokens(self) -> tuple[int, ...]:
         """Counts rounded up to a multiple of ``layout.replica_size`` (``cp_size *
         attn_tp_size``: ``attn_tp_size`` without context parallelism)."""
-        m = self.layout.replica_size
-        return tuple(ceil_align(n, m) for n in self.num_tokens)
+        return INTS.ceil_align(self.num_tokens, self.layout.replica_size)
 
     @property
     def sharded(self) -> bool:
@@ -120,20 +219,46 @@ class DpPlan:
         GATHERV capacity plan)."""
         return self.is_static and self.mode is not PaddingMode.MAX_LEN
 
+    @cached_property
+    def structure(self) -> Structure:
+        """What the plan's schedules depend on besides its counts (keys every template)."""
+        cap = ((self.capacity, self.global_rows, self.max_slot_rows)
+               if self.capacity is not None else None)
+        lay = self.layout
+        return Structure(lay.world_size, lay.dp_size, lay.cp_size, self.mode.value,
+                         self.cp_shards is not None, cap)
+
+    @cached_property
+    def leaf_counts(self) -> tuple[int, ...]:
+        """The counts as a schedule reads them: per replica, or the shard table row by
+        row for a sharded plan."""
+        if self.cp_shards is None:
+            return self.num_tokens
+        return tuple(x for row in self.cp_shards for x in row)
+
+    @property
+    def count_rule(self) -> CountRule:
+        """The rule a capacity plan's counts obey (host counts at planning, device counts
+        at every call)."""
+        if self.capacity is None:
+            raise DpxValueError("device counts need a capacity plan (plan_step(..., "
+                                "capacity=))")
+        return count_rule(self.structure)
+
     def __hash__(self) -> int:
-        # computed once per object (plans key every per-call cache); never pickled, since
-        # str hashes differ between processes
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash((self.layout, self.mode, self.num_tokens, self.slot_rows, self.offsets,
-                      self.global_rows, self.capacity, self.is_extend, self.cp_shards))
-            object.__setattr__(self, "_hash", h)
-        return h
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        # once per object (plans key every per-call cache); never pickled, since str
+        # hashes differ between processes
+        return hash((self.layout, self.mode, self.num_tokens, self.slot_rows, self.offsets,
+                     self.global_rows, self.capacity, self.is_extend, self.cp_shards))
 
     def __getstate__(self) -> dict:
         """Pickled: the fields, the reason as text (not the function that formats it);
         nothing derived (a hash is per process)."""
-        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        state = {k: self.__dict__[k] for k in self.__dataclass_fields__}
         state["why"] = self.reason
         return state
 
@@ -173,111 +298,48 @@ class DpPlan:
             if cp_shards is None:
                 raise DpxValueError("with_counts() of a sharded plan needs cp_shards=")
             num_tokens = [sum(s) for s in cp_shards] if num_tokens is None else num_tokens
-        return plan_step(num_tokens, self.layout, is_extend=self.is_extend, mode=self.mode,
-                         capacity=self.capacity, cp_shards=cp_shards)
-
-    def explain(self, *, hidden: int = 7168, itemsize: int = 2,
-                cost_model: CostModel | None = None, ranks: Sequence[int] | None = (0,),
-                transport: Transport | str = Transport.PER_ROOT,
-                device_counts: bool = False, wire: Wire | str = Wire.NATIVE) -> str:
-        """A human-readable account: layout, slots, a picture, every mode's estimate, and
-        the priced schedules (partial and replicated gather on ``wire``, reduce_scatter)
-        of ``ranks`` (``None``: all). Prices rows of ``hidden`` elements of ``itemsize``
-        bytes."""
-        model = cost_model or CostModel()
-        transport = Transport.parse(transport)
-        rb = hidden * itemsize
-        modes = compare_modes(self.num_tokens, self.layout, row_bytes=rb, cost_model=model,
-                              transport=transport, cp_shards=self.cp_shards)
-        return explain_plan(self, modes, row_bytes=rb, hidden=hidden, itemsize=itemsize,
-                            cost_model=model, transport=transport,
-                            ranks=range(self.layout.world_size) if ranks is None else ranks,
-                            device_counts=device_counts, wire=Wire.parse(wire))
+        counts = check_counts(num_tokens, self.layout)
+        return make_plan(counts, self.layout, self.mode, is_extend=self.is_extend,
+                         capacity=self.capacity,
+                         cp_shards=check_shards(cp_shards, counts, self.layout),
+                         why=self.why)
 
 
-def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = False,
-              mode: PaddingMode | str | None = None, policy: Policy | str = Policy.SGLANG,
-              max_len_with_idle: bool = False, capacity: int | None = None,
-              cost_model: CostModel | None = None, row_bytes: int = 7168 * 2,
-              candidates: Sequence[PaddingMode | str] = ALL_MODES,
-              transport: Transport | str = Transport.PER_ROOT,
-              cp_shards: Sequence[Sequence[int]] | None = None) -> DpPlan:
-    """Plan one step for per-replica real counts ``num_tokens`` (length ``dp_size``).
-
-    ``mode`` forces a mode; otherwise ``policy`` picks one: ``"sglang"`` applies sglang's
-    rule (``max_len_with_idle=True`` turns on its hybrid-model branch: an extend batch with
-    an idle replica takes MAX_LEN); ``"cost"`` takes the cheapest of ``candidates``, each
-    priced as the schedules it would run (:mod:`dpx.pricing`) under ``cost_model`` for rows
-    of ``row_bytes`` bytes on ``transport``. ``capacity`` makes the shapes static (see the
-    module docstring); a capacity plan with no forced mode uses MAX_LEN, the mode whose
-    slots are static. ``cp_shards`` (``cp_size > 1``): per replica, the rows each CP rank
-    holds (they lie back to back, in CP-rank order, at the start of the replica's slot);
-    without it every CP rank of a replica holds all of its rows.
-    """
-    if not isinstance(layout, DpLayout):
-        raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
-    counts = check_counts(num_tokens, layout)
-    shards = check_shards(cp_shards, counts, layout) if cp_shards is not None else None
-    if is_extend is not True and is_extend is not False:
-        raise DpxTypeError(f"is_extend={is_extend!r} must be a bool")
-    if max_len_with_idle is not True and max_len_with_idle is not False:
-        raise DpxTypeError(f"max_len_with_idle={max_len_with_idle!r} must be a bool")
-    policy = policy if policy is Policy.SGLANG else Policy.parse(policy)
-    forced = None if mode is None else PaddingMode.parse(mode)
-    if max_len_with_idle and policy is not Policy.SGLANG:
-        raise DpxValueError(f"max_len_with_idle=True is an option of policy='sglang'; "
-                            f"policy={policy.value!r} was given")
-    m = layout.replica_size  # counts align to the ranks that share a replica's slot
-    aligned = counts if m == 1 else tuple(-(-n // m) * m for n in counts)
-
+def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *,
+              is_extend: bool, capacity: int | None,
+              cp_shards: tuple[tuple[int, ...], ...] | None,
+              why: str | Callable[[], str]) -> DpPlan:
+    """The plan of checked ``counts`` in ``mode``: its rows evaluated from the geometry. A
+    capacity plan's counts must obey its :class:`CountRule` (else
+    :class:`~dpx.DpxCapacityError`)."""
+    m = layout.replica_size
+    cap_rows = None
     if capacity is not None:
         if isinstance(capacity, bool) or not isinstance(capacity, int):
             raise DpxTypeError(f"capacity={capacity!r} must be an int or None")
         if capacity < 0:
             raise DpxValueError(f"capacity={capacity} must be >= 0")
-        chosen = forced or PaddingMode.MAX_LEN
-        reason = (f"forced mode={chosen.value}" if forced else
-                  "capacity plan: MAX_LEN (static slots) unless mode= is given")
-        cap = ceil_align(capacity, m)
-        if chosen is PaddingMode.MAX_LEN:
-            for d, n in enumerate(counts):
-                if n > capacity:
-                    raise DpxCapacityError(
-                        f"num_tokens[{d}]={n} exceeds capacity={capacity}: a MAX_LEN "
-                        f"capacity is the per-replica slot size")
-            slots = (cap,) * layout.dp_size
-            offsets = tuple(d * cap for d in range(layout.dp_size))
-            global_rows = cap * layout.dp_size
-        else:
-            if sum(aligned) > cap:
-                raise DpxCapacityError(
-                    f"sum of aligned num_tokens {aligned} = {sum(aligned)} exceeds "
-                    f"capacity={capacity} (aligned to replica_size={m}: {cap}): a "
-                    f"{chosen.name} capacity is the global buffer size")
-            slots = (cap,) * layout.dp_size
-            _, offsets = _layout_rows(chosen, aligned)
-            global_rows = cap
-        return DpPlan(layout, chosen, counts, slots, offsets, global_rows, capacity,
-                      is_extend, shards, reason)
-
-    if forced is not None:
-        chosen, reason = forced, f"forced mode={forced.value}"
-    elif policy is Policy.SGLANG:
-        chosen, reason = sglang_mode(aligned, layout.dp_size, is_extend,
-                                     max_len_with_idle=max_len_with_idle)
-    else:
-        if type(row_bytes) is not int or row_bytes <= 0:
-            raise DpxValueError(f"row_bytes={row_bytes!r} must be a positive int")
-        cands = candidates if candidates is ALL_MODES else tuple(
-            PaddingMode.parse(c) for c in candidates)
-        if not cands:
-            raise DpxValueError("candidates must name at least one PaddingMode")
-        chosen, reason = cost_mode(counts, layout, aligned=aligned,
-                                   cost_model=cost_model or DEFAULT_COST_MODEL,
-                                   row_bytes=row_bytes,
-                                   transport=transport if type(transport) is Transport
-                                   else Transport.parse(transport),
-                                   candidates=cands, cp_shards=shards)
-    slots, offsets = _layout_rows(chosen, aligned)
-    return DpPlan(layout, chosen, counts, slots, offsets, sum(slots), None, is_extend, shards,
-                  reason)
+        c = INTS.ceil_align(capacity, m)
+        cap_rows = (capacity, c * layout.dp_size if mode is PaddingMode.MAX_LEN else c, c)
+    # slots and offsets follow the per-replica counts (shards only split them)
+    structure = Structure(layout.world_size, layout.dp_size, layout.cp_size, mode.value,
+                          False, cap_rows)
+    geo = geometry(structure, INTS, counts)
+    if capacity is None:
+        return DpPlan(layout, mode, counts, geo.slots, geo.offsets, geo.global_rows, None,
+                      is_extend, cp_shards, why)
+    plan = DpPlan(layout, mode, counts, (cap_rows[2],) * layout.dp_size, geo.offsets,
+                  cap_rows[1], capacity, is_extend, cp_shards, why)
+    rule = plan.count_rule._replace(entries=layout.dp_size, group=1)
+    if rule.problems(counts):
+        if rule.max_each is not None:
+            d = next(d for d, n in enumerate(counts) if n > capacity)
+            raise DpxCapacityError(
+                f"num_tokens[{d}]={counts[d]} exceeds capacity={capacity}: a MAX_LEN "
+                f"capacity is the per-replica slot size")
+        aligned = geo.aligned
+        raise DpxCapacityError(
+            f"sum of aligned num_tokens {aligned} = {sum(aligned)} exceeds capacity="
+            f"{capacity} (aligned to replica_size={m}: {cap_rows[2]}): a {mode.name} "
+            f"capacity is the global buffer size")
+    return plan

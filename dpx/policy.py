@@ -1,21 +1,21 @@
 """How :func:`dpx.plan_step` picks a padding mode when none is forced.
 
 ``sglang``: sglang's rule on the aligned counts. ``cost``: the cheapest candidate under a
-:class:`dpx.CostModel`, each priced in closed form from the counts (:mod:`dpx.pricing`:
-the price of the schedules the mode would run, without building them), ties to the
-earlier of MAX_LEN, SUM_LEN, GATHERV.
+:class:`dpx.CostModel`: each mode priced as :func:`dpx.cost.estimate` prices its plan's
+schedules (without CP ranks in closed form, :mod:`dpx.pricing`, proved equal), ties to the
+earlier of MAX_LEN, SUM_LEN, GATHERV (:func:`dpx.pricing.cheapest_index`).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from dpx.cost import CostModel, ModeEstimate
-from dpx.counts import check_counts, check_shards
+from dpx.cost import CostModel, ModeEstimate, estimate
 from dpx.errors import DpxValueError
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Transport
-from dpx.pricing import MODE_ORDER, cheapest, estimate_counts
+from dpx.plan import check_counts, check_shards, make_plan
+from dpx.pricing import cheapest, cheapest_index
 
 ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
                                       PaddingMode.GATHERV)
@@ -42,27 +42,30 @@ def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool, *,
         f"sglang rule: 2*sum={2 * total} < dp*max={dp_size * largest} -> SUM_LEN")
 
 
-def cost_mode(counts: tuple[int, ...], layout: DpLayout, *,
-              aligned: Sequence[int], cost_model: CostModel, row_bytes: int,
-              transport: Transport, candidates: Sequence[PaddingMode],
+def _estimates(counts: tuple[int, ...], layout: DpLayout, modes: Sequence[PaddingMode], *,
+               row_bytes: int, cost_model: CostModel, transport: Transport,
+               cp_shards: tuple[tuple[int, ...], ...] | None) -> list[ModeEstimate]:
+    return [estimate(make_plan(counts, layout, m, is_extend=False, capacity=None,
+                               cp_shards=cp_shards, why=""),
+                     row_bytes=row_bytes, cost_model=cost_model, transport=transport)
+            for m in modes]
+
+
+def cost_mode(counts: tuple[int, ...], layout: DpLayout, *, cost_model: CostModel,
+              row_bytes: int, transport: Transport, candidates: Sequence[PaddingMode],
               cp_shards: tuple[tuple[int, ...], ...] | None
               ) -> tuple[PaddingMode, Callable[[], str]]:
-    """The cheapest of ``candidates`` for these checked counts, and why. Modes whose
-    collectives alone cost more than a cheaper mode's whole step are not priced further
-    (their reason entry is a lower bound, ``>=``)."""
-    if cp_shards is None:
-        best, priced = cheapest(counts, aligned, layout, candidates, row_bytes=row_bytes,
+    """The cheapest of ``candidates`` for these checked counts, and why (formatted when
+    read). Modes whose collectives alone cost more than a cheaper mode's whole step are not
+    priced further (their reason entry is a lower bound, ``>=``)."""
+    if layout.cp_size == 1:
+        best, priced = cheapest(counts, layout, candidates, row_bytes=row_bytes,
                                 cost_model=cost_model, transport=transport)
     else:
-        priced = [(estimate_counts(counts, layout, m, row_bytes=row_bytes,
-                                   cost_model=cost_model, transport=transport,
-                                   cp_shards=cp_shards, aligned=aligned).seconds, True)
-                  for m in candidates]
-        best = 0
-        for i, (t, _) in enumerate(priced):
-            tb = priced[best][0]
-            if t < tb or t == tb and MODE_ORDER[candidates[i]] < MODE_ORDER[candidates[best]]:
-                best = i
+        priced = [(e.seconds, True) for e in _estimates(
+            counts, layout, candidates, row_bytes=row_bytes, cost_model=cost_model,
+            transport=transport, cp_shards=cp_shards)]
+        best = cheapest_index(candidates, [t for t, _ in priced])
 
     def reason() -> str:
         text = ", ".join(f"{m.value}{'=' if exact else '>='}{t * 1e6:.1f}us"
@@ -78,13 +81,13 @@ def compare_modes(num_tokens: Sequence[int], layout: DpLayout, *, row_bytes: int
                   is_extend: bool = False,
                   cp_shards: Sequence[Sequence[int]] | None = None) -> tuple[ModeEstimate, ...]:
     """Every candidate mode's estimate for these counts: a partial gather then a
-    reduce_scatter (slowest rank each), as :mod:`dpx.cost` prices their schedules.
-    ``is_extend`` does not change a price (it is accepted for symmetry with plan_step)."""
+    reduce_scatter (slowest rank each), as :func:`dpx.cost.estimate` prices their
+    schedules. ``is_extend`` does not change a price (it is accepted for symmetry with
+    plan_step)."""
     counts = check_counts(num_tokens, layout)
     shards = check_shards(cp_shards, counts, layout)
-    transport = Transport.parse(transport)
     if isinstance(row_bytes, bool) or not isinstance(row_bytes, int) or row_bytes <= 0:
         raise DpxValueError(f"row_bytes={row_bytes!r} must be a positive int")
-    return tuple(estimate_counts(counts, layout, PaddingMode.parse(c), row_bytes=row_bytes,
-                                 cost_model=cost_model, transport=transport, cp_shards=shards)
-                 for c in candidates)
+    return tuple(_estimates(counts, layout, [PaddingMode.parse(c) for c in candidates],
+                            row_bytes=row_bytes, cost_model=cost_model,
+                            transport=Transport.parse(transport), cp_shards=shards))

@@ -2,40 +2,40 @@
 
 :func:`build_schedule` turns ``(plan, op, rank, ...)`` into a :class:`Schedule`: local passes
 and collectives (:mod:`dpx.steps`) over named buffers, in the order the rank issues them,
-written by the op's route (:mod:`dpx.routes`). Every rank's schedule has the same
+written by the op's route (:mod:`dpx.routes`, :mod:`dpx.emit`). Every rank's schedule has the same
 collectives in the same order with the same sizes (:meth:`Schedule.collective_signature`),
 so no rank waits in a collective its peers skip. No step writes ``"in"`` (no op modifies
 its input), except in an in-place gather, whose input is the caller's rows inside
 ``"out"``.
 
 Schedules are built once per *structure* and evaluated for new counts. A
-:class:`Template` is the schedule of a plan structure (:func:`dpx.geometry.structure_of`)
+:class:`Template` is the schedule of a plan structure (:attr:`dpx.DpPlan.structure`)
 with every row number an expression over the counts and the call's sizes; where the steps
 themselves depend on the counts (a rank whose rows fill its block needs no pass), it holds
 one :class:`Variant` per outcome, each with the *guards* that select it. A variant's host
-values are computed by one generated function (:func:`dpx.expr.compile_host`);
-:func:`build_schedule` fills them in (:meth:`Variant.concretize`), and a frontend can run a
-variant directly with the values of each call. A :class:`ScheduleCache` keeps templates
-(bounded, least recently used first out); without one, every call builds afresh.
+values are computed by one generated function (:func:`dpx.expr.compile_host`) when the
+variant is cached, or evaluated directly when it serves one call; :func:`build_schedule`
+fills them in (:meth:`Variant.concretize`), and a frontend can run a variant directly with
+the values of each call. A :class:`ScheduleCache` keeps templates (bounded, least recently
+used first out); without one, every call builds afresh without generating code.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from dpx import expr as X
+from dpx.emit import Emitter
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.extents import op_rows
-from dpx.geometry import Structure, geometry, host_counts, structure_of
+from dpx.geometry import Structure
 from dpx.modes import Op, Transport, Wire
-from dpx.routes import Emitter, RankRef, Route, concrete_rank, symbolic_rank
+from dpx.plan import DpPlan, count_rule
+from dpx.routes import RankRef, Route, concrete_rank, symbolic_geometry, symbolic_rank
 from dpx.steps import IN, OUT, Ref, Step, moved_buffer
 from dpx.steps import _Variable as _VariableStep
-
-if TYPE_CHECKING:
-    from dpx.plan import DpPlan
 
 __all__ = ["IN", "OUT", "Schedule", "ScheduleCache", "Template", "Variant", "build_schedule"]
 
@@ -46,7 +46,7 @@ class Schedule:
     the values were filled in for; ``in_rows`` / ``out_rows`` the input's and output's
     rows; ``route`` how the op moves its rows. A value: nothing changes one once made."""
 
-    plan: "DpPlan"
+    plan: DpPlan
     op: Op
     partial: bool
     rank: RankRef
@@ -101,7 +101,7 @@ class Variant:
     fails); ``host_index`` maps a value (by identity) to its place in that tuple."""
 
     __slots__ = ("key", "guards", "steps", "scratch", "wire_bufs", "notes", "route",
-                 "host_index", "values", "outputs", "rank_ref", "_factory", "enums")
+                 "host_index", "values", "outputs", "rank_ref", "enums", "_fill")
 
     def __init__(self, key: TemplateKey, emitter: Emitter, *, compiled: bool = True) -> None:
         self.key = key
@@ -114,78 +114,59 @@ class Variant:
         outputs: list[Any] = []
         self.host_index: dict[int, int] = {}
 
-        def collect(v: Any) -> None:
+        def spec(v: Any) -> tuple:
+            """How a call's value of field ``v`` is made: ``(0, constant)``, ``(1, index
+            of a host value)``, ``(2, expression read on the device)`` or ``(3, (buffer,
+            first, rows))`` for a :class:`Ref`."""
             if isinstance(v, Ref):
-                collect(v.first)
-                collect(v.rows)
-            elif isinstance(v, X.Expr) and id(v) not in self.host_index \
-                    and emitter.host_known(v):
+                return 3, (v.buf, spec(v.first), spec(v.rows))
+            if not isinstance(v, X.Expr):
+                return 0, v
+            if not emitter.host_known(v):
+                return 2, v
+            if id(v) not in self.host_index:
                 self.host_index[id(v)] = len(outputs)
                 outputs.append(v)
+            return 1, self.host_index[id(v)]
 
-        for step in self.steps:
-            for value in step.fields().values():
-                collect(value)
-        for _, rows in self.scratch:
-            collect(rows)
+        self._fill = (tuple((type(s), tuple(spec(v) for v in s.fields().values()))
+                            for s in self.steps),
+                      tuple((name, spec(rows)) for name, rows in self.scratch))
         self.outputs = tuple(outputs)
         self.rank_ref = emitter.rank
         self.enums = (emitter.op, emitter.transport, emitter.wire)
-        self._factory: Any = None
         #: ``values(counts, params) -> tuple | None`` (see :func:`dpx.expr.compile_host`);
         #: a variant built for one call evaluates them without generating code
         self.values = (X.compile_host(outputs, self.guards) if compiled
                        else _interpreter(self.guards, self.outputs))
 
-    def concretize(self, plan: "DpPlan", values: tuple, counts: tuple | None,
+    def concretize(self, plan: DpPlan, values: tuple, counts: tuple | None,
                    in_rows: int | None, out_rows: int) -> Schedule:
-        """The :class:`Schedule` of this variant for one call's values."""
-        if self._factory is None:
-            self._factory = self._make_factory()
+        """The :class:`Schedule` of this variant for one call's values (what reads device
+        counts or rank coordinates stays an expression, the rest filled in)."""
         k = self.key
         params = {"out_rows": out_rows}
         if in_rows is not None:
             params["in_rows"] = in_rows
         memo: dict = {}
 
-        def residual(v: X.Expr) -> Any:
-            return X.substitute(v, counts=counts, params=params, memo=memo)
+        def fill(spec: tuple) -> Any:
+            kind, x = spec
+            if kind == 0:
+                return x
+            if kind == 1:
+                return values[x]
+            if kind == 2:
+                return X.substitute(x, counts=counts, params=params, memo=memo)
+            return Ref(x[0], fill(x[1]), fill(x[2]))
 
-        steps, scratch = self._factory(values, residual)
+        steps, scratch = self._fill
         op, transport, wire = self.enums
         return Schedule(plan, op, k.partial, self.rank_ref, k.device_counts, transport,
-                        in_rows, out_rows, steps, scratch, self.notes, wire, self.wire_bufs,
-                        self.route, k.in_place)
-
-    def _make_factory(self) -> Any:
-        """A generated function ``f(values, residual) -> (steps, scratch)`` building this
-        variant's steps with one call's host values filled in (``residual(v)`` fills in
-        what reads device counts or rank coordinates)."""
-        env: dict[str, Any] = {"Ref": Ref}
-
-        def bind(obj: Any) -> str:
-            name = f"k{len(env)}"
-            env[name] = obj
-            return name
-
-        def code(v: Any) -> str:
-            if v is None or type(v) is int:
-                return repr(v)
-            if isinstance(v, Ref):
-                return f"Ref({v.buf!r}, {code(v.first)}, {code(v.rows)})"
-            if isinstance(v, X.Expr):
-                i = self.host_index.get(id(v))
-                return f"v[{i}]" if i is not None else f"residual({bind(v)})"
-            return bind(v)  # enums, constant tuples
-
-        steps = ", ".join(
-            f"{bind(type(s))}(" + ", ".join(code(v) for v in s.fields().values()) + ")"
-            for s in self.steps)
-        scratch = ", ".join(f"({name!r}, {code(rows)})" for name, rows in self.scratch)
-        src = (f"def _f(v, residual):\n    return ({steps}{',' if self.steps else ''}), "
-               f"({scratch}{',' if self.scratch else ''})\n")
-        exec(compile(src, "<dpx schedule>", "exec"), env)  # noqa: S102 - generated above
-        return env.pop("_f")
+                        in_rows, out_rows,
+                        tuple(cls(*[fill(f) for f in fields]) for cls, fields in steps),
+                        tuple((name, fill(rows)) for name, rows in scratch), self.notes,
+                        wire, self.wire_bufs, self.route, k.in_place)
 
 
 def _interpreter(guards: tuple, outputs: tuple) -> Any:
@@ -231,16 +212,16 @@ class Template:
 def _emit(key: TemplateKey, counts: tuple, in_rows: int | None, out_rows: int, *,
           compiled: bool = True) -> Variant:
     structure = key.structure
-    geo = geometry(structure)
+    geo = symbolic_geometry(structure)
     rank = symbolic_rank() if key.rank is None else concrete_rank(geo.layout, key.rank)
     params = {"out_rows": out_rows}
     if in_rows is not None:
         params["in_rows"] = in_rows
-    cap = structure.capacity_rows[0] if structure.capacity_rows is not None else None
     e = Emitter(geo, Op(key.op), partial=key.partial, rank=rank,
                 device_counts=key.device_counts, transport=Transport(key.transport),
                 wire=Wire(key.wire), dequantize=key.dequantize,
-                in_place=key.in_place, in_rows_known=key.in_rows_known, capacity=cap,
+                in_place=key.in_place, in_rows_known=key.in_rows_known,
+                rule=count_rule(structure) if key.device_counts else None,
                 example=X.HostOps(() if key.device_counts else counts, params=params))
     e.emit()
     return Variant(key, e, compiled=compiled)
@@ -295,14 +276,14 @@ class ScheduleCache:
         return v, values
 
 
-def template_key(plan: "DpPlan", op: Op, *, rank: int | None, partial: bool,
+def template_key(plan: DpPlan, op: Op, *, rank: int | None, partial: bool,
                  device_counts: bool, transport: Transport, wire: Wire, dequantize: bool,
                  in_place: bool, in_rows_known: bool) -> TemplateKey:
-    return TemplateKey(structure_of(plan), op._value_, partial, rank, device_counts,
+    return TemplateKey(plan.structure, op._value_, partial, rank, device_counts,
                        transport._value_, wire._value_, dequantize, in_place, in_rows_known)
 
 
-def build_schedule(plan: "DpPlan", op: Op | str, *, rank: int | None, partial: bool = True,
+def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: bool = True,
                    device_counts: bool = False, transport: Transport | str = Transport.PER_ROOT,
                    in_rows: int | None = None, out_rows: int | None = None,
                    wire: Wire | str = Wire.NATIVE, dequantize: bool = True,
@@ -330,7 +311,7 @@ def build_schedule(plan: "DpPlan", op: Op | str, *, rank: int | None, partial: b
                        device_counts=bool(device_counts), transport=transport, wire=wire,
                        dequantize=bool(dequantize) or wire is Wire.NATIVE,
                        in_place=bool(in_place), in_rows_known=in_rows is not None)
-    counts = host_counts(plan)
+    counts = plan.leaf_counts
     if cache is None:
         variant = _emit(key, counts, in_rows, out_rows, compiled=False)
         values = variant.values(counts, (in_rows, out_rows))
@@ -340,7 +321,7 @@ def build_schedule(plan: "DpPlan", op: Op | str, *, rank: int | None, partial: b
                               out_rows)
 
 
-def check_call(plan: "DpPlan", op: Op, *, rank: int | None, device_counts: bool, wire: Wire,
+def check_call(plan: DpPlan, op: Op, *, rank: int | None, device_counts: bool, wire: Wire,
                in_place: bool, in_rows: int | None) -> None:
     """The rules of a schedule request that do not depend on tensors."""
     if device_counts and plan.capacity is None:

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from dpx import expr as X
 from dpx.modes import Group, Transport
+from dpx.plan import CountRule
 
 __all__ = [
     "AllGather", "AllGatherV", "AllReduce", "BroadcastV", "CheckCounts", "Dequantize",
@@ -63,26 +64,21 @@ class Step:
 # ---------------------------------------------------------------- local passes
 @dataclass(eq=False, slots=True)
 class CheckCounts(Step):
-    """Check a step's device counts against what the plan holds, before any row moves:
-    every entry ``>= 0``; the per-replica counts (a shard table's ``group`` sums) at most
-    ``max_each`` (``None``: no bound) and their sum, each aligned up to ``align``, at most
-    ``max_sum`` (``None``: no bound). A frontend records a violation (a sticky device flag
-    in torch, a ``checkify`` check in JAX); the passes that follow stay inside their
-    buffers whatever the counts (see docs/semantics.md, "Counts are checked")."""
+    """Check a step's device counts against the plan's :class:`~dpx.plan.CountRule`
+    before any row moves. A frontend records a violation (a sticky device flag in torch, a
+    ``checkify`` check in JAX); the passes that follow stay inside their buffers whatever
+    the counts (see docs/semantics.md, "Counts are checked")."""
 
-    entries: int
-    group: int
-    align: int
-    max_each: int | None
-    max_sum: int | None
+    rule: CountRule
     kind = "check_counts"
 
     def __str__(self) -> str:
+        r = self.rule
         rules = ["counts >= 0"]
-        if self.max_each is not None:
-            rules.append(f"each <= {self.max_each}")
-        if self.max_sum is not None:
-            rules.append(f"sum(align(n, {self.align})) <= {self.max_sum}")
+        if r.max_each is not None:
+            rules.append(f"each <= {r.max_each}")
+        if r.max_sum is not None:
+            rules.append(f"sum(align(n, {r.align})) <= {r.max_sum}")
         return f"check   device counts: {', '.join(rules)} (flag a violation)"
 
 

@@ -72,15 +72,6 @@ class JaxValues(X.ArrayOps):
     def eq(self, a: Any, b: Any) -> Any:
         return (a == b).astype(jnp.int32)
 
-    def ne(self, a: Any, b: Any) -> Any:
-        return (a != b).astype(jnp.int32)
-
-    def lt(self, a: Any, b: Any) -> Any:
-        return (a < b).astype(jnp.int32)
-
-    def le(self, a: Any, b: Any) -> Any:
-        return (a <= b).astype(jnp.int32)
-
     def minimum(self, a: Any, b: Any) -> Any:
         return jnp.minimum(a, b)
 
@@ -99,7 +90,6 @@ class JaxValues(X.ArrayOps):
     def group_cumsum_excl(self, v: jax.Array, k: int) -> jax.Array:
         g = v.reshape(-1, k)
         return (jnp.cumsum(g, axis=1) - g).reshape(-1).astype(jnp.int32)
-
 
     def gather(self, v: jax.Array, indices: tuple[int, ...]) -> jax.Array:
         return v[jnp.asarray(indices, jnp.int32)]
@@ -151,18 +141,19 @@ def _check(s: CheckCounts, run: _Run) -> None:
     """The plan's rule on the device counts, as a ``checkify`` check: reported when the
     caller runs under ``checkify.checkify``, nothing otherwise (the passes stay inside their
     buffers whatever the counts)."""
-    n = run.ops.counts().reshape(-1, s.group).sum(axis=1)
+    r = s.rule
+    n = run.ops.counts().reshape(-1, r.group).sum(axis=1)
     c = run.ops.counts()
     checkify.debug_check(jnp.all(c >= 0), "dpx: device counts {} have a negative entry", c)
-    if s.max_each is not None:
-        checkify.debug_check(jnp.all(n <= s.max_each),
+    if r.max_each is not None:
+        checkify.debug_check(jnp.all(n <= r.max_each),
                              f"dpx: device counts {{}} exceed the MAX_LEN capacity "
-                             f"{s.max_each} (each replica's slot)", n)
-    if s.max_sum is not None:
-        aligned = (jnp.maximum(n, 0) + s.align - 1) // s.align * s.align
-        checkify.debug_check(jnp.sum(aligned) <= s.max_sum,
-                             f"dpx: device counts {{}} aligned to {s.align} sum past the "
-                             f"capacity's {s.max_sum} rows", n)
+                             f"{r.max_each} (each replica's slot)", n)
+    if r.max_sum is not None:
+        aligned = (jnp.maximum(n, 0) + r.align - 1) // r.align * r.align
+        checkify.debug_check(jnp.sum(aligned) <= r.max_sum,
+                             f"dpx: device counts {{}} aligned to {r.align} sum past the "
+                             f"capacity's {r.max_sum} rows", n)
 
 
 def _move(s: Move, run: _Run) -> None:

@@ -16,8 +16,8 @@ as data, so new counts never recompile.
 Each op runs the planner's schedule (``dpx.build_schedule`` with a symbolic rank: one
 program for every device) through :mod:`dpx_jax.interpreter`. The transport follows the
 mesh's devices: on GPUs a GATHERV plan moves its chunks with ``lax.ragged_all_to_all``; on
-CPUs, which have no ragged collective, its schedule runs SUM_LEN's place + all-reduce
-(same result). Gradients: every op is a ``jax.custom_vjp`` whose backward runs the
+CPUs, which have no ragged collective, its schedule moves every rank's block in an equal
+all-gather and unpacks the chunks in one pass (same result). Gradients: every op is a ``jax.custom_vjp`` whose backward runs the
 schedule of the adjoint op (``dpx.Op.adjoint``), exactly as ``dpx_torch`` does.
 """
 

@@ -13,10 +13,9 @@ import jax.numpy as jnp
 
 from dpx import expr as X
 from dpx.errors import DpxValueError
-from dpx.geometry import geometry, host_counts, structure_of
 from dpx.padrows import real_ranges
 from dpx.plan import DpPlan
-from dpx.routes import symbolic_rank
+from dpx.routes import symbolic_geometry, symbolic_rank
 from dpx_jax.interpreter import JaxValues
 from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.ops import _axes, _check_plan, _counts
@@ -56,9 +55,9 @@ def local_count(plan: DpPlan, *, counts: jax.Array | None = None,
     axes = _axes(axes)
     c = _counts(plan, counts)
     if c is None:   # the plan's own counts, as constants
-        c = jnp.asarray(host_counts(plan), jnp.int32)
+        c = jnp.asarray(plan.leaf_counts, jnp.int32)
     r = symbolic_rank()
-    held = geometry(structure_of(plan)).held(r.dp, r.cp)
+    held = symbolic_geometry(plan.structure).held(r.dp, r.cp)
     return jnp.asarray(X.evaluate(held, JaxValues(c, axes), {}), jnp.int32).reshape(())
 
 

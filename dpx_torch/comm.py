@@ -31,11 +31,9 @@ from dpx import counts as C
 from dpx import wire as W
 from dpx.errors import DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError, DpxValueError
 from dpx.extents import local_rows, op_rows
-from dpx.geometry import structure_of
 from dpx.layout import DpLayout
 from dpx.modes import Op, Wire
 from dpx.plan import DpPlan
-from dpx.routes import count_rule_of
 from dpx.schedule import Schedule, build_schedule
 from dpx_torch.agreement import Agreement
 from dpx_torch.autograd import OpFunction
@@ -243,7 +241,7 @@ class DpComm:
     def _class_key(key: tuple, plan: DpPlan, x: torch.Tensor, in_place: bool) -> tuple:
         """The key of a call's :class:`PreparedClass`: its prepared-op key with the plan's
         structure for the plan and the input's trailing shape for its shape."""
-        return (key[0], structure_of(plan), key[2], key[3], key[4], x.shape[1:], key[6],
+        return (key[0], plan.structure, key[2], key[3], key[4], x.shape[1:], key[6],
                 key[7], key[8], key[9], in_place)
 
     def _of_class(self, key: tuple, plan: DpPlan, x: torch.Tensor, counts, out
@@ -516,7 +514,7 @@ class DpComm:
                 if problems:
                     raise DpxCapacityError("exchange_counts: " + "; ".join(problems))
         elif plan is not None:
-            self.runner.flags.check(picked, count_rule_of(plan),
+            self.runner.flags.check(picked, plan.count_rule,
                                     self.runner.passes_for(picked.device))
         return picked.view(lay.dp_size, lay.cp_size) if shards else picked
 
@@ -533,7 +531,7 @@ class DpComm:
         out = mask_pad_rows(t, plan, counts=counts, fill=fill, tables=runner.tables,
                             passes=passes)
         if counts is not None:
-            runner.flags.check(_flat(counts), count_rule_of(plan), passes)
+            runner.flags.check(_flat(counts), plan.count_rule, passes)
         return out
 
     def pad_row_mask(self, plan: DpPlan, *, counts: torch.Tensor | None = None,

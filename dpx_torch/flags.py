@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dpx.steps import CheckCounts
+from dpx.plan import CountRule
 from dpx_torch.ops import OpPasses
 from dpx_torch.passes import Passes, passes_for
 
@@ -37,7 +37,7 @@ class OverflowFlags:
             f = self._flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
         return f
 
-    def check(self, counts: torch.Tensor, rule: CheckCounts,
+    def check(self, counts: torch.Tensor, rule: CountRule,
               passes: Passes | None = None) -> None:
         """Run ``rule`` on the device ``counts`` (flattened, int32), ORing into the flag
         (through ``passes``, default the device's)."""

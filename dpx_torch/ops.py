@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from dpx.kernels.launch import Tile
-from dpx.steps import CheckCounts
+from dpx.plan import CountRule
 from dpx_torch.passes import Index, Passes, passes_for
 
 __all__ = ["OpPasses", "move_rows", "pack_rows", "tile_list", "unpack_rows"]
@@ -190,8 +190,8 @@ def _(t, firsts, lens, fill_float, fill_int, is_float) -> None:
 def check_counts_out(counts: torch.Tensor, flag: torch.Tensor, entries: int, group: int,
                      align: int, max_each: int, max_sum: int, has_each: bool,
                      has_sum: bool) -> None:
-    rule = CheckCounts(entries, group, align, max_each if has_each else None,
-                       max_sum if has_sum else None)
+    rule = CountRule(entries, group, align, max_each if has_each else None,
+                     max_sum if has_sum else None)
     passes_for(counts.device).check(counts, flag, rule)
 
 
@@ -241,7 +241,7 @@ class OpPasses(Passes):
                       t.dtype.is_floating_point)
 
     @staticmethod
-    def check(counts, flag, rule: CheckCounts) -> None:
+    def check(counts, flag, rule: CountRule) -> None:
         check_counts_out(counts, flag, rule.entries, rule.group, rule.align,
                          rule.max_each or 0, rule.max_sum or 0, rule.max_each is not None,
                          rule.max_sum is not None)

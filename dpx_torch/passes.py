@@ -23,7 +23,7 @@ src[firsts[r] + j]``. ``firsts`` / ``lens``: int32 ``[n]`` tensors.
 ``src[start + j]`` for ``j < n``, zero bytes after. ``dequantize(src, out)``.
 ``mask(t, firsts, lens, fill)``: rows outside every range ``[firsts[k], firsts[k] +
 lens[k])`` become ``fill`` (in place). ``check(counts, flag, rule)``: ``flag |=`` the bits
-of :class:`dpx.steps.CheckCounts` ``rule`` that ``counts`` break.
+of the :class:`dpx.CountRule` ``rule`` that ``counts`` break.
 
 Each pass also has a ``bind_*`` form: everything that depends only on the shapes (launch
 grid, tile, compiled kernel) resolved once, a function of the buffers (and of the index
@@ -43,7 +43,7 @@ from dpx.kernels import launch as _tiles
 from dpx.kernels import mask as _mask
 from dpx.kernels import rows as _rows
 from dpx.kernels import wire as _wire
-from dpx.steps import CheckCounts
+from dpx.plan import CountRule
 from dpx_torch.launch import JIT, BoundKernel, JitLauncher, Launcher
 from dpx_torch.wire import dequantize_rows, quantize_rows
 
@@ -305,7 +305,7 @@ class TritonPasses(Passes):
                              (firsts, lens, firsts.shape[0], fill, t.shape[0], t),
                              dict(WIDTH=width, BLOCK_R=block_r, BLOCK_C=block_c), warps)
 
-    def check(self, counts, flag, rule: CheckCounts) -> None:
+    def check(self, counts, flag, rule: CountRule) -> None:
         entries = rule.entries
         self.launcher.launch(
             _counts.check_counts_kernel, (1,), counts.device, (counts, flag),
@@ -440,16 +440,8 @@ class TorchPasses(Passes):
         t[~real] = fill
 
     @staticmethod
-    def check(counts, flag, rule: CheckCounts) -> None:
-        c = counts.reshape(-1).tolist()[:rule.entries]
-        bad = 1 if any(x < 0 for x in c) else 0
-        per = [sum(c[i:i + rule.group]) for i in range(0, len(c), rule.group)]
-        if rule.max_each is not None and any(x > rule.max_each for x in per):
-            bad |= 2
-        if rule.max_sum is not None:
-            a = rule.align
-            if sum(-(-max(x, 0) // a) * a for x in per) > rule.max_sum:
-                bad |= 4
+    def check(counts, flag, rule: CountRule) -> None:
+        bad = rule.flags(counts.reshape(-1).tolist()[:rule.entries])
         if bad:
             flag |= bad
 

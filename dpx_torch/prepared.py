@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from dpx.extents import op_rows
-from dpx.geometry import host_counts
 from dpx.modes import Op
 from dpx.schedule import TemplateKey
 from dpx_torch.program import CallShape, Host, PreparedCall
@@ -133,7 +132,7 @@ class PreparedClass:
         in_rows = x.shape[0]
         if in_rows != rows.need if rows.exact else in_rows < rows.need:
             return None
-        variant, hv = runner.schedules.variant(self.tkey, host_counts(plan), in_rows,
+        variant, hv = runner.schedules.variant(self.tkey, plan.leaf_counts, in_rows,
                                                rows.out)
         prep = runner.program(variant).prepare(hv, (in_rows, rows.out), self.shape,
                                                self.scratch_key, rows.need, rows.exact)

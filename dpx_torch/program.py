@@ -286,7 +286,7 @@ def _with_indices(go: Callable, a: Buffer, b: Buffer, getters: tuple) -> StepFn:
 # ---------------------------------------------------------------- local passes
 def _check(s: CheckCounts, b: _Bind) -> StepFn:
     flags, passes = b.shape.runner.flags, b.shape.passes
-    return lambda x, out, dv: flags.check(dv.counts(), s, passes)
+    return lambda x, out, dv: flags.check(dv.counts(), s.rule, passes)
 
 
 def _move(s: Move, b: _Bind) -> StepFn:

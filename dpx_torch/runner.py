@@ -5,7 +5,7 @@ a communicator keeps, with one bound each (:class:`CacheLimits`) and one ``clear
 A call is looked up in two levels. The *call cache* keys on the plan, the call's flags and
 the input's shape, dtype and device, and holds the :class:`~dpx_torch.program.PreparedCall`
 (a layer loop that gathers with one plan per step hits it from the second layer on). On a
-miss, the plan's *structure* (:func:`dpx.geometry.structure_of`) selects a schedule
+miss, the plan's *structure* (:attr:`dpx.DpPlan.structure`) selects a schedule
 template in the :class:`dpx.ScheduleCache`; the template's generated function computes the
 call's host values from the new counts (and picks the variant whose guards they meet); the
 variant's compiled :class:`~dpx_torch.program.Program` binds them into a new prepared call.
@@ -30,7 +30,6 @@ import torch
 
 from dpx.errors import DpxValueError
 from dpx.extents import OpRows, op_rows
-from dpx.geometry import host_counts, structure_of
 from dpx.modes import Group, Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.schedule import ScheduleCache, TemplateKey, Variant
@@ -171,7 +170,7 @@ class Runner:
         in_rows = x.shape[0]
         tkey = self.template_key(plan, op, partial=partial, device_counts=device_counts,
                                  wire=wire, dequantize=dequantize, in_place=in_place)
-        counts = host_counts(plan)
+        counts = plan.leaf_counts
         if compiling:
             variant, values = ScheduleCache(max_templates=1).variant(tkey, counts, in_rows,
                                                                       out, compiled=False)
@@ -191,7 +190,7 @@ class Runner:
                      wire: Wire, dequantize: bool, in_place: bool) -> TemplateKey:
         """The schedule template of a call of this rank (plain values: hashed on every
         lookup)."""
-        return TemplateKey(structure_of(plan), op._value_, partial, self.rank, device_counts,
+        return TemplateKey(plan.structure, op._value_, partial, self.rank, device_counts,
                            self.transport._value_, wire._value_,
                            dequantize or wire is Wire.NATIVE, in_place, True)
 

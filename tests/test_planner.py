@@ -242,7 +242,7 @@ def test_cost_model_prices_the_schedules_that_run():
 
 def test_explain_mentions_every_mode():
     plan = plan_step([3, 0, 7, 5], DpLayout(8, 4))
-    text = plan.explain()
+    text = dpx.explain(plan)
     for word in ("MAX_LEN", "SUM_LEN", "GATHERV", "slot  1", "0 real", "chosen", "attn_tp=2"):
         assert word in text
     assert "* MAX_LEN" in text

@@ -272,7 +272,7 @@ def test_device_count_values_are_expressions_of_the_counts():
     plan = dpx.plan_step([1, 1], lay, mode="sum_len", capacity=16)
     sched = build_schedule(plan, Op.GATHER, rank=2, device_counts=True)
     check, place = sched.steps[:2]
-    assert isinstance(check, CheckCounts) and (check.max_sum, check.align) == (16, 2)
+    assert isinstance(check, CheckCounts) and (check.rule.max_sum, check.rule.align) == (16, 2)
     assert isinstance(place, Move) and isinstance(place.dst_start, X.Expr)
     assert X.render(place.dst_start) == "cumsum_excl(align(n, 2))[1]"
     assert X.host_value(place.dst_start, (3, 5)) == 4

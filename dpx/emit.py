@@ -1,0 +1,378 @@
+"""Writes one rank's steps for one op: the emitter of every route (:mod:`dpx.routes`).
+
+Every row number comes from :mod:`dpx.geometry` as a :mod:`dpx.expr` value over the
+counts leaf, so one emission serves every count vector of the plan's structure. Where a
+shorter schedule is possible for some counts (a rank whose rows fill its block sends them
+without a pass; a slot with no pad tail needs no zeroing), the emitter asks
+:meth:`Emitter.known`: for host counts the answer is recorded as a *guard* of the emitted
+variant (the variant serves exactly the counts that give the same answers); for device
+counts or a symbolic rank the answer is "not known", and the general steps are emitted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpx import expr as X
+from dpx.errors import DpxValueError
+from dpx.geometry import Geometry
+from dpx.modes import Group, Op, PaddingMode, Transport, Wire
+from dpx.plan import CountRule
+from dpx.routes import RankRef, Route, choose_route
+from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts,
+                       Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
+                       ReduceV, Ref, Step, Unpack, Zero)
+
+__all__ = ["Emitter"]
+
+
+class Emitter:
+    """Writes one rank's steps for one op (:meth:`emit`). ``example`` (host counts and the
+    call's parameters) answers :meth:`known` for values that do not read device counts or
+    rank coordinates; every answer it gives becomes a guard."""
+
+    def __init__(self, geo: Geometry, op: Op, *, partial: bool, rank: RankRef,
+                 device_counts: bool, transport: Transport, wire: Wire, dequantize: bool,
+                 in_place: bool, in_rows_known: bool, rule: CountRule | None,
+                 example: X.HostOps) -> None:
+        self.geo, self.op, self.rank = geo, op, rank
+        self.partial = partial or op is Op.GATHER_SUM
+        self.device_counts, self.transport = device_counts, transport
+        self.wire, self.dequantize, self.in_place = wire, dequantize, in_place
+        self.rule = rule
+        self.example = example
+        self.in_rows: Any = X.param("in_rows") if in_rows_known else None
+        self.out_rows: Any = X.param("out_rows")
+        # gather_sum over CP copies: every rank of a replica adds its rows
+        self.sum_replica = (op is Op.GATHER_SUM and geo.cp > 1 and not geo.sharded)
+        self.steps: list[Step] = []
+        self.scratch: dict[str, Any] = {}
+        self.wire_bufs: set[str] = set()
+        self.notes: list[str] = []
+        self.guards: dict[tuple, tuple[Any, int]] = {}
+        self.route = choose_route(geo, op, transport, device_counts=device_counts,
+                                  rank_known=not rank.is_symbolic, known=self.known)
+
+    # ------------------------------------------------------------ decisions
+    def host_known(self, v: Any) -> bool:
+        """Whether ``v`` is a host value for every call of this schedule."""
+        deps = X.deps_of(v)
+        return not (deps & X.COORD or (deps & X.COUNTS and self.device_counts))
+
+    def known(self, cond: Any) -> bool:
+        """True when ``cond`` holds for this call's counts and parameters and is host-known
+        (the answer is kept as a guard); False when it does not hold or cannot be known
+        before the call (device counts, a symbolic rank). Every shortcut asks here."""
+        if type(cond) is int:
+            return bool(cond)
+        if not self.host_known(cond):
+            return False
+        value = int(bool(X.evaluate(cond, self.example)))
+        self.guards.setdefault(cond.key(), (cond, value))
+        return bool(value)
+
+    def eq(self, a: Any, b: Any) -> Any:
+        if a is None or b is None:
+            return 0
+        return X.eq(a, b)
+
+    # ------------------------------------------------------------ buffers and steps
+    def buffer(self, name: str, rows: Any, *, wire: bool = False) -> Ref:
+        old = self.scratch.setdefault(name, rows)
+        if old is not rows and X.render(old) != X.render(rows):
+            raise AssertionError(f"scratch {name} sized twice")
+        if wire:
+            self.wire_bufs.add(name)
+        return Ref(name)
+
+    def add(self, step: Step) -> None:
+        self.steps.append(step)
+
+    def move(self, src: Ref, dst: Ref, rows: Any, src_start: Any, dst_start: Any,
+             count: Any) -> None:
+        self.add(Move(src, dst, rows, src_start, dst_start, count))
+
+    # ------------------------------------------------------------ the op
+    def emit(self) -> None:
+        if self.rule is not None:
+            self.add(CheckCounts(self.rule))
+        op = self.op
+        if op in (Op.GATHER, Op.GATHER_SUM):
+            if self.wire is Wire.FP8:
+                self._check_fp8()
+            {Route.SUM_SLOTS: self.gather_sum_slots, Route.EQUAL_BLOCKS: self.gather_equal,
+             Route.BLOCKS_UNPACK: self.gather_unpack, Route.RAGGED: self.gather_ragged,
+             Route.PER_ROOT: self.gather_per_root}[self.route]()
+        elif op is Op.REDUCE_SCATTER:
+            {Route.SUM_SLOTS: self.rs_sum_slots, Route.EQUAL_BLOCKS: self.rs_equal,
+             Route.BLOCKS_UNPACK: self.rs_unpack, Route.RAGGED: self.rs_ragged,
+             Route.PER_ROOT: self.rs_per_root}[self.route]()
+        elif op is Op.SCATTER:
+            g, r = self.geo, self.rank
+            self.move(Ref(IN), Ref(OUT), self.out_rows, g.rows_start(r.dp, r.cp), 0,
+                      g.held(r.dp, r.cp))
+        else:  # scatter's adjoint
+            g, r = self.geo, self.rank
+            self.move(Ref(IN), Ref(OUT), self.out_rows, 0, g.rows_start(r.dp, r.cp),
+                      g.held(r.dp, r.cp))
+
+    def _check_fp8(self) -> None:
+        if self.geo.mode is PaddingMode.SUM_LEN:
+            raise DpxValueError("wire='fp8' needs a copy mode (max_len or gatherv): sum_len "
+                                "adds the slots in an all-reduce, and a sum cannot run on fp8")
+        if self.op is not Op.GATHER:
+            raise DpxValueError(f"wire='fp8' applies to gather, not {self.op.value}")
+
+    # ------------------------------------------------------------ shared pieces
+    @property
+    def fp8(self) -> bool:
+        return self.wire is Wire.FP8
+
+    def sums_partials(self) -> bool:
+        """Whether the rank's rows are partial sums its group must add first."""
+        return self.partial and (self.geo.tp > 1 or self.sum_replica)
+
+    def partial_group(self) -> tuple[Group, int, Any, Any, Any]:
+        """``(group, k, first block, start, count)`` of the partial sums: the group that
+        adds them, its size, the index of its first block among the rank's rows, and the
+        real local rows of its span."""
+        g, r = self.geo, self.rank
+        if self.sum_replica:
+            return Group.REPLICA, g.m, 0, 0, g.count(r.dp)
+        start, count = g.group_span(r.dp, r.cp)
+        return Group.ATTN_TP, g.tp, g.group_base(r.cp), start, count
+
+    def produce_chunk(self, dst: Ref | None, dst_rows: Any) -> Ref:
+        """This rank's chunk (``B`` rows, ``dst_rows`` of them kept) written into ``dst``, or
+        into a scratch chunk when ``dst`` is None -- or, when every row of the chunk is a
+        real row of the input, that view of the input itself (no pass). On the fp8 wire the
+        chunk is written as wire rows by a quantize pass."""
+        g, r = self.geo, self.rank
+        B = g.block
+        start, real = g.own_block(r.dp, r.cp, r.tp)
+        src, src_start = Ref(IN), start
+        if self.sums_partials():
+            group, k, _, span_start, count = self.partial_group()
+            span = X.mul(k, B)
+            if (type(span_start) is int and span_start == 0
+                    and self.known(X.land(self.eq(count, span), self.eq(self.in_rows, span)))):
+                padded = Ref(IN)
+            else:
+                padded = self.buffer("padded", span)
+                self.move(Ref(IN), padded, span, span_start, 0, count)
+            if not self.fp8 and dst is not None and self.known(self.eq(dst_rows, B)):
+                self.add(ReduceScatter(group, padded, dst, B))
+                return dst
+            chunk = self.buffer("chunk", B)
+            self.add(ReduceScatter(group, padded, chunk, B))
+            if not self.fp8 and dst is None:
+                return chunk
+            src, src_start = chunk, 0
+            if not self.fp8:
+                if not self.known(self.eq(dst_rows, 0)):
+                    self.move(chunk, dst, dst_rows, 0, 0, dst_rows)
+                return dst
+        if self.fp8:
+            dst = dst or self.buffer("wire_chunk", B, wire=True)
+            self.add(Quantize(src, dst, dst_rows, src_start, real))
+            return dst
+        if dst is None and self.host_known(start) and self.known(self.eq(real, B)):
+            if type(start) is int and start == 0 and self.known(self.eq(self.in_rows, B)):
+                return Ref(IN)
+            return Ref(IN, start, B)
+        if dst is not None and self.known(self.eq(dst_rows, 0)):
+            return dst
+        dst = dst or self.buffer("chunk", B)
+        self.move(Ref(IN), dst, dst_rows, start, 0, real)
+        return dst
+
+    def gathered_out(self) -> Ref:
+        """Where the world collective of an fp8 gather writes: a scratch wire buffer to
+        dequantize from, or ``out`` itself when the caller keeps the wire rows."""
+        if self.dequantize:
+            return self.buffer("wire_out", self.geo.global_rows, wire=True)
+        self.wire_bufs.add(OUT)
+        return Ref(OUT)
+
+    def finish_gather(self, dst: Ref) -> None:
+        if self.fp8 and self.dequantize:
+            self.add(Dequantize(dst, Ref(OUT), self.geo.global_rows))
+
+    def finish_slot(self, mine: Ref, mine_rows: Any) -> None:
+        """``out`` from this rank's reduced chunk ``mine``: the chunks of the ranks that
+        share the rank's rows (its replica, or its CP rank's attn-tp group for a shard)
+        all-gathered, then the real rows (rows past them zero)."""
+        g, r, R = self.geo, self.rank, self.out_rows
+        B = g.block
+        group, size = (Group.ATTN_TP, g.tp) if g.sharded else (Group.REPLICA, g.m)
+        held = g.held(r.dp, r.cp)
+        if size > 1:
+            if not self.known(self.eq(mine_rows, B)):  # a per-root chunk view: a full block
+                chunk = self.buffer("chunk", B)
+                self.move(mine, chunk, B, 0, 0, mine_rows)
+                mine = chunk
+            if self.known(self.eq(R, X.mul(size, B))):
+                self.add(AllGather(group, mine, Ref(OUT), B))
+                if not self.known(self.eq(held, R)):
+                    self.add(Zero(Ref(OUT), R, 0, held))
+                return
+            slot = self.buffer("slot", X.mul(size, B))
+            self.add(AllGather(group, mine, slot, B))
+            mine = slot
+        self.move(mine, Ref(OUT), R, 0, 0, held)
+
+    # ------------------------------------------------------------ gather routes
+    def gather_sum_slots(self) -> None:
+        g, r = self.geo, self.rank
+        G = g.global_rows
+        # one rank of each group of identical copies writes; partial sums all write
+        writes = 1 if self.partial else X.eq(r.tp, 0)
+        if not g.sharded and not self.sum_replica:
+            writes = X.mul(writes, X.eq(r.cp, 0))
+        start, count = g.rows_start(r.dp, r.cp), X.mul(g.held(r.dp, r.cp), writes)
+        if self.in_place:  # the caller's rows are there already: zero the rest
+            self.add(Zero(Ref(OUT), G, start, count))
+        else:
+            self.move(Ref(IN), Ref(OUT), G, 0, start, count)
+        self.add(AllReduce(Group.WORLD, Ref(OUT), G))
+
+    def gather_equal(self) -> None:
+        g, r = self.geo, self.rank
+        B = g.block
+        if self.fp8:
+            dst = self.gathered_out()
+            self.add(AllGather(Group.WORLD, self.produce_chunk(None, B), dst, B))
+            self.finish_gather(dst)
+            return
+        if not self.in_place:
+            self.add(AllGather(Group.WORLD, self.produce_chunk(None, B), Ref(OUT), B))
+            return
+        # in place: the caller's rows are the rank's slot; the collectives read them there
+        q = g.block_index(r.cp, r.tp)
+        own = Ref(IN, X.mul(q, B), B)
+        if self.sums_partials():
+            group, k, base, _, count = self.partial_group()
+            span = Ref(IN, X.mul(base, B), X.mul(k, B))
+            if not self.known(self.eq(count, X.mul(k, B))):  # pad rows add zeros
+                self.add(Zero(span, X.mul(k, B), 0, count))
+            self.add(ReduceScatter(group, span, own, B))
+        else:
+            _, real = g.own_block(r.dp, r.cp, r.tp)
+            if not self.known(self.eq(real, B)):
+                self.add(Zero(own, B, 0, real))
+        self.add(AllGather(Group.WORLD, own, Ref(OUT), B))
+
+    def gather_unpack(self) -> None:
+        g = self.geo
+        B, W = g.block, g.layout.world_size
+        if g.mode is PaddingMode.GATHERV:
+            self.notes.append("GATHERV moves every rank's block in an equal all-gather, then "
+                              "one pass moves the chunks to their rows (no variable-size "
+                              "collective for these counts on this transport)")
+        chunk = self.produce_chunk(None, B)
+        gathered = self.buffer("wire_gathered" if self.fp8 else "gathered", X.mul(W, B),
+                               wire=self.fp8)
+        self.add(AllGather(Group.WORLD, chunk, gathered, B))
+        firsts, lens = g.chunk_table()
+        dst = self.gathered_out() if self.fp8 else Ref(OUT)
+        self.add(Unpack(gathered, dst, g.global_rows, firsts, lens, B))
+        self.finish_gather(dst)
+
+    def gather_ragged(self) -> None:
+        g = self.geo
+        B = g.block
+        chunk = self.produce_chunk(None, B)
+        firsts, lens = g.chunk_table()
+        dst = self.gathered_out() if self.fp8 else Ref(OUT)
+        self.add(AllGatherV(Group.WORLD, g.global_rows, firsts, lens, B, chunk, dst))
+        self.finish_gather(dst)
+
+    def gather_per_root(self) -> None:
+        g, r = self.geo, self.rank
+        G, B = g.global_rows, g.block
+        firsts, lens = g.chunk_table()
+        first, length = g.chunk(r.dp, r.cp, r.tp)
+        dst = self.gathered_out() if self.fp8 else Ref(OUT)
+        # Without shards the chunks tile [0, end) (a capacity plan's buffer may go on past
+        # it: a tail of zeros); shards leave gaps (each slot's pad past its shards) unless
+        # every shard table fills its slot.
+        end = X.vsum(g.aligned)
+        if g.sharded:
+            gaps = not self.known(X.land(X.vall(X.eq(g.n, g.aligned)), self.eq(end, G)))
+            tail = False
+        else:
+            gaps, tail = False, not self.known(self.eq(end, G))
+        mine = Ref(dst.buf, first, length)
+        if self.in_place:
+            if self.sums_partials():  # the input is read (into a scratch) before any write
+                self.produce_chunk(mine, length)
+                if gaps:
+                    self.add(Zero(Ref(OUT), G, first, length))
+            else:  # the caller's real rows are the chunk's: zero the rest
+                _, real = g.own_block(r.dp, r.cp, r.tp)
+                if gaps:
+                    self.add(Zero(Ref(OUT), G, first, real))
+                elif not self.known(self.eq(real, length)):
+                    self.add(Zero(mine, length, 0, real))
+            if tail:
+                self.add(Zero(Ref(OUT), G, 0, end))
+        else:  # the input is read before any write (it may be a view of out)
+            self.produce_chunk(mine, length)
+            if gaps:
+                self.add(Zero(Ref(dst.buf), G, first, length))
+            elif tail:
+                self.add(Zero(Ref(dst.buf), G, 0, end))
+        self.add(BroadcastV(Group.WORLD, G, firsts, lens, B, Ref(dst.buf)))
+        self.finish_gather(Ref(dst.buf))
+
+    # ------------------------------------------------------------ reduce_scatter routes
+    def rs_sum_slots(self) -> None:
+        g, r = self.geo, self.rank
+        G = g.global_rows
+        staged = self.buffer("staged", G)
+        self.move(Ref(IN), staged, G, 0, 0, G)  # the all-reduce works in place
+        self.add(AllReduce(Group.WORLD, staged, G))
+        self.move(staged, Ref(OUT), self.out_rows, g.rows_start(r.dp, r.cp), 0,
+                  g.held(r.dp, r.cp))
+
+    def rs_equal(self) -> None:
+        g, r, R = self.geo, self.rank, self.out_rows
+        B = g.block
+        if g.m == 1 and self.known(self.eq(R, B)):
+            held = g.held(r.dp, r.cp)
+            self.add(ReduceScatter(Group.WORLD, Ref(IN), Ref(OUT), B))
+            if not self.known(self.eq(held, R)):
+                self.add(Zero(Ref(OUT), R, 0, held))
+            return
+        chunk = self.buffer("chunk", B)
+        self.add(ReduceScatter(Group.WORLD, Ref(IN), chunk, B))
+        self.finish_slot(chunk, B)
+
+    def rs_unpack(self) -> None:
+        g = self.geo
+        B, W = g.block, g.layout.world_size
+        firsts, lens = g.chunk_table()
+        packed = self.buffer("packed", X.mul(W, B))
+        self.add(Pack(Ref(IN), packed, X.mul(W, B), firsts, lens, B))
+        chunk = self.buffer("chunk", B)
+        self.add(ReduceScatter(Group.WORLD, packed, chunk, B))
+        self.finish_slot(chunk, B)
+
+    def rs_ragged(self) -> None:
+        g = self.geo
+        firsts, lens = g.chunk_table()
+        chunk = self.buffer("chunk", g.block)
+        self.add(ReduceScatterV(Group.WORLD, g.global_rows, firsts, lens, g.block, Ref(IN),
+                                chunk))
+        self.finish_slot(chunk, g.block)
+
+    def rs_per_root(self) -> None:
+        g, r = self.geo, self.rank
+        G = g.global_rows
+        firsts, lens = g.chunk_table()
+        staged = self.buffer("staged", G)
+        self.move(Ref(IN), staged, G, 0, 0, G)  # per-root reduces work in place
+        self.add(ReduceV(Group.WORLD, G, firsts, lens, g.block, staged))
+        first, length = g.chunk(r.dp, r.cp, r.tp)
+        self.finish_slot(Ref("staged", first, length), length)
+
