@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from dpx import expr as X
+from dpx import values as V
 from dpx.errors import DpxValueError
 from dpx.extents import op_rows
 from dpx.modes import Group, Op, PaddingMode, Transport
@@ -113,10 +114,10 @@ class _Pricing:
         coords = ({X.Coord.RANK: 0, X.Coord.DP: 0, X.Coord.CP: 0, X.Coord.TP: 0}
                   if r.is_symbolic else
                   {X.Coord.RANK: r.rank, X.Coord.DP: r.dp, X.Coord.CP: r.cp, X.Coord.TP: r.tp})
-        self.ops = X.HostOps(counts, coords)
+        self.ops = V.HostOps(counts, coords)
 
     def val(self, v: Any) -> Any:
-        return v if type(v) is int else X.evaluate(v, self.ops)
+        return v if type(v) is int else V.evaluate(v, self.ops)
 
     def rb(self, buf: str) -> int:
         return self.wire_row_bytes if self.schedule.is_wire(buf) else self.row_bytes

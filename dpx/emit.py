@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpx import expr as X
+from dpx import values as V
 from dpx.errors import DpxValueError
 from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
@@ -34,7 +35,7 @@ class Emitter:
     def __init__(self, geo: Geometry, op: Op, *, partial: bool, rank: RankRef,
                  device_counts: bool, transport: Transport, wire: Wire, dequantize: bool,
                  in_place: bool, in_rows_known: bool, rule: CountRule | None,
-                 example: X.HostOps) -> None:
+                 example: V.HostOps) -> None:
         self.geo, self.op, self.rank = geo, op, rank
         self.partial = partial or op is Op.GATHER_SUM
         self.device_counts, self.transport = device_counts, transport
@@ -67,7 +68,7 @@ class Emitter:
             return bool(cond)
         if not self.host_known(cond):
             return False
-        value = int(bool(X.evaluate(cond, self.example)))
+        value = int(bool(V.evaluate(cond, self.example)))
         self.guards.setdefault(cond.key(), (cond, value))
         return bool(value)
 

@@ -1,24 +1,15 @@
 """Integer expressions over the counts, the rank's coordinates and a call's sizes.
 
-A schedule template is built once per plan *structure*: every row number in it is the
-geometry (:mod:`dpx.geometry`) built with the constructors of this module over three kinds
-of leaves -- :func:`counts_leaf` (the per-replica counts, or the ``[dp, cp]`` shard table
-row by row), :func:`coord` (this rank's ``dp`` / ``cp`` / ``tp`` / ``rank``, when one
-program serves every rank) and :func:`param` (a host int of the call: ``in_rows``,
-``out_rows``). A constructor given constants folds them with :data:`dpx.geometry.INTS`,
-so code given ints gets ints, computed by the same arithmetic as the planner's.
+A schedule template is built once per plan *structure*: its row numbers are the geometry
+(:mod:`dpx.geometry`) built with these constructors over three leaves: :func:`counts_leaf`
+(the counts, or the ``[dp, cp]`` shard table row by row), :func:`coord` (this rank's
+``dp`` / ``cp`` / ``tp`` / ``rank``, when one program serves every rank) and :func:`param`
+(``in_rows``, ``out_rows`` of the call). Constant operands fold with
+:data:`dpx.geometry.INTS`: the planner's own arithmetic.
 
-:data:`OPS` lists every operation once: its operands, how it renders, and how the host code
-generator writes it. Values are then evaluated three ways, all from that table:
-
-- :func:`evaluate` with an :class:`ArrayOps` of a frontend (torch, JAX, the NumPy test
-  simulator) on device counts and coordinates: the ops in :data:`DEVICE_OPS`;
-- :func:`substitute` / :class:`HostOps` on host values: every op, by its constructor;
-- :func:`compile_host`: one generated Python function per cached variant, computing its
-  host values and checking its guards (what a server runs every step).
-
-Integer semantics throughout: ``//`` is floor division by a positive int constant;
-comparisons give 0 or 1.
+:data:`OPS` lists every operation once: its constructor, its operands, how it renders and
+how generated host code writes it; :mod:`dpx.values` evaluates expressions from that
+table. Integers throughout: ``//`` floors by a positive constant; comparisons give 0 or 1.
 """
 
 from __future__ import annotations
@@ -28,11 +19,10 @@ from typing import Any, Callable, NamedTuple, Sequence
 from dpx.geometry import INTS
 
 __all__ = [
-    "add", "ArrayOps", "ceil_align", "ceil_div", "clip", "compile_host", "Coord", "coord",
-    "counts_leaf", "deps_of", "DEVICE_OPS", "eq", "evaluate", "exclusive_cumsum", "Expr",
-    "floordiv", "gather", "group_cumsum_excl", "group_sum", "host_value", "HostOps", "index",
-    "land", "maximum", "minimum", "mul", "OPS", "param", "PARAMS", "render", "repeat",
-    "size_of", "sub", "substitute", "vall", "vmax", "vsum"
+    "add", "BINARY", "ceil_align", "ceil_div", "clip", "Coord", "coord", "counts_leaf",
+    "deps_of", "DEVICE_OPS", "eq", "exclusive_cumsum", "Expr", "floordiv", "gather",
+    "group_cumsum_excl", "group_sum", "index", "land", "maximum", "minimum", "mul", "OPS",
+    "param", "PARAMS", "render", "repeat", "size_of", "sub", "vall", "vmax", "vsum"
 ]
 
 #: Leaf kinds a node depends on (:attr:`Expr.deps`, a bit set).
@@ -98,9 +88,7 @@ def deps_of(v: object) -> int:
 
 
 def size_of(v: object) -> int | None:
-    if isinstance(v, Expr):
-        return v.size
-    return len(v) if isinstance(v, tuple) else None
+    return v.size if isinstance(v, Expr) else len(v) if isinstance(v, tuple) else None
 
 
 def _node(op: str, *args: Any, size: Any = "vec") -> Expr:
@@ -271,11 +259,9 @@ def index(v: Any, i: Any) -> Any:
 
 # ---------------------------------------------------------------- the op table
 class OpSpec(NamedTuple):
-    """One operation: ``make`` its constructor; ``static`` the operand positions passed
-    as they are (ints, index tuples) rather than evaluated; ``elementwise`` whether an
-    index can be pushed through it; ``text`` how it renders and ``code`` how the host code
-    generator writes it (``{0}``, ``{1}``... the operands; ``code`` None where the
-    scalar/vector cases differ, see :func:`_code`)."""
+    """One operation: its constructor; the operand positions passed as they are (ints,
+    index tuples); whether an index can be pushed through it; how it renders and how the
+    host code generator writes it (``None``: from ``text``, elementwise, :func:`_code`)."""
 
     make: Callable[..., Any]
     static: tuple[int, ...]
@@ -318,165 +304,6 @@ BINARY = ("add", "sub", "mul", "floordiv", "minimum", "maximum", "eq", "land")
 #: reductions and ``repeat`` -- only ever read host counts, and are folded on the host).
 DEVICE_OPS = ("add", "sub", "mul", "floordiv", "minimum", "maximum", "eq", "land", "clip",
               "cumsum_excl", "group_sum", "group_cumsum_excl", "gather", "index")
-
-
-# ---------------------------------------------------------------- evaluation
-class ArrayOps:
-    """What a frontend provides to evaluate expressions on its arrays (int32): the leaves
-    (``counts``, ``coord``, ``param``), ``const`` and a method per name in
-    :data:`DEVICE_OPS` (``+ - * //`` default to the arrays' operators, ``land`` to ``*``)."""
-
-    def binary(self, op: str, a: Any, b: Any) -> Any:
-        if op == "add":
-            return a + b
-        if op == "sub":
-            return a - b
-        if op in ("mul", "land"):
-            return a * b
-        if op == "floordiv":
-            return a // b
-        return getattr(self, op)(a, b)
-
-
-def evaluate(value: Any, ops: ArrayOps, memo: dict[int, Any] | None = None) -> Any:
-    """Evaluate ``value`` (an int, a tuple or an :class:`Expr`) with ``ops``. Constants
-    become ``ops.const`` arrays; ``memo`` (keyed by node identity) shares common
-    subexpressions within one call."""
-    if not isinstance(value, Expr):
-        return ops.const(value)
-    return _eval(value, ops, {} if memo is None else memo)
-
-
-def _eval(e: Expr, ops: Any, memo: dict) -> Any:
-    hit = memo.get(id(e))
-    if hit is not None:
-        return hit[1]
-    op, args = e.op, e.args
-    if op in ("counts", "coord", "param"):  # a leaf; HostOps keeps one it has no value of
-        out = ops.counts() if op == "counts" else getattr(ops, op)(args[0])
-        if out is None:
-            out = e
-    else:
-        static = OPS[op].static
-        vals = [_eval(a, ops, memo) if isinstance(a, Expr)
-                else a if i in static else ops.const(a) for i, a in enumerate(args)]
-        out = ops.binary(op, *vals) if op in BINARY else getattr(ops, op)(*vals)
-    memo[id(e)] = (e, out)  # keep e alive so its id is not reused within the call
-    return out
-
-
-class HostOps(ArrayOps):
-    """Evaluates on host values by the constructors (which fold). A leaf whose value is
-    not given (``counts=None``, a coordinate or parameter not in the dicts) stays an
-    expression: that is :func:`substitute`."""
-
-    def __init__(self, counts: Sequence[int] | None = (), coords: dict | None = None,
-                 params: dict | None = None) -> None:
-        self._counts = None if counts is None else tuple(int(c) for c in counts)
-        self._coords, self._params = coords or {}, params or {}
-
-    def counts(self) -> Any:
-        return self._counts
-
-    def coord(self, name: str) -> Any:
-        return self._coords.get(name)
-
-    def param(self, name: str) -> Any:
-        return self._params.get(name)
-
-    def const(self, value: Any) -> Any:
-        return value
-
-    def binary(self, op: str, a: Any, b: Any) -> Any:
-        return OPS[op].make(a, b)
-
-    def __getattr__(self, op: str) -> Any:
-        if op in OPS:
-            return OPS[op].make
-        raise AttributeError(op)
-
-
-def host_value(value: Any, counts: Sequence[int], coords: dict[str, int] | None = None,
-               params: dict[str, int] | None = None) -> Any:
-    """``value`` evaluated for host ``counts`` (and coordinates / parameters it uses)."""
-    return evaluate(value, HostOps(counts, coords, params))
-
-
-def substitute(value: Any, *, counts: tuple | None = None,
-               coords: dict[str, int] | None = None,
-               params: dict[str, int] | None = None,
-               memo: dict[int, Any] | None = None) -> Any:
-    """``value`` with the given leaves replaced by host values and folded; the leaves not
-    given stay (a partially evaluated expression, or an int when nothing is left)."""
-    if not isinstance(value, Expr):
-        return value
-    return _eval(value, HostOps(counts, coords, params), {} if memo is None else memo)
-
-
-# ---------------------------------------------------------------- host code generation
-def _code(v: Expr, names: list[str]) -> str:
-    """Python source of node ``v`` whose operands are named ``names``."""
-    spec = OPS[v.op]
-    if spec.code is not None:
-        return spec.code.format(*names)
-    vec = [size_of(a) is not None and i not in spec.static for i, a in enumerate(v.args)]
-    if not any(vec):
-        scalar = spec.text.format(*names)
-        return f"int{scalar}" if v.op in ("eq", "land") else scalar
-    xs = [f"x{i}" if is_vec else n for i, (is_vec, n) in enumerate(zip(vec, names))]
-    inner = spec.text.format(*xs)
-    inner = f"int{inner}" if v.op in ("eq", "land") else inner
-    loop = ", ".join(f"x{i}" for i, is_vec in enumerate(vec) if is_vec)
-    seqs = [n for is_vec, n in zip(vec, names) if is_vec]
-    source = seqs[0] if len(seqs) == 1 else f"zip({', '.join(seqs)})"
-    return f"tuple({inner} for {loop} in {source})"
-
-
-def compile_host(outputs: Sequence[Any], guards: Sequence[tuple[Any, int]] = ()
-                 ) -> Callable[[tuple, tuple], "tuple | None"]:
-    """One Python function ``f(counts, params)`` computing every value of ``outputs``
-    (host-known values: ints, tuples or expressions over the counts and :data:`PARAMS`)
-    as a tuple, after checking ``guards`` (``(value, expected)``): ``None`` when a guard
-    differs. Common subexpressions are computed once."""
-    lines: list[str] = []
-    names: dict[tuple, str] = {}
-    env: dict[str, Any] = {"I": INTS}
-
-    def name_of(v: Any) -> str:
-        if type(v) is int:
-            return repr(v)
-        if not isinstance(v, Expr):
-            k = ("const", v)
-            if k not in names:
-                names[k] = env_name = f"c{len(names)}"
-                env[env_name] = v
-            return names[k]
-        if v.deps & COORD:
-            raise ValueError(f"{render(v)} reads a rank coordinate: not host-known")
-        k = v.key()
-        if k not in names:
-            if v.op == "counts":
-                code = "n"
-            elif v.op == "param":
-                code = f"p[{PARAMS.index(v.args[0])}]"
-            else:
-                code = _code(v, [name_of(a) if isinstance(a, Expr) or i not in
-                                 OPS[v.op].static else repr(a) for i, a in enumerate(v.args)])
-            names[k] = f"t{len(names)}"
-            lines.append(f"    {names[k]} = {code}")
-        return names[k]
-
-    checks = [f"{name_of(g)} != {int(want)}" for g, want in guards]
-    body = list(lines)
-    lines.clear()
-    if checks:
-        body.append(f"    if {' or '.join(checks)}:\n        return None")
-    outs = [name_of(v) for v in outputs]
-    body += lines
-    tail = "".join(f"{o}, " for o in outs)
-    src = "def _f(n, p):\n" + "\n".join(body) + f"\n    return ({tail})\n"
-    exec(compile(src, "<dpx host values>", "exec"), env)  # noqa: S102 - generated above
-    return env.pop("_f")
 
 
 # ---------------------------------------------------------------- rendering

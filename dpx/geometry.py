@@ -34,13 +34,14 @@ holds, evaluated later for host or device counts).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
+import operator
+from itertools import accumulate, repeat
 from typing import Any, Callable, NamedTuple
 
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 
-__all__ = ["Geometry", "geometry", "INTS", "Ints", "Structure"]
+__all__ = ["Geometry", "geometry", "INTS", "Ints", "slots", "Structure"]
 
 
 class Structure(NamedTuple):
@@ -81,7 +82,8 @@ def _each(fn: Callable[[int, int], int]) -> Callable[[Any, Any], Any]:
             if len(a) != len(b):
                 raise ValueError(f"vector lengths differ: {len(a)} and {len(b)}")
             return tuple(map(fn, a, b))
-        return tuple(fn(x, b) for x in a) if ta else tuple(fn(a, y) for y in b)
+        return tuple(map(fn, a, repeat(b, len(a)))) if ta else \
+            tuple(map(fn, repeat(a, len(b)), b))
     return staticmethod(op)
 
 
@@ -89,10 +91,10 @@ class Ints:
     """The geometry's operations on host ints (scalars) and tuples of ints (vectors).
     :mod:`dpx.expr` folds constant operands with these, so the two never differ."""
 
-    add = _each(lambda x, y: x + y)
-    sub = _each(lambda x, y: x - y)
-    mul = _each(lambda x, y: x * y)
-    floordiv = _each(lambda x, y: x // y)
+    add = _each(operator.add)
+    sub = _each(operator.sub)
+    mul = _each(operator.mul)
+    floordiv = _each(operator.floordiv)
     minimum = _each(min)
     maximum = _each(max)
     eq = _each(lambda x, y: int(x == y))
@@ -288,6 +290,24 @@ class Geometry:
         return full
 
 
+def slots(ops: Any, mode: PaddingMode, dp: int, m: int, n: Any,
+          capacity_rows: tuple[int, int, int] | None) -> tuple[Any, Any, Any, Any, Any]:
+    """``(aligned, slots, offsets, global rows, largest slot)`` of per-replica counts
+    ``n`` (``capacity_rows``: a capacity plan's static sizes), built with ``ops``."""
+    X = ops
+    a = X.ceil_align(n, m)
+    if capacity_rows is not None:
+        _, global_rows, max_slot = capacity_rows
+    if mode is PaddingMode.MAX_LEN:
+        slot = max_slot if capacity_rows is not None else X.vmax(a)
+        offsets = X.mul(tuple(range(dp)), slot)
+        return a, X.repeat(slot, dp), offsets, (
+            global_rows if capacity_rows is not None else X.mul(dp, slot)), slot
+    if capacity_rows is None:
+        max_slot, global_rows = X.vmax(a), X.vsum(a)
+    return a, a, X.exclusive_cumsum(a), global_rows, max_slot
+
+
 def geometry(structure: Structure, ops: Any = INTS, counts: Any = None) -> Geometry:
     """The :class:`Geometry` of a plan structure for ``counts`` (per replica, or the shard
     table row by row), built with ``ops``."""
@@ -297,24 +317,10 @@ def geometry(structure: Structure, ops: Any = INTS, counts: Any = None) -> Geome
     m, dp, cp, tp = lay.replica_size, lay.dp_size, lay.cp_size, lay.attn_tp_size
     shards = counts if sharded else None
     n = X.group_sum(counts, cp) if sharded else counts
-    a = X.ceil_align(n, m)
-    if cap is not None:
-        _, global_rows, max_slot = cap
-    if mode is PaddingMode.MAX_LEN:
-        slot = max_slot if cap is not None else X.vmax(a)
-        max_slot = slot
-        slots = X.repeat(slot, dp)
-        offsets = X.mul(tuple(range(dp)), slot)
-        if cap is None:
-            global_rows = X.mul(dp, slot)
-    else:
-        slots, offsets = a, X.exclusive_cumsum(a)
-        if cap is None:
-            max_slot = X.vmax(a)
-            global_rows = X.vsum(a)
+    a, slot_rows, offsets, global_rows, max_slot = slots(X, mode, dp, m, n, cap)
     if sharded:
         block = X.ceil_div(max_slot if cap is not None else X.vmax(counts), tp)
     else:
         block = X.floordiv(max_slot, m)
-    return Geometry(ops, lay, mode, counts, n, shards, a, slots, offsets, global_rows, block,
-                    cap is not None)
+    return Geometry(ops, lay, mode, counts, n, shards, a, slot_rows, offsets, global_rows,
+                    block, cap is not None)

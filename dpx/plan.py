@@ -33,7 +33,7 @@ from functools import cached_property
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError
-from dpx.geometry import INTS, Structure, geometry
+from dpx.geometry import INTS, Structure, slots
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 
@@ -107,7 +107,8 @@ class CountRule(NamedTuple):
 
     def per_replica(self, counts: Sequence[int]) -> list[int]:
         g = self.group
-        return [sum(counts[i:i + g]) for i in range(0, len(counts), g)]
+        return list(counts) if g == 1 else [sum(counts[i:i + g])
+                                            for i in range(0, len(counts), g)]
 
     def aligned_sum(self, counts: Sequence[int]) -> int:
         a = self.align
@@ -117,6 +118,11 @@ class CountRule(NamedTuple):
         """``(bit, message)`` per count that breaks the rule (empty when every row fits):
         bit 1 a negative entry, 2 a replica past ``max_each``, 4 the sum past
         ``max_sum`` -- the bits a device check ORs into its flag."""
+        per = self.per_replica(counts)
+        if (min(counts, default=0) >= 0
+                and (self.max_each is None or max(per, default=0) <= self.max_each)
+                and (self.max_sum is None or self.aligned_sum(counts) <= self.max_sum)):
+            return []  # every row fits: the common case, in a few builtin passes
         out, g = [], self.group
         for i, x in enumerate(counts):
             if x < 0:
@@ -147,12 +153,12 @@ class CountRule(NamedTuple):
 
 def count_rule(structure: Structure) -> CountRule:
     """The :class:`CountRule` of a capacity plan's structure."""
-    lay = structure.layout
-    group = lay.cp_size if structure.sharded else 1
+    group = structure.cp_size if structure.sharded else 1
+    m = structure.world_size // structure.dp_size  # the replica's ranks
     capacity, global_rows, _ = structure.capacity_rows  # type: ignore[misc]
     if structure.mode == PaddingMode.MAX_LEN.value:
-        return CountRule(structure.counts_size, group, lay.replica_size, capacity, None)
-    return CountRule(structure.counts_size, group, lay.replica_size, None, global_rows)
+        return CountRule(structure.counts_size, group, m, capacity, None)
+    return CountRule(structure.counts_size, group, m, None, global_rows)
 
 
 @dataclass(frozen=True)
@@ -312,32 +318,27 @@ def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *,
     """The plan of checked ``counts`` in ``mode``: its rows evaluated from the geometry. A
     capacity plan's counts must obey its :class:`CountRule` (else
     :class:`~dpx.DpxCapacityError`)."""
-    m = layout.replica_size
-    cap_rows = None
-    if capacity is not None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise DpxTypeError(f"capacity={capacity!r} must be an int or None")
-        if capacity < 0:
-            raise DpxValueError(f"capacity={capacity} must be >= 0")
-        c = INTS.ceil_align(capacity, m)
-        cap_rows = (capacity, c * layout.dp_size if mode is PaddingMode.MAX_LEN else c, c)
-    # slots and offsets follow the per-replica counts (shards only split them)
-    structure = Structure(layout.world_size, layout.dp_size, layout.cp_size, mode.value,
-                          False, cap_rows)
-    geo = geometry(structure, INTS, counts)
-    if capacity is None:
-        return DpPlan(layout, mode, counts, geo.slots, geo.offsets, geo.global_rows, None,
+    m, dp = layout.replica_size, layout.dp_size
+    if capacity is None:  # slots and offsets follow the per-replica counts
+        _, slot_rows, offsets, global_rows, _ = slots(INTS, mode, dp, m, counts, None)
+        return DpPlan(layout, mode, counts, slot_rows, offsets, global_rows, None,
                       is_extend, cp_shards, why)
-    plan = DpPlan(layout, mode, counts, (cap_rows[2],) * layout.dp_size, geo.offsets,
-                  cap_rows[1], capacity, is_extend, cp_shards, why)
-    rule = plan.count_rule._replace(entries=layout.dp_size, group=1)
-    if rule.problems(counts):
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise DpxTypeError(f"capacity={capacity!r} must be an int or None")
+    if capacity < 0:
+        raise DpxValueError(f"capacity={capacity} must be >= 0")
+    c = INTS.ceil_align(capacity, m)
+    cap_rows = (capacity, c * dp if mode is PaddingMode.MAX_LEN else c, c)
+    aligned, _, offsets, _, _ = slots(INTS, mode, dp, m, counts, cap_rows)
+    plan = DpPlan(layout, mode, counts, (c,) * dp, offsets, cap_rows[1], capacity, is_extend,
+                  cp_shards, why)
+    rule = plan.count_rule
+    if rule.problems(plan.leaf_counts):
         if rule.max_each is not None:
             d = next(d for d, n in enumerate(counts) if n > capacity)
             raise DpxCapacityError(
                 f"num_tokens[{d}]={counts[d]} exceeds capacity={capacity}: a MAX_LEN "
                 f"capacity is the per-replica slot size")
-        aligned = geo.aligned
         raise DpxCapacityError(
             f"sum of aligned num_tokens {aligned} = {sum(aligned)} exceeds capacity="
             f"{capacity} (aligned to replica_size={m}: {cap_rows[2]}): a {mode.name} "

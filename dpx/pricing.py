@@ -21,16 +21,25 @@ from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Transport
 from dpx.routes import Route, route_of
 
-__all__ = ["cheapest", "cheapest_index", "MODE_ORDER"]
+__all__ = ["cheaper", "cheapest", "cheapest_index", "MODE_ORDER"]
 
 #: Tie-break order of the modes (an earlier mode wins an exact tie).
 MODE_ORDER = {PaddingMode.MAX_LEN: 0, PaddingMode.SUM_LEN: 1, PaddingMode.GATHERV: 2}
 
 
-def cheapest_index(modes: Sequence[PaddingMode], seconds: Sequence[float]) -> int:
-    """The index of the cheapest of ``modes`` (priced ``seconds``); a tie goes to the
+def cheaper(seconds: float, mode: PaddingMode, than: float, than_mode: PaddingMode) -> bool:
+    """Whether ``mode`` at ``seconds`` beats ``than_mode`` at ``than``: a tie goes to the
     earlier of MAX_LEN, SUM_LEN, GATHERV. The policy's one tie-break."""
-    return min(range(len(modes)), key=lambda i: (seconds[i], MODE_ORDER[modes[i]]))
+    return seconds < than or (seconds == than and MODE_ORDER[mode] < MODE_ORDER[than_mode])
+
+
+def cheapest_index(modes: Sequence[PaddingMode], seconds: Sequence[float]) -> int:
+    """The index of the cheapest of ``modes`` (priced ``seconds``, :func:`cheaper`)."""
+    best = 0
+    for i in range(1, len(modes)):
+        if cheaper(seconds[i], modes[i], seconds[best], modes[best]):
+            best = i
+    return best
 
 
 def cheapest(counts: Sequence[int], layout: DpLayout, modes: Sequence[PaddingMode], *,
@@ -62,17 +71,17 @@ def cheapest(counts: Sequence[int], layout: DpLayout, modes: Sequence[PaddingMod
         colls.append((rs_tp + main, route))
     totals = [2 * c for c, _ in colls]  # gather and reduce_scatter run the same ones
     out: list[tuple[float, bool]] = [(t, False) for t in totals]
-    best = None
+    best = -1
+    mem = cost_model.memory_bandwidth
     for i in sorted(range(len(modes)), key=totals.__getitem__) if prune else range(len(modes)):
-        if prune and best is not None and totals[i] > best:
+        if prune and best >= 0 and totals[i] > out[best][0]:
             continue
         g, r = _local_rows(colls[i][1], transport, n, a, mx, mn, S, G, B, tp, W)
         c = colls[i][0]
-        out[i] = ((c + (g * rb) / cost_model.memory_bandwidth)
-                  + (c + (r * rb) / cost_model.memory_bandwidth), True)
-        best = out[i][0] if best is None else min(best, out[i][0])
-    priced = [i for i, (_, exact) in enumerate(out) if exact]
-    return priced[cheapest_index([modes[i] for i in priced], [out[i][0] for i in priced])], out
+        out[i] = ((c + (g * rb) / mem) + (c + (r * rb) / mem), True)
+        if best < 0 or cheaper(out[i][0], modes[i], out[best][0], modes[best]):
+            best = i
+    return best, out
 
 
 def _local_rows(route: Route, transport: Transport, n: Sequence[int], a: Sequence[int],

@@ -8,11 +8,11 @@ so no rank waits in a collective its peers skip. No step writes ``"in"`` (no op 
 its input), except in an in-place gather, whose input is the caller's rows inside
 ``"out"``.
 
-Schedules are built once per *structure* and evaluated for new counts. A
-:class:`Template` is the schedule of a plan structure (:attr:`dpx.DpPlan.structure`)
-with every row number an expression over the counts and the call's sizes; where the steps
-themselves depend on the counts (a rank whose rows fill its block needs no pass), it holds
-one :class:`Variant` per outcome, each with the *guards* that select it. A variant's host
+Schedules are built once per *structure* and evaluated for new counts. A template is the
+schedule of a plan structure (:attr:`dpx.DpPlan.structure`) with every row number an
+expression over the counts and the call's sizes; where the steps themselves depend on the
+counts (a rank whose rows fill its block needs no pass), it holds one :class:`Variant` per
+outcome, each with the *guards* that select it. A variant's host
 values are computed by one generated function (:func:`dpx.expr.compile_host`) when the
 variant is cached, or evaluated directly when it serves one call; :func:`build_schedule`
 fills them in (:meth:`Variant.concretize`), and a frontend can run a variant directly with
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from dpx import expr as X
+from dpx import values as V
 from dpx.emit import Emitter
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.extents import op_rows
@@ -37,7 +38,7 @@ from dpx.routes import RankRef, Route, concrete_rank, symbolic_geometry, symboli
 from dpx.steps import IN, OUT, Ref, Step, moved_buffer
 from dpx.steps import _Variable as _VariableStep
 
-__all__ = ["IN", "OUT", "Schedule", "ScheduleCache", "Template", "Variant", "build_schedule"]
+__all__ = ["IN", "OUT", "Schedule", "ScheduleCache", "Variant", "build_schedule"]
 
 
 @dataclass(eq=False, slots=True)
@@ -137,7 +138,7 @@ class Variant:
         self.enums = (emitter.op, emitter.transport, emitter.wire)
         #: ``values(counts, params) -> tuple | None`` (see :func:`dpx.expr.compile_host`);
         #: a variant built for one call evaluates them without generating code
-        self.values = (X.compile_host(outputs, self.guards) if compiled
+        self.values = (V.compile_host(outputs, self.guards) if compiled
                        else _interpreter(self.guards, self.outputs))
 
     def concretize(self, plan: DpPlan, values: tuple, counts: tuple | None,
@@ -150,22 +151,23 @@ class Variant:
             params["in_rows"] = in_rows
         memo: dict = {}
 
-        def fill(spec: tuple) -> Any:
-            kind, x = spec
+        def fill(kind: int, x: Any) -> Any:
             if kind == 0:
                 return x
             if kind == 1:
                 return values[x]
             if kind == 2:
-                return X.substitute(x, counts=counts, params=params, memo=memo)
-            return Ref(x[0], fill(x[1]), fill(x[2]))
+                return V.substitute(x, counts=counts, params=params, memo=memo)
+            return Ref(x[0], fill(*x[1]), fill(*x[2]))
 
         steps, scratch = self._fill
         op, transport, wire = self.enums
         return Schedule(plan, op, k.partial, self.rank_ref, k.device_counts, transport,
                         in_rows, out_rows,
-                        tuple(cls(*[fill(f) for f in fields]) for cls, fields in steps),
-                        tuple((name, fill(rows)) for name, rows in scratch), self.notes,
+                        tuple(cls(*[x if kind == 0 else values[x] if kind == 1 else
+                                    fill(kind, x) for kind, x in fields])
+                              for cls, fields in steps),
+                        tuple((name, fill(*rows)) for name, rows in scratch), self.notes,
                         wire, self.wire_bufs, self.route, k.in_place)
 
 
@@ -175,38 +177,13 @@ def _interpreter(guards: tuple, outputs: tuple) -> Any:
 
     def values(counts: tuple, params: tuple) -> tuple | None:
         named = {k: v for k, v in zip(X.PARAMS, params) if v is not None}
-        ops = X.HostOps(counts, params=named)
+        ops = V.HostOps(counts, params=named)
         memo: dict = {}
         for g, want in guards:
-            if int(bool(X.evaluate(g, ops, memo))) != want:
+            if int(bool(V.evaluate(g, ops, memo))) != want:
                 return None
-        return tuple(X.evaluate(v, ops, memo) for v in outputs)
+        return tuple(V.evaluate(v, ops, memo) for v in outputs)
     return values
-
-
-class Template:
-    """The variants of one :class:`TemplateKey`, most recently used first (at most
-    ``max_variants``; the least recently used is dropped beyond it)."""
-
-    __slots__ = ("key", "variants", "max_variants")
-
-    def __init__(self, key: TemplateKey, max_variants: int) -> None:
-        self.key = key
-        self.variants: list[Variant] = []
-        self.max_variants = max_variants
-
-    def lookup(self, counts: tuple, params: tuple) -> tuple[Variant, tuple] | None:
-        for i, v in enumerate(self.variants):
-            values = v.values(counts, params)
-            if values is not None:
-                if i:
-                    self.variants.insert(0, self.variants.pop(i))
-                return v, values
-        return None
-
-    def add(self, variant: Variant) -> None:
-        self.variants.insert(0, variant)
-        del self.variants[self.max_variants:]
 
 
 def _emit(key: TemplateKey, counts: tuple, in_rows: int | None, out_rows: int, *,
@@ -222,7 +199,7 @@ def _emit(key: TemplateKey, counts: tuple, in_rows: int | None, out_rows: int, *
                 wire=Wire(key.wire), dequantize=key.dequantize,
                 in_place=key.in_place, in_rows_known=key.in_rows_known,
                 rule=count_rule(structure) if key.device_counts else None,
-                example=X.HostOps(() if key.device_counts else counts, params=params))
+                example=V.HostOps(() if key.device_counts else counts, params=params))
     e.emit()
     return Variant(key, e, compiled=compiled)
 
@@ -239,7 +216,8 @@ class ScheduleCache:
                 raise DpxValueError(f"ScheduleCache({name}={v!r}): must be an int >= 1")
         self.max_templates = max_templates
         self.max_variants = max_variants
-        self._templates: OrderedDict[TemplateKey, Template] = OrderedDict()
+        #: per template, its variants, most recently used first
+        self._templates: OrderedDict[TemplateKey, list[Variant]] = OrderedDict()
         self.builds = 0
 
     def __len__(self) -> int:
@@ -247,7 +225,7 @@ class ScheduleCache:
 
     def variants(self) -> int:
         """How many variants the cache holds in all."""
-        return sum(len(t.variants) for t in self._templates.values())
+        return sum(map(len, self._templates.values()))
 
     def clear(self) -> None:
         self._templates.clear()
@@ -258,19 +236,23 @@ class ScheduleCache:
         on a miss; ``compiled=False`` evaluates a new variant's values without generated
         code)."""
         params = (in_rows, out_rows)
-        t = self._templates.get(key)
-        if t is not None:
+        found = self._templates.get(key)
+        if found is not None:
             self._templates.move_to_end(key)
-            hit = t.lookup(counts, params)
-            if hit is not None:
-                return hit
+            for i, v in enumerate(found):
+                values = v.values(counts, params)
+                if values is not None:
+                    if i:
+                        found.insert(0, found.pop(i))
+                    return v, values
         else:
-            t = self._templates[key] = Template(key, self.max_variants)
+            found = self._templates[key] = []
             if len(self._templates) > self.max_templates:
                 self._templates.popitem(last=False)
         v = _emit(key, counts, in_rows, out_rows, compiled=compiled)
         self.builds += 1
-        t.add(v)
+        found.insert(0, v)
+        del found[self.max_variants:]
         values = v.values(counts, params)
         assert values is not None, "a variant must accept the counts it was built for"
         return v, values
@@ -312,11 +294,9 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
                        dequantize=bool(dequantize) or wire is Wire.NATIVE,
                        in_place=bool(in_place), in_rows_known=in_rows is not None)
     counts = plan.leaf_counts
-    if cache is None:
-        variant = _emit(key, counts, in_rows, out_rows, compiled=False)
-        values = variant.values(counts, (in_rows, out_rows))
-    else:
-        variant, values = cache.variant(key, counts, in_rows, out_rows)
+    one_off = cache is None  # a schedule for one call: evaluated without generated code
+    variant, values = (ScheduleCache(max_templates=1) if one_off else cache).variant(
+        key, counts, in_rows, out_rows, compiled=not one_off)
     return variant.concretize(plan, values, None if device_counts else counts, in_rows,
                               out_rows)
 

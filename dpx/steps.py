@@ -56,9 +56,18 @@ class Step:
     __slots__ = ()
     collective = False
     kind = "step"
+    #: how the step prints: a format of its fields, rendered (``n``: the chunk count)
+    text = ""
 
     def fields(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}  # type: ignore
+
+    def __str__(self) -> str:
+        shown = {k: v.value if isinstance(v, Group) else v if isinstance(v, Ref) else _v(v)
+                 for k, v in self.fields().items()}
+        if "lens" in shown:
+            shown["n"] = len_of(self.lens)  # type: ignore[attr-defined]
+        return self.text.format(**shown)
 
 
 # ---------------------------------------------------------------- local passes
@@ -150,9 +159,7 @@ class Quantize(Step):
     count: Any
     kind = "quantize"
 
-    def __str__(self) -> str:
-        return (f"quantize {self.src}[{_v(self.start)} : +{_v(self.count)}] -> "
-                f"{self.dst}[{_v(self.rows)} fp8 rows], zero rows after")
+    text = "quantize {src}[{start} : +{count}] -> {dst}[{rows} fp8 rows], zero rows after"
 
 
 @dataclass(eq=False, slots=True)
@@ -165,8 +172,7 @@ class Dequantize(Step):
     rows: Any
     kind = "dequantize"
 
-    def __str__(self) -> str:
-        return f"dequantize {self.src}[{_v(self.rows)} fp8 rows] -> {self.dst}"
+    text = "dequantize {src}[{rows} fp8 rows] -> {dst}"
 
 
 @dataclass(eq=False, slots=True)
@@ -190,10 +196,7 @@ class Unpack(_ChunkPass):
 
     kind = "unpack"
 
-    def __str__(self) -> str:
-        return (f"unpack  {self.src}[{len_of(self.lens)} x {_v(self.block)}] -> {self.dst}"
-                f"[{_v(self.rows)} rows], chunks firsts={_v(self.firsts)} "
-                f"lens={_v(self.lens)}")
+    text = "unpack  {src}[{n} x {block}] -> {dst}[{rows} rows], chunks firsts={firsts} lens={lens}"
 
 
 @dataclass(eq=False, slots=True)
@@ -204,9 +207,7 @@ class Pack(_ChunkPass):
 
     kind = "pack"
 
-    def __str__(self) -> str:
-        return (f"pack    {self.src} -> {self.dst}[{len_of(self.lens)} x {_v(self.block)}], "
-                f"chunks firsts={_v(self.firsts)} lens={_v(self.lens)}")
+    text = "pack    {src} -> {dst}[{n} x {block}], chunks firsts={firsts} lens={lens}"
 
 
 def len_of(v: Any) -> int:
@@ -226,8 +227,7 @@ class AllGather(Step):
     collective = True
     kind = "all_gather"
 
-    def __str__(self) -> str:
-        return f"all_gather     {self.group.value}: {self.src}[{_v(self.rows)}] -> {self.dst}"
+    text = "all_gather     {group}: {src}[{rows}] -> {dst}"
 
 
 @dataclass(eq=False, slots=True)
@@ -242,9 +242,7 @@ class ReduceScatter(Step):
     collective = True
     kind = "reduce_scatter"
 
-    def __str__(self) -> str:
-        return (f"reduce_scatter {self.group.value}: {self.src} -> "
-                f"{self.dst}[{_v(self.rows)}]")
+    text = "reduce_scatter {group}: {src} -> {dst}[{rows}]"
 
 
 @dataclass(eq=False, slots=True)
@@ -257,8 +255,7 @@ class AllReduce(Step):
     collective = True
     kind = "all_reduce"
 
-    def __str__(self) -> str:
-        return f"all_reduce     {self.group.value}: {self.buf}[{_v(self.rows)}] in place"
+    text = "all_reduce     {group}: {buf}[{rows}] in place"
 
 
 @dataclass(eq=False, slots=True)
@@ -274,9 +271,6 @@ class _Variable(Step):
     block: Any
     collective = True
 
-    def _table(self) -> str:
-        return f"chunks firsts={_v(self.firsts)} lens={_v(self.lens)}"
-
 
 @dataclass(eq=False, slots=True)
 class BroadcastV(_Variable):
@@ -287,9 +281,7 @@ class BroadcastV(_Variable):
     buf: Ref = Ref(OUT)
     kind = "broadcast_v"
 
-    def __str__(self) -> str:
-        return (f"broadcast_v    {self.group.value}: {self.buf}[{_v(self.rows)}] per root, "
-                f"{self._table()}")
+    text = "broadcast_v    {group}: {buf}[{rows}] per root, chunks firsts={firsts} lens={lens}"
 
 
 @dataclass(eq=False, slots=True)
@@ -300,9 +292,7 @@ class ReduceV(_Variable):
     buf: Ref = Ref(OUT)
     kind = "reduce_v"
 
-    def __str__(self) -> str:
-        return (f"reduce_v       {self.group.value}: {self.buf}[{_v(self.rows)}] per root, "
-                f"{self._table()}")
+    text = "reduce_v       {group}: {buf}[{rows}] per root, chunks firsts={firsts} lens={lens}"
 
 
 @dataclass(eq=False, slots=True)
@@ -314,9 +304,8 @@ class AllGatherV(_Variable):
     dst: Ref = Ref(OUT)
     kind = "all_gather_v"
 
-    def __str__(self) -> str:
-        return (f"all_gather_v   {self.group.value}: {self.src}[{_v(self.block)}] -> "
-                f"{self.dst}[{_v(self.rows)}], {self._table()}")
+    text = ("all_gather_v   {group}: {src}[{block}] -> {dst}[{rows}], chunks firsts={firsts} "
+            "lens={lens}")
 
 
 @dataclass(eq=False, slots=True)
@@ -328,9 +317,8 @@ class ReduceScatterV(_Variable):
     dst: Ref = Ref(OUT)
     kind = "reduce_scatter_v"
 
-    def __str__(self) -> str:
-        return (f"reduce_scatter_v {self.group.value}: {self.src}[{_v(self.rows)}] -> "
-                f"{self.dst}[{_v(self.block)}], {self._table()}")
+    text = ("reduce_scatter_v {group}: {src}[{rows}] -> {dst}[{block}], chunks "
+            "firsts={firsts} lens={lens}")
 
 
 #: Every step kind, local passes first.

@@ -18,6 +18,7 @@ from jax import lax
 from jax.experimental import checkify
 
 from dpx import expr as X
+from dpx import values as V
 from dpx.errors import DpxValueError
 from dpx.modes import Group
 from dpx.schedule import Schedule
@@ -47,7 +48,7 @@ def _coord_axes(axes: Axes, name: str) -> tuple[str, ...]:
     return axes.world if name == X.Coord.RANK else axes.of(name)
 
 
-class JaxValues(X.ArrayOps):
+class JaxValues(V.ArrayOps):
     """:class:`dpx.expr.ArrayOps` on int32 JAX arrays inside ``shard_map``."""
 
     def __init__(self, counts: jax.Array | None, axes: Axes = DEFAULT_AXES) -> None:
@@ -113,7 +114,7 @@ class _Run:
         self.memo: dict = {}
 
     def value(self, v: Any) -> Any:
-        return v if isinstance(v, int) else X.evaluate(v, self.ops, self.memo)
+        return v if isinstance(v, int) else V.evaluate(v, self.ops, self.memo)
 
     def read(self, r: Ref) -> jax.Array:
         t = self.env[r.buf]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dpx import expr as X
+from dpx import values as V
 from dpx.errors import DpxValueError
 from dpx.padrows import real_ranges
 from dpx.plan import DpPlan
@@ -28,7 +28,7 @@ def pad_row_mask(plan: DpPlan, *, counts: jax.Array | None = None) -> jax.Array:
     _check_plan(plan)
     c = _counts(plan, counts)
     ops, memo = JaxValues(c), {}
-    firsts, lens = (jnp.asarray(X.evaluate(v, ops, memo), jnp.int32)
+    firsts, lens = (jnp.asarray(V.evaluate(v, ops, memo), jnp.int32)
                     for v in real_ranges(plan, device_counts=c is not None))
     rows = jnp.arange(plan.global_rows, dtype=jnp.int32)[:, None]
     return ~jnp.any((rows >= firsts) & (rows < firsts + lens), axis=1)
@@ -58,7 +58,7 @@ def local_count(plan: DpPlan, *, counts: jax.Array | None = None,
         c = jnp.asarray(plan.leaf_counts, jnp.int32)
     r = symbolic_rank()
     held = symbolic_geometry(plan.structure).held(r.dp, r.cp)
-    return jnp.asarray(X.evaluate(held, JaxValues(c, axes), {}), jnp.int32).reshape(())
+    return jnp.asarray(V.evaluate(held, JaxValues(c, axes), {}), jnp.int32).reshape(())
 
 
 def local_row_mask(plan: DpPlan, *, counts: jax.Array | None = None,

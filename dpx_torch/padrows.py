@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from dpx import expr as X
+from dpx import values as V
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.padrows import real_ranges
 from dpx.plan import DpPlan
@@ -54,7 +54,7 @@ def _tables(plan: DpPlan, counts: torch.Tensor | None, device: torch.device,
         return tables.get(firsts, device), tables.get(lens, device)
     ops = DeviceValues(counts.reshape(-1), tables, (None, 0))
     firsts, lens = real_ranges(plan, device_counts=True)
-    return X.evaluate(firsts, ops, ops.memo), X.evaluate(lens, ops, ops.memo)
+    return V.evaluate(firsts, ops, ops.memo), V.evaluate(lens, ops, ops.memo)
 
 
 def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None = None,

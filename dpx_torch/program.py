@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from dpx import expr as X
+from dpx import values as V
 from dpx.batch import Stage, lockstep
 from dpx.errors import DpxValueError
 from dpx.modes import Group
@@ -106,7 +107,7 @@ def tables_for_call(tables: DeviceTables) -> DeviceTables | FreshTables:
     return FreshTables() if torch.compiler.is_compiling() else tables
 
 
-class DeviceValues(X.ArrayOps):
+class DeviceValues(V.ArrayOps):
     """:class:`dpx.expr.ArrayOps` on an int32 device counts tensor: vectors are 1-d int32
     tensors, scalars 1-element int32 tensors (what the row kernels read), int constants
     stay Python ints; constant vectors come from the communicator's :class:`DeviceTables`.
@@ -120,7 +121,7 @@ class DeviceValues(X.ArrayOps):
         self.memo: dict = {}
 
     def __call__(self, v: Any) -> Any:
-        return X.evaluate(v, self, self.memo)
+        return V.evaluate(v, self, self.memo)
 
     def counts(self) -> torch.Tensor:
         return self._counts

@@ -22,6 +22,7 @@ import numpy as np
 
 import dpx
 from dpx import expr as X
+from dpx import values as V
 from dpx.modes import Group
 from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts,
                        Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
@@ -29,7 +30,7 @@ from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, Ch
 from dpx.schedule import Schedule
 
 
-class NumpyValues(X.ArrayOps):
+class NumpyValues(V.ArrayOps):
     """``dpx.expr.ArrayOps`` on NumPy int64 arrays for one rank (its own table: ``+ - *
     //`` from NumPy's operators, the rest below)."""
 
@@ -98,7 +99,7 @@ class _Rank:
             self.env[name] = np.full((rows, *rest), np.nan)
 
     def val(self, v: Any) -> Any:
-        return v if isinstance(v, int) else X.evaluate(v, self.ops)
+        return v if isinstance(v, int) else V.evaluate(v, self.ops)
 
     def ref(self, r: Ref) -> np.ndarray:
         t = self.env[r.buf]

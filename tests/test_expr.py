@@ -15,6 +15,7 @@ import pytest
 
 import dpx
 from dpx import expr as X
+from dpx import values as V
 from dpx.geometry import INTS
 
 #: For every op, operands to try: (args as constants, which positions become leaves).
@@ -100,26 +101,26 @@ def test_op_folds_evaluates_compiles_and_renders(op):
         exprs, counts = _leaves(args, leafy)
         e = make(*exprs)
         assert isinstance(e, X.Expr), (op, args)
-        assert X.host_value(e, counts) == want
-        assert X.substitute(e, counts=counts) == want
-        assert X.compile_host([e])(counts, (None, 0)) == (want,)
+        assert V.host_value(e, counts) == want
+        assert V.substitute(e, counts=counts) == want
+        assert V.compile_host([e])(counts, (None, 0)) == (want,)
         text = X.render(e)
         assert text and "n" in text, text
         # the device evaluators: the NumPy test simulator's (the torch and JAX ones are
         # held to the same ops below)
         if op in X.DEVICE_OPS:
             from schedule_sim import NumpyValues
-            got = X.evaluate(e, NumpyValues(counts, {}))
+            got = V.evaluate(e, NumpyValues(counts, {}))
             assert np.asarray(got).tolist() == (list(want) if type(want) is tuple else want)
 
 
 def test_guards_select_and_leaves_stay():
     leaf = X.counts_leaf(2)
     n0 = X.index(leaf, 0)
-    f = X.compile_host([X.add(n0, X.param("out_rows"))], [(X.eq(n0, 3), 1)])
+    f = V.compile_host([X.add(n0, X.param("out_rows"))], [(X.eq(n0, 3), 1)])
     assert f((3, 1), (None, 10)) == (13,) and f((4, 1), (None, 10)) is None
-    partial = X.substitute(X.add(n0, X.coord(X.Coord.TP)), counts=(5, 6))
-    assert isinstance(partial, X.Expr) and X.host_value(partial, (), {"tp": 2}) == 7
+    partial = V.substitute(X.add(n0, X.coord(X.Coord.TP)), counts=(5, 6))
+    assert isinstance(partial, X.Expr) and V.host_value(partial, (), {"tp": 2}) == 7
     assert X.eq(n0, n0) == 1 and X.mul(0, leaf) == (0, 0) and X.add(n0, 0) is n0
 
 
@@ -230,20 +231,23 @@ def test_build_without_cache_generates_no_code(monkeypatch):
     """A one-off schedule evaluates its values directly; a cached variant generates one
     host function (and reuses it for new counts of its structure)."""
     generated = []
-    real = X.compile_host
-    monkeypatch.setattr(X, "compile_host", lambda *a: generated.append(1) or real(*a))
+    real = V.compile_host
+    monkeypatch.setattr(V, "compile_host", lambda *a: generated.append(1) or real(*a))
     lay = dpx.DpLayout(8, 4)
     cache = dpx.ScheduleCache()
     for mode in dpx.PaddingMode:
-        for counts in ([3, 0, 7, 5], [4, 1, 6, 5]):
+        for counts in ([3, 0, 7, 5], [9, 3, 6, 5]):  # the second: new counts, same variants
+            builds = cache.builds
             plan = dpx.plan_step(counts, lay, mode=mode)
             for op in dpx.Op:
                 cold = dpx.build_schedule(plan, op, rank=3)
                 assert not generated, (mode, op)
                 warm = dpx.build_schedule(plan, op, rank=3, cache=cache)
                 assert [str(s) for s in warm.steps] == [str(s) for s in cold.steps]
+                assert len(generated) == cache.builds - builds, (mode, op)
                 generated.clear()
-    assert cache.builds < 3 * len(dpx.Op) * 2
+                builds = cache.builds
+        assert len(cache) == len(dpx.Op) * (list(dpx.PaddingMode).index(mode) + 1)
 
 
 def test_geometry_on_ints_is_the_plan():

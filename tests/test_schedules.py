@@ -15,6 +15,7 @@ import pytest
 import dpx
 from dpx import Op, PaddingMode, Transport, build_schedule
 from dpx import expr as X
+from dpx import values as V
 from dpx.steps import CheckCounts, Move, Zero
 from reference import (dequantize_fp8, global_inputs, held, local_inputs, quantize_fp8,
                        real_rows, ref_gather, ref_reduce_scatter_rank,
@@ -275,8 +276,8 @@ def test_device_count_values_are_expressions_of_the_counts():
     assert isinstance(check, CheckCounts) and (check.rule.max_sum, check.rule.align) == (16, 2)
     assert isinstance(place, Move) and isinstance(place.dst_start, X.Expr)
     assert X.render(place.dst_start) == "cumsum_excl(align(n, 2))[1]"
-    assert X.host_value(place.dst_start, (3, 5)) == 4
-    assert X.host_value(place.count, (3, 5)) == 5
+    assert V.host_value(place.dst_start, (3, 5)) == 4
+    assert V.host_value(place.count, (3, 5)) == 5
     host = build_schedule(plan, Op.GATHER, rank=2)
     assert (host.steps[0].dst_start, host.steps[0].count) == (2, 1)  # the plan's counts
 
@@ -292,7 +293,7 @@ def test_symbolic_schedule_is_one_program():
         coords = {"rank": r, "dp": c.attn_dp_rank, "cp": c.attn_cp_rank, "tp": c.attn_tp_rank}
         concrete = build_schedule(plan, Op.GATHER, rank=r, partial=False).steps[0]
         if isinstance(concrete, Move):
-            assert X.host_value(take.count, plan.num_tokens, coords) == concrete.count
+            assert V.host_value(take.count, plan.num_tokens, coords) == concrete.count
 
 
 def test_transports_route_gatherv():
