@@ -1,7 +1,4 @@
-"""Counts exchanged between ranks, and one step's counts checked against a capacity plan.
-
-:func:`capacity_problems` applies a capacity plan's :class:`~dpx.plan.CountRule` to the
-counts of one step (host values read back from the device, ``validate=True``).
+"""Counts exchanged between ranks.
 
 ``exchange_counts(n_local)`` all-gathers every rank's own count (an int32 scalar) over the
 world and keeps, for replica ``d`` (or, with ``shards=True``, for CP rank ``c`` of replica
@@ -14,18 +11,9 @@ do not.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from dpx.layout import DpLayout
-from dpx.plan import DpPlan
 
-__all__ = ["capacity_problems", "disagreements", "sources"]
-
-
-def capacity_problems(plan: DpPlan, counts: Sequence[int]) -> list[str]:
-    """What is wrong with one step's counts (per replica, or the shard table row by row)
-    under capacity plan ``plan``: one message per problem, empty when every row fits."""
-    return plan.count_rule.problems(counts)
+__all__ = ["disagreements", "sources"]
 
 
 def sources(layout: DpLayout, rank: int, *, shards: bool) -> tuple[int, ...]:

@@ -28,14 +28,14 @@ __all__ = [
 #: Leaf kinds a node depends on (:attr:`Expr.deps`, a bit set).
 COUNTS, COORD, PARAM = 1, 2, 4
 
-#: Parameters of a call, in the order :func:`compile_host` functions take them.
+#: Parameters of a call, in the order :func:`dpx.values.compile_host` functions take them.
 PARAMS: tuple[str, ...] = ("in_rows", "out_rows")
 
 
 class Expr:
     """A node of an integer expression. ``size`` is the vector length (``None``: scalar);
     ``deps`` the leaf kinds it depends on. Nodes compare by identity; :meth:`key` gives a
-    structural key (what :func:`compile_host` shares common subexpressions by)."""
+    structural key (what :func:`dpx.values.compile_host` shares common subexpressions by)."""
 
     __slots__ = ("op", "args", "size", "deps", "_key")
 

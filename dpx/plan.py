@@ -1,28 +1,20 @@
-"""The plan of one step: a frozen value, its counts' rules, its slots.
+"""The plan of one step: a frozen value, the rules of its counts, its slots.
 
-A :class:`DpPlan` is a frozen, hashable dataclass of ints and enums. Every rank that plans
-the same counts with the same arguments gets an equal plan (and an equal
-:meth:`DpPlan.fingerprint`), so it can key caches, be compared across ranks, and be a
-static argument of ``jax.jit``. :func:`dpx.plan_step` (:mod:`dpx.planner`) chooses the
-mode; this module makes the plan from it, its rows evaluated from :mod:`dpx.geometry`.
+A :class:`DpPlan` is a frozen, hashable dataclass of ints and enums: ranks that plan the
+same counts alike get equal plans (and equal :meth:`DpPlan.fingerprint` s), so a plan keys
+caches, is compared across ranks and is a static argument of ``jax.jit``.
+:func:`dpx.plan_step` chooses the mode; :func:`make_plan` makes the plan, its rows the
+geometry's (:func:`dpx.geometry.slots`) for replica ``d`` (``a_d`` its count aligned to
+``m = cp_size * attn_tp_size``)::
 
-Shape algebra for replica ``d`` (``n_d`` real tokens, ``a_d = ceil_align(n_d, m)`` with
-``m = replica_size = cp_size * attn_tp_size``, the ranks that share a slot)::
-
-    MAX_LEN : slot_rows[d] = max_d a_d            offsets[d] = d * slot_rows[0]
-    SUM_LEN : slot_rows[d] = a_d                  offsets[d] = a_0 + ... + a_{d-1}
-    GATHERV : as SUM_LEN (moved by a variable-length all-gather)
+    MAX_LEN : slot_rows[d] = max_d a_d           offsets[d] = d * slot_rows[0]
+    SUM_LEN, GATHERV : slot_rows[d] = a_d        offsets[d] = a_0 + ... + a_{d-1}
     global_rows = sum(slot_rows)
 
-With ``capacity=`` the shapes are static and independent of the counts::
-
-    MAX_LEN : slot_rows[d] = ceil_align(capacity, m); offsets static as above;
-              global_rows = dp * slot_rows[0] = sum(slot_rows)
-    SUM_LEN / GATHERV : global_rows = ceil_align(capacity, m), and every replica's local
-              buffer has slot_rows[d] = global_rows rows (a replica may hold every token),
-              so here global_rows != sum(slot_rows); offsets are those of the plan's
-              host counts (``num_tokens``): with device counts the slots lie where the
-              step's counts put them, computed on the device.
+A capacity plan (``capacity=``) has static shapes: MAX_LEN slots of ``ceil_align(capacity,
+m)`` rows; SUM_LEN / GATHERV a global buffer of ``ceil_align(capacity, m)`` rows, which is
+also every replica's local buffer (``slot_rows[d]``), with ``offsets`` those of its host
+counts (device counts place the slots on the device).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ schedule of a plan structure (:attr:`dpx.DpPlan.structure`) with every row numbe
 expression over the counts and the call's sizes; where the steps themselves depend on the
 counts (a rank whose rows fill its block needs no pass), it holds one :class:`Variant` per
 outcome, each with the *guards* that select it. A variant's host
-values are computed by one generated function (:func:`dpx.expr.compile_host`) when the
+values are computed by one generated function (:func:`dpx.values.compile_host`) when the
 variant is cached, or evaluated directly when it serves one call; :func:`build_schedule`
 fills them in (:meth:`Variant.concretize`), and a frontend can run a variant directly with
 the values of each call. A :class:`ScheduleCache` keeps templates (bounded, least recently
@@ -136,7 +136,7 @@ class Variant:
         self.outputs = tuple(outputs)
         self.rank_ref = emitter.rank
         self.enums = (emitter.op, emitter.transport, emitter.wire)
-        #: ``values(counts, params) -> tuple | None`` (see :func:`dpx.expr.compile_host`);
+        #: ``values(counts, params) -> tuple | None`` (see :func:`dpx.values.compile_host`);
         #: a variant built for one call evaluates them without generating code
         self.values = (V.compile_host(outputs, self.guards) if compiled
                        else _interpreter(self.guards, self.outputs))

@@ -85,10 +85,10 @@ class HostOps(ArrayOps):
     def binary(self, op: str, a: Any, b: Any) -> Any:
         return OPS[op].make(a, b)
 
-    def __getattr__(self, op: str) -> Any:
-        if op in OPS:
-            return OPS[op].make
-        raise AttributeError(op)
+
+for _name, _spec in OPS.items():  # every op of the table, by its constructor
+    setattr(HostOps, _name, staticmethod(_spec.make))
+del _name, _spec
 
 
 def host_value(value: Any, counts: Sequence[int], coords: dict[str, int] | None = None,

@@ -49,7 +49,7 @@ def _coord_axes(axes: Axes, name: str) -> tuple[str, ...]:
 
 
 class JaxValues(V.ArrayOps):
-    """:class:`dpx.expr.ArrayOps` on int32 JAX arrays inside ``shard_map``."""
+    """:class:`dpx.values.ArrayOps` on int32 JAX arrays inside ``shard_map``."""
 
     def __init__(self, counts: jax.Array | None, axes: Axes = DEFAULT_AXES) -> None:
         self._counts = counts

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpx.counts import capacity_problems
 from dpx.errors import DpxCapacityError, DpxMismatchError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.plan import DpPlan
@@ -102,7 +101,7 @@ class Agreement:
         if problems:
             raise DpxMismatchError("validate: " + " | ".join(problems)) from err
         if host_counts is not None and isinstance(plan, DpPlan):
-            bad = capacity_problems(plan, host_counts)
+            bad = plan.count_rule.problems(host_counts)
             if bad:
                 raise DpxCapacityError(f"validate: device counts {list(host_counts)} do not "
                                        f"fit the plan: " + "; ".join(bad))

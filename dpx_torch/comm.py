@@ -510,7 +510,7 @@ class DpComm:
             if bad:
                 raise DpxMismatchError("exchange_counts: " + "; ".join(bad))
             if plan is not None:
-                problems = C.capacity_problems(plan, tuple(int(x) for x in picked.tolist()))
+                problems = plan.count_rule.problems(tuple(int(x) for x in picked.tolist()))
                 if problems:
                     raise DpxCapacityError("exchange_counts: " + "; ".join(problems))
         elif plan is not None:

@@ -108,7 +108,7 @@ def tables_for_call(tables: DeviceTables) -> DeviceTables | FreshTables:
 
 
 class DeviceValues(V.ArrayOps):
-    """:class:`dpx.expr.ArrayOps` on an int32 device counts tensor: vectors are 1-d int32
+    """:class:`dpx.values.ArrayOps` on an int32 device counts tensor: vectors are 1-d int32
     tensors, scalars 1-element int32 tensors (what the row kernels read), int constants
     stay Python ints; constant vectors come from the communicator's :class:`DeviceTables`.
     One instance per call: common subexpressions are evaluated once."""

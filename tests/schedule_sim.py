@@ -31,7 +31,7 @@ from dpx.schedule import Schedule
 
 
 class NumpyValues(V.ArrayOps):
-    """``dpx.expr.ArrayOps`` on NumPy int64 arrays for one rank (its own table: ``+ - *
+    """``dpx.values.ArrayOps`` on NumPy int64 arrays for one rank (its own table: ``+ - *
     //`` from NumPy's operators, the rest below)."""
 
     def __init__(self, counts: Sequence[int] | None, coords: dict[str, int]) -> None:

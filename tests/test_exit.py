@@ -6,9 +6,10 @@ threads only when the last reference to it goes. A communicator that kept its gr
 past ``dist.destroy_process_group()`` left them to be destroyed during interpreter
 finalization, where a worker thread still releasing a tensor of a finished collective
 cannot take the GIL and the process aborts ("terminate called without an active
-exception", 6 of 12 runs under load before). The deterministic test checks the cause (no
-group survives the teardown); the second runs the scripts many times at once (their
-processes load the two cores) and checks every exit status.
+exception", 6 of 12 runs under load before: 8 runs all pass by chance 1 time in 256). The
+deterministic test checks the cause (no group survives the teardown); the second runs the
+scripts 8 times, 4 at once (their processes load the two cores) and checks every exit
+status.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def test_no_process_group_outlives_the_teardown(variant):
 
 
 def test_scripts_exit_zero_under_load():
-    runs = [(dp, v) for dp in (2, 1) for v in ("both", "pg_only")] * 3
+    runs = [(dp, v) for dp in (2, 1) for v in ("both", "pg_only")] * 2
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda a: _run(*a), runs))
     bad = [(a, p.returncode, p.stderr[-400:]) for a, p in zip(runs, results)
