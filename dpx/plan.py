@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError
@@ -184,11 +183,12 @@ class DpPlan:
     @property
     def reason(self) -> str:
         """Why the mode was chosen (the cost policy's prices are formatted when read)."""
-        return self.why if isinstance(self.why, str) else self._reason_text
-
-    @cached_property
-    def _reason_text(self) -> str:
-        return self.why()  # type: ignore[operator]
+        if isinstance(self.why, str):
+            return self.why
+        text = self.__dict__.get("_reason")
+        if text is None:
+            text = self.__dict__["_reason"] = self.why()
+        return text
 
     @property
     def aligned_tokens(self) -> tuple[int, ...]:
@@ -217,22 +217,30 @@ class DpPlan:
         GATHERV capacity plan)."""
         return self.is_static and self.mode is not PaddingMode.MAX_LEN
 
-    @cached_property
+    @property
     def structure(self) -> Structure:
-        """What the plan's schedules depend on besides its counts (keys every template)."""
-        cap = ((self.capacity, self.global_rows, self.max_slot_rows)
-               if self.capacity is not None else None)
-        lay = self.layout
-        return Structure(lay.world_size, lay.dp_size, lay.cp_size, self.mode.value,
-                         self.cp_shards is not None, cap)
+        """What the plan's schedules depend on besides its counts (keys every template;
+        made once per plan object, kept in its own ``__dict__``, never pickled)."""
+        s = self.__dict__.get("_structure")
+        if s is None:
+            cap = ((self.capacity, self.global_rows, self.max_slot_rows)
+                   if self.capacity is not None else None)
+            lay = self.layout
+            s = self.__dict__["_structure"] = Structure(
+                lay.world_size, lay.dp_size, lay.cp_size, self.mode.value,
+                self.cp_shards is not None, cap)
+        return s
 
-    @cached_property
+    @property
     def leaf_counts(self) -> tuple[int, ...]:
         """The counts as a schedule reads them: per replica, or the shard table row by
         row for a sharded plan."""
         if self.cp_shards is None:
             return self.num_tokens
-        return tuple(x for row in self.cp_shards for x in row)
+        c = self.__dict__.get("_leaf_counts")
+        if c is None:
+            c = self.__dict__["_leaf_counts"] = tuple(x for row in self.cp_shards for x in row)
+        return c
 
     @property
     def count_rule(self) -> CountRule:
@@ -244,14 +252,14 @@ class DpPlan:
         return count_rule(self.structure)
 
     def __hash__(self) -> int:
-        return self._hash
-
-    @cached_property
-    def _hash(self) -> int:
         # once per object (plans key every per-call cache); never pickled, since str
         # hashes differ between processes
-        return hash((self.layout, self.mode, self.num_tokens, self.slot_rows, self.offsets,
-                     self.global_rows, self.capacity, self.is_extend, self.cp_shards))
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((
+                self.layout, self.mode, self.num_tokens, self.slot_rows, self.offsets,
+                self.global_rows, self.capacity, self.is_extend, self.cp_shards))
+        return h
 
     def __getstate__(self) -> dict:
         """Pickled: the fields, the reason as text (not the function that formats it);

@@ -152,13 +152,15 @@ class Variant:
         memo: dict = {}
 
         def fill(kind: int, x: Any) -> Any:
+            if kind == 3:  # a Ref: its first row and rows filled alike
+                buf, (fk, f), (rk, r) = x
+                return Ref(buf, f if fk == 0 else values[f] if fk == 1 else fill(fk, f),
+                           r if rk == 0 else values[r] if rk == 1 else fill(rk, r))
             if kind == 0:
                 return x
             if kind == 1:
                 return values[x]
-            if kind == 2:
-                return V.substitute(x, counts=counts, params=params, memo=memo)
-            return Ref(x[0], fill(*x[1]), fill(*x[2]))
+            return V.substitute(x, counts=counts, params=params, memo=memo)
 
         steps, scratch = self._fill
         op, transport, wire = self.enums
