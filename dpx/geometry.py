@@ -291,21 +291,18 @@ class Geometry:
 
 
 def slots(ops: Any, mode: PaddingMode, dp: int, m: int, n: Any,
-          capacity_rows: tuple[int, int, int] | None) -> tuple[Any, Any, Any, Any, Any]:
-    """``(aligned, slots, offsets, global rows, largest slot)`` of per-replica counts
-    ``n`` (``capacity_rows``: a capacity plan's static sizes), built with ``ops``."""
+          capacity_rows: tuple[int, int, int] | None) -> tuple[Any, Any, Any, Any]:
+    """``(aligned, slots, offsets, global rows)`` of per-replica counts ``n``
+    (``capacity_rows``: a capacity plan's static sizes), built with ``ops``."""
     X = ops
     a = X.ceil_align(n, m)
-    if capacity_rows is not None:
-        _, global_rows, max_slot = capacity_rows
     if mode is PaddingMode.MAX_LEN:
-        slot = max_slot if capacity_rows is not None else X.vmax(a)
+        slot = capacity_rows[2] if capacity_rows is not None else X.vmax(a)
         offsets = X.mul(tuple(range(dp)), slot)
         return a, X.repeat(slot, dp), offsets, (
-            global_rows if capacity_rows is not None else X.mul(dp, slot)), slot
-    if capacity_rows is None:
-        max_slot, global_rows = X.vmax(a), X.vsum(a)
-    return a, a, X.exclusive_cumsum(a), global_rows, max_slot
+            capacity_rows[1] if capacity_rows is not None else X.mul(dp, slot))
+    return a, a, X.exclusive_cumsum(a), (
+        capacity_rows[1] if capacity_rows is not None else X.vsum(a))
 
 
 def geometry(structure: Structure, ops: Any = INTS, counts: Any = None) -> Geometry:
@@ -317,7 +314,10 @@ def geometry(structure: Structure, ops: Any = INTS, counts: Any = None) -> Geome
     m, dp, cp, tp = lay.replica_size, lay.dp_size, lay.cp_size, lay.attn_tp_size
     shards = counts if sharded else None
     n = X.group_sum(counts, cp) if sharded else counts
-    a, slot_rows, offsets, global_rows, max_slot = slots(X, mode, dp, m, n, cap)
+    a, slot_rows, offsets, global_rows = slots(X, mode, dp, m, n, cap)
+    # the largest slot: a capacity plan's static one, MAX_LEN's one, else the largest count
+    max_slot = cap[2] if cap is not None else X.index(slot_rows, 0) \
+        if mode is PaddingMode.MAX_LEN else X.vmax(a)
     if sharded:
         block = X.ceil_div(max_slot if cap is not None else X.vmax(counts), tp)
     else:

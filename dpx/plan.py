@@ -320,7 +320,7 @@ def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *,
     :class:`~dpx.DpxCapacityError`)."""
     m, dp = layout.replica_size, layout.dp_size
     if capacity is None:  # slots and offsets follow the per-replica counts
-        _, slot_rows, offsets, global_rows, _ = slots(INTS, mode, dp, m, counts, None)
+        _, slot_rows, offsets, global_rows = slots(INTS, mode, dp, m, counts, None)
         return DpPlan(layout, mode, counts, slot_rows, offsets, global_rows, None,
                       is_extend, cp_shards, why)
     if isinstance(capacity, bool) or not isinstance(capacity, int):
@@ -329,7 +329,7 @@ def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *,
         raise DpxValueError(f"capacity={capacity} must be >= 0")
     c = INTS.ceil_align(capacity, m)
     cap_rows = (capacity, c * dp if mode is PaddingMode.MAX_LEN else c, c)
-    aligned, _, offsets, _, _ = slots(INTS, mode, dp, m, counts, cap_rows)
+    aligned, _, offsets, _ = slots(INTS, mode, dp, m, counts, cap_rows)
     plan = DpPlan(layout, mode, counts, (c,) * dp, offsets, cap_rows[1], capacity, is_extend,
                   cp_shards, why)
     rule = plan.count_rule
