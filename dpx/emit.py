@@ -23,6 +23,7 @@ from dpx.routes import RankRef, Route, choose_route
 from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts,
                        Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
                        ReduceV, Ref, Step, Unpack, Zero)
+from dpx.wire import check_fp8_mode
 
 __all__ = ["Emitter"]
 
@@ -118,9 +119,7 @@ class Emitter:
                       g.held(r.dp, r.cp))
 
     def _check_fp8(self) -> None:
-        if self.geo.mode is PaddingMode.SUM_LEN:
-            raise DpxValueError("wire='fp8' needs a copy mode (max_len or gatherv): sum_len "
-                                "adds the slots in an all-reduce, and a sum cannot run on fp8")
+        check_fp8_mode(self.geo.mode)
         if self.op is not Op.GATHER:
             raise DpxValueError(f"wire='fp8' applies to gather, not {self.op.value}")
 

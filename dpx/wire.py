@@ -35,7 +35,7 @@ from __future__ import annotations
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.modes import PaddingMode
 
-__all__ = ["check_fp8", "EPS", "FLOAT_DTYPES", "FP8_MAX", "GROUP", "NAN_CODE", "wire_row_bytes"]
+__all__ = ["check_fp8", "check_fp8_mode", "EPS", "FLOAT_DTYPES", "FP8_MAX", "GROUP", "NAN_CODE", "wire_row_bytes"]
 
 GROUP = 128
 FP8_MAX = 448.0
@@ -51,13 +51,18 @@ def wire_row_bytes(width: int) -> int:
     return width + 4 * (width // GROUP)
 
 
+def check_fp8_mode(mode: PaddingMode) -> None:
+    """An fp8 gather needs a copy mode: a sum cannot run on fp8."""
+    if mode is PaddingMode.SUM_LEN:
+        raise DpxValueError("wire='fp8' needs a copy mode (max_len or gatherv): sum_len "
+                            "adds the slots in an all-reduce, and a sum cannot run on fp8")
+
+
 def check_fp8(mode: PaddingMode, shape: tuple, dtype_name: str, name: str = "local") -> None:
     """The rules of an fp8 gather (raised before any collective, alike on every rank for
     the shared ``mode``): a copy mode, a float input of shape ``[rows, H]``, ``H % 128 ==
     0``."""
-    if mode is PaddingMode.SUM_LEN:
-        raise DpxValueError("wire='fp8' needs a copy mode (max_len or gatherv): sum_len "
-                            "adds the slots in an all-reduce, and a sum cannot run on fp8")
+    check_fp8_mode(mode)
     if dtype_name not in FLOAT_DTYPES:
         raise DpxTypeError(f"wire='fp8' quantizes {', '.join(FLOAT_DTYPES)}; {name} has "
                            f"dtype {dtype_name}")
