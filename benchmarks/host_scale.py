@@ -13,6 +13,8 @@ counts are all distinct (so no per-plan cache ever hits), each timed as:
 ``capacity_us``: the same for a capacity plan (``capacity=64``, host counts).
 ``sglang_us`` / ``cost_us``: ``plan_step`` alone with ``policy="sglang"`` / ``"cost"``.
 ``cold_us``: one step's plan and schedules without a cache (every template built anew).
+``cold_build_us``: ``plan_step`` and one gather schedule without a cache (one build, no
+    generated code).
 
 Each figure is the best of 5 rounds (rounds interleave the measurements, so slow drift of
 the host hits all alike). Writes ``host_scale.csv`` and ``host_scale.png`` (log-log) to
@@ -58,9 +60,13 @@ def measure(world: int, dp: int, *, n: int, rounds: int = 5, seed: int = 0) -> d
         dpx.build_schedule(p, dpx.Op.GATHER, rank=0, partial=True)
         dpx.build_schedule(p, dpx.Op.REDUCE_SCATTER, rank=0)
 
+    def cold_build(c):
+        dpx.build_schedule(dpx.plan_step(c, lay), dpx.Op.GATHER, rank=0, partial=True)
+
     fns = {"plan_schedules_us": plan_schedules, "capacity_us": capacity,
            "sglang_us": lambda c: dpx.plan_step(c, lay),
-           "cost_us": lambda c: dpx.plan_step(c, lay, policy="cost"), "cold_us": cold}
+           "cost_us": lambda c: dpx.plan_step(c, lay, policy="cost"), "cold_us": cold,
+           "cold_build_us": cold_build}
 
     def counts() -> list[list[int]]:
         return [[rng.randrange(0, 65) for _ in range(dp)] for _ in range(n)]
@@ -71,7 +77,7 @@ def measure(world: int, dp: int, *, n: int, rounds: int = 5, seed: int = 0) -> d
     best = {k: float("inf") for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            steps = counts()[:max(n // 10, 2)] if name == "cold_us" else counts()
+            steps = counts()[:max(n // 10, 2)] if name.startswith("cold") else counts()
             best[name] = min(best[name], _per_call(fn, steps))
     return dict(world=world, dp=dp, attn_tp=world // dp, **best,
                 cost_vs_sglang=best["cost_us"] / best["sglang_us"],
