@@ -18,7 +18,7 @@ estimate in closed form from the plan (what the cost policy uses, tested equal).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dpx import expr as X
@@ -41,16 +41,22 @@ __all__ = [
 class StepCost:
     """One step's estimate: what it is, over how many ranks, and the bytes and time.
 
-    ``size``: the collective's data size S in bytes (a local pass: bytes read + written);
-    ``moved``: bytes each rank sends (0 for a local pass).
+    ``what``: the step (or a name); ``size``: the collective's data size S in bytes (a
+    local pass: bytes read + written); ``moved``: bytes each rank sends (0 for a local
+    pass).
     """
 
-    name: str
+    what: Any = field(compare=False)  # estimates compare by their numbers
     ranks: int
     size: int
     moved: int
     seconds: float
     collective: bool = False
+
+    @property
+    def name(self) -> str:
+        """The step as it prints (made when read: pricing a schedule formats nothing)."""
+        return str(self.what)
 
     @property
     def is_local(self) -> bool:
@@ -88,14 +94,14 @@ class CostModel:
         moved = round(size * factor)
         return moved, self.latency + roots * self.per_root_latency + moved / self.bus_bandwidth
 
-    def collective(self, name: str, size: int, ranks: int, factor: float,
+    def collective(self, what: Any, size: int, ranks: int, factor: float,
                    roots: int = 0) -> StepCost:
         moved, seconds = self.collective_seconds(size, ranks, factor, roots)
-        return StepCost(name, ranks, size, moved, seconds, True)
+        return StepCost(what, ranks, size, moved, seconds, True)
 
-    def local_pass(self, name: str, nbytes: int) -> StepCost:
+    def local_pass(self, what: Any, nbytes: int) -> StepCost:
         """A kernel pass that reads and writes ``nbytes`` in total."""
-        return StepCost(name, 1, nbytes, 0, nbytes / self.memory_bandwidth)
+        return StepCost(what, 1, nbytes, 0, nbytes / self.memory_bandwidth)
 
 
 def group_size(layout: Any, group: Group) -> int:
@@ -128,47 +134,47 @@ class _Pricing:
 
 def _move(s: Move, p: _Pricing) -> StepCost:
     rows, count = p.val(s.rows), max(p.val(s.count), 0)
-    return p.model.local_pass(str(s), (rows + count) * p.rb(s.dst.buf))
+    return p.model.local_pass(s, (rows + count) * p.rb(s.dst.buf))
 
 
 def _zero(s: Zero, p: _Pricing) -> StepCost:
     rows, first, n = p.val(s.rows), p.val(s.keep_start), max(p.val(s.keep_count), 0)
     kept = max(min(first + n, rows) - max(first, 0), 0)
-    return p.model.local_pass(str(s), (rows - kept) * p.rb(s.buf.buf))
+    return p.model.local_pass(s, (rows - kept) * p.rb(s.buf.buf))
 
 
 def _quantize(s: Quantize, p: _Pricing) -> StepCost:
-    return p.model.local_pass(str(s), max(p.val(s.count), 0) * p.row_bytes
+    return p.model.local_pass(s, max(p.val(s.count), 0) * p.row_bytes
                               + p.val(s.rows) * p.wire_row_bytes)
 
 
 def _dequantize(s: Dequantize, p: _Pricing) -> StepCost:
-    return p.model.local_pass(str(s), p.val(s.rows) * (p.wire_row_bytes + p.row_bytes))
+    return p.model.local_pass(s, p.val(s.rows) * (p.wire_row_bytes + p.row_bytes))
 
 
 def _chunks(s: Pack | Unpack, p: _Pricing) -> StepCost:
-    return p.model.local_pass(str(s), (p.val(s.rows) + sum(p.val(s.lens))) * p.rb(s.dst.buf))
+    return p.model.local_pass(s, (p.val(s.rows) + sum(p.val(s.lens))) * p.rb(s.dst.buf))
 
 
 def _check(s: CheckCounts, p: _Pricing) -> StepCost:
-    return p.model.local_pass(str(s), 0)
+    return p.model.local_pass(s, 0)
 
 
 def _gather_like(s: AllGather | ReduceScatter, p: _Pricing) -> StepCost:
     g = p.group(s.group)
-    return p.model.collective(str(s), g * p.val(s.rows) * p.rb(moved_buffer(s)), g,
+    return p.model.collective(s, g * p.val(s.rows) * p.rb(moved_buffer(s)), g,
                               (g - 1) / g)
 
 
 def _all_reduce(s: AllReduce, p: _Pricing) -> StepCost:
     g = p.group(s.group)
-    return p.model.collective(str(s), p.val(s.rows) * p.rb(s.buf.buf), g, 2 * (g - 1) / g)
+    return p.model.collective(s, p.val(s.rows) * p.rb(s.buf.buf), g, 2 * (g - 1) / g)
 
 
 def _variable(s: BroadcastV | ReduceV | AllGatherV | ReduceScatterV, p: _Pricing) -> StepCost:
     g = p.group(s.group)
     lens = p.val(s.lens)
-    return p.model.collective(str(s), sum(lens) * p.rb(moved_buffer(s)), g, (g - 1) / g,
+    return p.model.collective(s, sum(lens) * p.rb(moved_buffer(s)), g, (g - 1) / g,
                               roots=sum(1 for x in lens if x > 0))
 
 

@@ -11,6 +11,7 @@ from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Policy, Transport
 from dpx.plan import DpPlan, check_counts, check_shards, make_plan
 from dpx.policy import ALL_MODES, cost_mode, sglang_mode
+from dpx.schedule import ScheduleCache
 
 __all__ = ["plan_step"]
 
@@ -24,7 +25,8 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
               cost_model: CostModel | None = None, row_bytes: int = 7168 * 2,
               candidates: Sequence[PaddingMode | str] = ALL_MODES,
               transport: Transport | str = Transport.PER_ROOT,
-              cp_shards: Sequence[Sequence[int]] | None = None) -> DpPlan:
+              cp_shards: Sequence[Sequence[int]] | None = None,
+              cache: ScheduleCache | None = None) -> DpPlan:
     """Plan one step for per-replica real counts ``num_tokens`` (length ``dp_size``).
 
     ``mode`` forces a mode; otherwise ``policy`` picks one: ``"sglang"`` applies sglang's
@@ -35,7 +37,10 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
     :mod:`dpx.plan`); a capacity plan with no forced mode uses MAX_LEN, the mode whose
     slots are static. ``cp_shards`` (``cp_size > 1``): per replica, the rows each CP rank
     holds (they lie back to back, in CP-rank order, at the start of the replica's slot);
-    without it every CP rank of a replica holds all of its rows.
+    without it every CP rank of a replica holds all of its rows. ``cache``: where the cost
+    policy keeps the schedule templates it prices with CP ranks (``cp_size > 1``, where it
+    builds every rank's schedules; a server planning every step passes one, else each
+    call builds them anew).
     """
     if not isinstance(layout, DpLayout):
         raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
@@ -73,6 +78,6 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
                                 row_bytes=row_bytes,
                                 transport=transport if type(transport) is Transport
                                 else Transport.parse(transport),
-                                candidates=cands, cp_shards=shards)
+                                candidates=cands, cp_shards=shards, cache=cache)
     return make_plan(counts, layout, chosen, is_extend=is_extend, capacity=None,
                      cp_shards=shards, why=why)

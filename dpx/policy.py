@@ -16,6 +16,7 @@ from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Transport
 from dpx.plan import check_counts, check_shards, make_plan
 from dpx.pricing import cheapest, cheapest_index
+from dpx.schedule import ScheduleCache
 
 ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
                                       PaddingMode.GATHERV)
@@ -44,27 +45,30 @@ def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool, *,
 
 def _estimates(counts: tuple[int, ...], layout: DpLayout, modes: Sequence[PaddingMode], *,
                row_bytes: int, cost_model: CostModel, transport: Transport,
-               cp_shards: tuple[tuple[int, ...], ...] | None) -> list[ModeEstimate]:
+               cp_shards: tuple[tuple[int, ...], ...] | None,
+               cache: ScheduleCache | None = None) -> list[ModeEstimate]:
     return [estimate(make_plan(counts, layout, m, is_extend=False, capacity=None,
                                cp_shards=cp_shards, why=""),
-                     row_bytes=row_bytes, cost_model=cost_model, transport=transport)
+                     row_bytes=row_bytes, cost_model=cost_model, transport=transport,
+                     cache=cache)
             for m in modes]
 
 
 def cost_mode(counts: tuple[int, ...], layout: DpLayout, *, cost_model: CostModel,
               row_bytes: int, transport: Transport, candidates: Sequence[PaddingMode],
-              cp_shards: tuple[tuple[int, ...], ...] | None
-              ) -> tuple[PaddingMode, Callable[[], str]]:
+              cp_shards: tuple[tuple[int, ...], ...] | None,
+              cache: ScheduleCache | None = None) -> tuple[PaddingMode, Callable[[], str]]:
     """The cheapest of ``candidates`` for these checked counts, and why (formatted when
     read). Modes whose collectives alone cost more than a cheaper mode's whole step are not
-    priced further (their reason entry is a lower bound, ``>=``)."""
+    priced further (their reason entry is a lower bound, ``>=``). With CP ranks every
+    rank's schedules are built and priced, their templates kept in ``cache``."""
     if layout.cp_size == 1:
         best, priced = cheapest(counts, layout, candidates, row_bytes=row_bytes,
                                 cost_model=cost_model, transport=transport)
     else:
         priced = [(e.seconds, True) for e in _estimates(
             counts, layout, candidates, row_bytes=row_bytes, cost_model=cost_model,
-            transport=transport, cp_shards=cp_shards)]
+            transport=transport, cp_shards=cp_shards, cache=cache)]
         best = cheapest_index(candidates, [t for t, _ in priced])
 
     def reason() -> str:

@@ -82,6 +82,8 @@ def test_policy_prices_are_the_priced_schedules(layout):
                                 transport=transport)[0] == best, where
             chosen = dpx.plan_step(counts, lay, policy="cost", cost_model=model, row_bytes=rb,
                                    transport=transport, cp_shards=shards)
+            assert dpx.plan_step(counts, lay, policy="cost", cost_model=model, row_bytes=rb,
+                                 transport=transport, cp_shards=shards, cache=CACHE) == chosen
             seconds = [w.seconds for w in want]
             assert chosen.mode is modes[cheapest_index(modes, seconds)], (where, chosen.reason)
             assert seconds[modes.index(chosen.mode)] == min(seconds), where
