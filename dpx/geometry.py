@@ -33,8 +33,8 @@ holds, evaluated later for host or device counts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import operator
+from dataclasses import dataclass
 from itertools import accumulate, repeat
 from typing import Any, Callable, NamedTuple
 
