@@ -125,7 +125,7 @@ def test_guards_select_and_leaves_stay():
 
 
 def test_frontend_device_evaluators_cover_the_device_ops():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from dpx_torch.program import DeviceValues
     from schedule_sim import NumpyValues
     evaluators = [DeviceValues, NumpyValues]
@@ -137,7 +137,6 @@ def test_frontend_device_evaluators_cover_the_device_ops():
     for cls in evaluators:
         missing = [op for op in X.DEVICE_OPS if op not in X.BINARY and not hasattr(cls, op)]
         assert not missing, (cls.__name__, missing)
-    del torch
 
 
 # ---------------------------------------------------------------- the count rule
@@ -194,7 +193,7 @@ def test_count_rule_device_forms(passes_name):
 
 
 def test_count_rule_jax_form():
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     import jax.numpy as jnp
     from jax.experimental import checkify
     from dpx.steps import CheckCounts
@@ -210,7 +209,6 @@ def test_count_rule_jax_form():
             return c
         err, _ = checkify.checkify(f)(jnp.asarray(counts, jnp.int32))
         assert (err.get() is not None) == bool(rule.problems(counts)), (rule, counts)
-    del jax
 
 
 # ---------------------------------------------------------------- plans and schedules
