@@ -13,7 +13,7 @@ An op's estimate is its collectives' times (the same on every rank) plus the loc
 of its slowest rank (the most, an exact integer) over ``memory_bandwidth``.
 :func:`price` prices one schedule step by step (what ``explain`` prints);
 :func:`estimate_op` prices every rank's schedule; :mod:`dpx.pricing` computes the same
-estimate in closed form from the plan (what the cost policy uses, tested equal).
+seconds in closed form from the counts (the cost policy without CP ranks, tested equal).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dpx.steps import (AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts
                        ReduceV, Step, Unpack, Zero, moved_buffer)
 
 __all__ = [
-    "CostModel", "estimate", "estimate_op", "group_size", "ModeEstimate", "op_estimate",
+    "CostModel", "estimate", "estimate_op", "group_size", "ModeEstimate",
     "OpEstimate", "price", "PRICERS", "split_costs", "StepCost"
 ]
 
@@ -204,8 +204,7 @@ def price(schedule: Schedule, *, row_bytes: int, cost_model: CostModel,
 class OpEstimate:
     """One op's estimate: its collectives' seconds (the same on every rank, summed in
     step order), the local bytes of its slowest rank (``rank``, the first with the most)
-    and the bytes each rank sends. ``steps``: that rank's priced steps, when the estimate
-    was made from schedules (empty in closed form)."""
+    and the bytes each rank sends. ``steps``: that rank's priced steps."""
 
     op: Op
     rank: int
@@ -214,12 +213,6 @@ class OpEstimate:
     moved: int
     seconds: float
     steps: tuple[StepCost, ...] = ()
-
-
-def op_estimate(op: Op, rank: int, coll: float, local: int, moved: int,
-                model: CostModel, steps: tuple[StepCost, ...] = ()) -> OpEstimate:
-    return OpEstimate(op, rank, coll, local, moved, coll + local / model.memory_bandwidth,
-                      steps)
 
 
 @dataclass(frozen=True)
@@ -272,7 +265,8 @@ def estimate_op(plan: DpPlan, op: Op, *, row_bytes: int, cost_model: CostModel,
         costs = price(sched, row_bytes=row_bytes, cost_model=cost_model)
         coll, local, moved = split_costs(costs)
         if best is None or local > best.local_bytes:
-            best = op_estimate(op, rank, coll, local, moved, cost_model, costs)
+            best = OpEstimate(op, rank, coll, local, moved,
+                              coll + local / cost_model.memory_bandwidth, costs)
     assert best is not None
     return best
 
