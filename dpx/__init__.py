@@ -26,9 +26,9 @@ ceil_align = INTS.ceil_align
 __version__ = "0.3.0"
 
 __all__ = [
-    "CostModel", "CountRule", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError", "DpxMismatchError",
-    "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op", "OpEstimate", "OpRows",
-    "PaddingMode", "Policy", "RankCoords", "Route", "Schedule", "ScheduleCache", "StepCost",
-    "Transport", "Wire", "build_schedule", "ceil_align", "compare_modes", "estimate", "explain",
-    "local_rows", "op_rows", "plan_step", "sglang_mode",
+    "CostModel", "CountRule", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError",
+    "DpxMismatchError", "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op",
+    "OpEstimate", "OpRows", "PaddingMode", "Policy", "RankCoords", "Route", "Schedule",
+    "ScheduleCache", "StepCost", "Transport", "Wire", "build_schedule", "ceil_align",
+    "compare_modes", "estimate", "explain", "local_rows", "op_rows", "plan_step", "sglang_mode",
 ]

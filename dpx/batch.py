@@ -1,17 +1,9 @@
-"""Several tensors in one call: their schedules run in lockstep, collectives batched.
+"""Several tensors in one call: their schedules in lockstep, collectives batched.
 
-``gather((hidden, topk_ids, topk_weights), plan, partial=(True, False, False))`` runs one
-schedule per tensor (each with its own ``partial`` and wire format). :func:`lockstep`
-orders their steps into :class:`Stage` s: a stage's local passes run first, then its
-collectives go out as :class:`Batch` es -- collectives of one kind on one group, which a
-frontend issues as one grouped launch (NCCL coalescing) -- so the tensors never cost one
-round trip each. Schedules are aligned on their last collective (the world collective that
-every gather ends with), so e.g. the world all-gathers of a partial and a replicated tensor
-share a batch although the partial one first reduce-scatters over its attn-tp group.
-
-Every rank builds the same stages: the tensors' collective signatures are the same on
-every rank (:meth:`dpx.Schedule.collective_signature`), and the grouping depends only on
-them.
+:func:`lockstep` orders the tensors' steps into :class:`Stage` s, aligned on their last
+collective: a stage's local passes, then its :class:`Batch` es (collectives of one kind on
+one group, issued as one grouped launch). The grouping depends only on the collective
+signatures, which are the same on every rank, so every rank builds the same stages.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from dpx.cost import CostModel
 from dpx.errors import DpxError
 from dpx.explain import explain
 from dpx.layout import DpLayout
@@ -30,10 +29,6 @@ priced. Prices use the cost model's defaults (dpx.CostModel) for rows of --hidde
 elements of --dtype."""
 
 
-class _Error(Exception):
-    """A command-line value that breaks a rule: printed as ``dpx: error: ...``."""
-
-
 def _ints(text: str) -> list[int]:
     try:
         return [int(t) for t in text.split(",") if t.strip() != ""]
@@ -42,44 +37,33 @@ def _ints(text: str) -> list[int]:
 
 
 def _shards(text: str) -> list[list[int]]:
-    try:
-        return [[int(t) for t in part.split(",")] for part in text.split(";") if part.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    return [_ints(part) for part in text.split(";") if part.strip()]
 
 
-def _ranks(text: str) -> str | int:
-    if text == "all":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: an int or 'all'") from None
+def _rank(text: str) -> str | int:
+    if text != "all" and not text.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: an int or 'all'")
+    return text if text == "all" else int(text)
 
 
-def _positive(flag: str, value: int | None, *, zero: bool = False) -> None:
-    if value is not None and (value < 0 or (value == 0 and not zero)):
-        raise _Error(f"{flag} {value}: must be {'>= 0' if zero else '> 0'}")
+def _check(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments that dpx itself does not check (``None``: fine)."""
+    if args.hidden <= 0:
+        return f"--hidden {args.hidden}: must be > 0"
+    if args.device_counts and args.capacity is None:
+        return ("--device-counts prints a capacity plan's schedules for device counts: give "
+                "--capacity N too")
+    floats = ("float32", "bfloat16", "float16")
+    if Wire.parse(args.wire) is Wire.FP8 and args.dtype not in floats:
+        return f"--wire fp8 quantizes float rows; --dtype {args.dtype} is not one"
+    return None
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    for flag, value, zero in (("--world", args.world, False), ("--dp", args.dp, False),
-                              ("--cp", args.cp, False), ("--hidden", args.hidden, False),
-                              ("--capacity", args.capacity, True)):
-        _positive(flag, value, zero=zero)
-    if args.device_counts and args.capacity is None:
-        raise _Error("--device-counts prints a capacity plan's schedules for device counts: "
-                     "give --capacity N too")
-    wire = Wire.parse(args.wire)
-    if wire is Wire.FP8 and args.dtype not in ("float32", "bfloat16", "float16"):
-        raise _Error(f"--wire fp8 quantizes float rows; --dtype {args.dtype} is not one")
     layout = DpLayout(args.world, args.dp, args.cp)
-    if args.tokens is not None:
-        tokens = args.tokens
-    elif args.shards:
-        tokens = [sum(s) for s in args.shards]
-    else:
-        tokens = [DEFAULT_TOKENS[d % len(DEFAULT_TOKENS)] for d in range(layout.dp_size)]
+    tokens = (args.tokens if args.tokens is not None else [sum(s) for s in args.shards]
+              if args.shards else [DEFAULT_TOKENS[d % len(DEFAULT_TOKENS)]
+                                   for d in range(layout.dp_size)])
     if args.rank != "all":
         layout.coords(args.rank)  # a rank outside the world is a clear error
     itemsize = _ITEMSIZE[args.dtype]
@@ -87,14 +71,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                      policy=args.policy, max_len_with_idle=args.max_len_with_idle,
                      capacity=args.capacity, row_bytes=args.hidden * itemsize,
                      transport=args.transport, cp_shards=args.shards)
-    m = CostModel()
-    print(f"pricing: rows of {args.hidden} x {args.dtype} = {args.hidden * itemsize} B; "
-          f"CostModel(bus_bandwidth={m.bus_bandwidth:.3g} B/s, latency={m.latency:.3g} s, "
-          f"per_root_latency={m.per_root_latency:.3g} s, memory_bandwidth="
-          f"{m.memory_bandwidth:.3g} B/s)")
     print(explain(plan, hidden=args.hidden, itemsize=itemsize,
                   ranks=None if args.rank == "all" else (args.rank,),
-                  transport=args.transport, device_counts=args.device_counts, wire=wire))
+                  transport=args.transport, device_counts=args.device_counts, wire=args.wire))
     print(f"fingerprint: {plan.fingerprint()}")
     return 0
 
@@ -123,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", type=int, default=None,
                    help="static capacity (a MAX_LEN slot, or a SUM_LEN / GATHERV global "
                         "buffer): a plan for CUDA graphs and jax.jit")
-    p.add_argument("--rank", type=_ranks, default=0,
+    p.add_argument("--rank", type=_rank, default=0,
                    help="whose schedules to print: a rank or 'all'")
     p.add_argument("--transport", default="per_root",
                    help="per_root (torch.distributed) | ragged (JAX GPU) | equal (JAX CPU)")
@@ -160,7 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(args_list)
     try:
-        return args.func(args)
-    except (DpxError, _Error) as exc:
-        parser.exit(2, f"dpx: error: {exc}\n")
-        return 2
+        problem = _check(args)
+        if problem is None:
+            return args.func(args)
+    except DpxError as exc:
+        problem = str(exc)
+    parser.exit(2, f"dpx: error: {problem}\n")
+    return 2

@@ -1,12 +1,6 @@
-"""Counts exchanged between ranks.
-
-``exchange_counts(n_local)`` all-gathers every rank's own count (an int32 scalar) over the
-world and keeps, for replica ``d`` (or, with ``shards=True``, for CP rank ``c`` of replica
-``d``), the report of the rank with this rank's CP and attn-tp coordinates in that replica
-(this rank's attn-tp coordinate in that CP rank): the same rank a JAX ``all_gather`` over
-the ``dp`` axis (or ``dp`` and ``cp``) reads. The ranks that must agree are the replica's
-ranks (the CP rank's attn-tp ranks for shards); :func:`disagreements` names the ones that
-do not.
+"""Counts exchanged between ranks: whose report each entry keeps (:func:`sources`: the
+rank with this rank's CP and attn-tp coordinates in each replica, as a JAX all-gather
+over ``dp`` reads), and which groups disagree (:func:`disagreements`).
 """
 
 from __future__ import annotations

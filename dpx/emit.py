@@ -1,12 +1,7 @@
 """Writes one rank's steps for one op: the emitter of every route (:mod:`dpx.routes`).
 
-Every row number comes from :mod:`dpx.geometry` as a :mod:`dpx.expr` value over the
-counts leaf, so one emission serves every count vector of the plan's structure. Where a
-shorter schedule is possible for some counts (a rank whose rows fill its block sends them
-without a pass; a slot with no pad tail needs no zeroing), the emitter asks
-:meth:`Emitter.known`: for host counts the answer is recorded as a *guard* of the emitted
-variant (the variant serves exactly the counts that give the same answers); for device
-counts or a symbolic rank the answer is "not known", and the general steps are emitted.
+Row numbers are :mod:`dpx.geometry` values over the counts leaf; shortcuts for some
+counts are asked of :meth:`Emitter.known`, whose answers become the variant's guards.
 """
 
 from __future__ import annotations
@@ -29,9 +24,8 @@ __all__ = ["Emitter"]
 
 
 class Emitter:
-    """Writes one rank's steps for one op (:meth:`emit`). ``example`` (host counts and the
-    call's parameters) answers :meth:`known` for values that do not read device counts or
-    rank coordinates; every answer it gives becomes a guard."""
+    """Writes one rank's steps for one op (:meth:`emit`); ``example`` (host counts and the
+    call's sizes) answers :meth:`known`, and every answer becomes a guard."""
 
     def __init__(self, geo: Geometry, op: Op, *, partial: bool, rank: RankRef,
                  device_counts: bool, transport: Transport, wire: Wire, dequantize: bool,
@@ -62,9 +56,8 @@ class Emitter:
         return not (deps & X.COORD or (deps & X.COUNTS and self.device_counts))
 
     def known(self, cond: Any) -> bool:
-        """True when ``cond`` holds for this call's counts and parameters and is host-known
-        (the answer is kept as a guard); False when it does not hold or cannot be known
-        before the call (device counts, a symbolic rank). Every shortcut asks here."""
+        """Whether ``cond`` holds for this call and is host-known (kept as a guard); False
+        when it cannot be known before the call. Every shortcut asks here."""
         if type(cond) is int:
             return bool(cond)
         if not self.host_known(cond):
@@ -87,17 +80,14 @@ class Emitter:
             self.wire_bufs.add(name)
         return Ref(name)
 
-    def add(self, step: Step) -> None:
-        self.steps.append(step)
-
     def move(self, src: Ref, dst: Ref, rows: Any, src_start: Any, dst_start: Any,
              count: Any) -> None:
-        self.add(Move(src, dst, rows, src_start, dst_start, count))
+        self.steps.append(Move(src, dst, rows, src_start, dst_start, count))
 
     # ------------------------------------------------------------ the op
     def emit(self) -> None:
         if self.rule is not None:
-            self.add(CheckCounts(self.rule))
+            self.steps.append(CheckCounts(self.rule))
         op = self.op
         if op in (Op.GATHER, Op.GATHER_SUM):
             if self.wire is Wire.FP8:
@@ -133,9 +123,7 @@ class Emitter:
         return self.partial and (self.geo.tp > 1 or self.sum_replica)
 
     def partial_group(self) -> tuple[Group, int, Any, Any, Any]:
-        """``(group, k, first block, start, count)`` of the partial sums: the group that
-        adds them, its size, the index of its first block among the rank's rows, and the
-        real local rows of its span."""
+        """``(group, size, its first block's index, start, count)`` of the partial sums."""
         g, r = self.geo, self.rank
         if self.sum_replica:
             return Group.REPLICA, g.m, 0, 0, g.count(r.dp)
@@ -143,10 +131,8 @@ class Emitter:
         return Group.ATTN_TP, g.tp, g.group_base(r.cp), start, count
 
     def produce_chunk(self, dst: Ref | None, dst_rows: Any) -> Ref:
-        """This rank's chunk (``B`` rows, ``dst_rows`` of them kept) written into ``dst``, or
-        into a scratch chunk when ``dst`` is None -- or, when every row of the chunk is a
-        real row of the input, that view of the input itself (no pass). On the fp8 wire the
-        chunk is written as wire rows by a quantize pass."""
+        """This rank's chunk (``B`` rows, ``dst_rows`` kept) written into ``dst`` (None: a
+        scratch chunk, or the input's own view when it is the chunk; fp8: quantized)."""
         g, r = self.geo, self.rank
         B = g.block
         start, real = g.own_block(r.dp, r.cp, r.tp)
@@ -161,10 +147,10 @@ class Emitter:
                 padded = self.buffer("padded", span)
                 self.move(Ref(IN), padded, span, span_start, 0, count)
             if not self.fp8 and dst is not None and self.known(self.eq(dst_rows, B)):
-                self.add(ReduceScatter(group, padded, dst, B))
+                self.steps.append(ReduceScatter(group, padded, dst, B))
                 return dst
             chunk = self.buffer("chunk", B)
-            self.add(ReduceScatter(group, padded, chunk, B))
+            self.steps.append(ReduceScatter(group, padded, chunk, B))
             if not self.fp8 and dst is None:
                 return chunk
             src, src_start = chunk, 0
@@ -174,7 +160,7 @@ class Emitter:
                 return dst
         if self.fp8:
             dst = dst or self.buffer("wire_chunk", B, wire=True)
-            self.add(Quantize(src, dst, dst_rows, src_start, real))
+            self.steps.append(Quantize(src, dst, dst_rows, src_start, real))
             return dst
         if dst is None and self.host_known(start) and self.known(self.eq(real, B)):
             if type(start) is int and start == 0 and self.known(self.eq(self.in_rows, B)):
@@ -187,8 +173,7 @@ class Emitter:
         return dst
 
     def gathered_out(self) -> Ref:
-        """Where the world collective of an fp8 gather writes: a scratch wire buffer to
-        dequantize from, or ``out`` itself when the caller keeps the wire rows."""
+        """Where an fp8 gather's world collective writes (``out`` when it keeps wire rows)."""
         if self.dequantize:
             return self.buffer("wire_out", self.geo.global_rows, wire=True)
         self.wire_bufs.add(OUT)
@@ -196,12 +181,11 @@ class Emitter:
 
     def finish_gather(self, dst: Ref) -> None:
         if self.fp8 and self.dequantize:
-            self.add(Dequantize(dst, Ref(OUT), self.geo.global_rows))
+            self.steps.append(Dequantize(dst, Ref(OUT), self.geo.global_rows))
 
     def finish_slot(self, mine: Ref, mine_rows: Any) -> None:
-        """``out`` from this rank's reduced chunk ``mine``: the chunks of the ranks that
-        share the rank's rows (its replica, or its CP rank's attn-tp group for a shard)
-        all-gathered, then the real rows (rows past them zero)."""
+        """``out`` from this rank's reduced chunk ``mine``: the chunks of the ranks sharing
+        its rows all-gathered, then its real rows."""
         g, r, R = self.geo, self.rank, self.out_rows
         B = g.block
         group, size = (Group.ATTN_TP, g.tp) if g.sharded else (Group.REPLICA, g.m)
@@ -212,12 +196,12 @@ class Emitter:
                 self.move(mine, chunk, B, 0, 0, mine_rows)
                 mine = chunk
             if self.known(self.eq(R, X.mul(size, B))):
-                self.add(AllGather(group, mine, Ref(OUT), B))
+                self.steps.append(AllGather(group, mine, Ref(OUT), B))
                 if not self.known(self.eq(held, R)):
-                    self.add(Zero(Ref(OUT), R, 0, held))
+                    self.steps.append(Zero(Ref(OUT), R, 0, held))
                 return
             slot = self.buffer("slot", X.mul(size, B))
-            self.add(AllGather(group, mine, slot, B))
+            self.steps.append(AllGather(group, mine, slot, B))
             mine = slot
         self.move(mine, Ref(OUT), R, 0, 0, held)
 
@@ -231,21 +215,21 @@ class Emitter:
             writes = X.mul(writes, X.eq(r.cp, 0))
         start, count = g.rows_start(r.dp, r.cp), X.mul(g.held(r.dp, r.cp), writes)
         if self.in_place:  # the caller's rows are there already: zero the rest
-            self.add(Zero(Ref(OUT), G, start, count))
+            self.steps.append(Zero(Ref(OUT), G, start, count))
         else:
             self.move(Ref(IN), Ref(OUT), G, 0, start, count)
-        self.add(AllReduce(Group.WORLD, Ref(OUT), G))
+        self.steps.append(AllReduce(Group.WORLD, Ref(OUT), G))
 
     def gather_equal(self) -> None:
         g, r = self.geo, self.rank
         B = g.block
         if self.fp8:
             dst = self.gathered_out()
-            self.add(AllGather(Group.WORLD, self.produce_chunk(None, B), dst, B))
+            self.steps.append(AllGather(Group.WORLD, self.produce_chunk(None, B), dst, B))
             self.finish_gather(dst)
             return
         if not self.in_place:
-            self.add(AllGather(Group.WORLD, self.produce_chunk(None, B), Ref(OUT), B))
+            self.steps.append(AllGather(Group.WORLD, self.produce_chunk(None, B), Ref(OUT), B))
             return
         # in place: the caller's rows are the rank's slot; the collectives read them there
         q = g.block_index(r.cp, r.tp)
@@ -254,13 +238,13 @@ class Emitter:
             group, k, base, _, count = self.partial_group()
             span = Ref(IN, X.mul(base, B), X.mul(k, B))
             if not self.known(self.eq(count, X.mul(k, B))):  # pad rows add zeros
-                self.add(Zero(span, X.mul(k, B), 0, count))
-            self.add(ReduceScatter(group, span, own, B))
+                self.steps.append(Zero(span, X.mul(k, B), 0, count))
+            self.steps.append(ReduceScatter(group, span, own, B))
         else:
             _, real = g.own_block(r.dp, r.cp, r.tp)
             if not self.known(self.eq(real, B)):
-                self.add(Zero(own, B, 0, real))
-        self.add(AllGather(Group.WORLD, own, Ref(OUT), B))
+                self.steps.append(Zero(own, B, 0, real))
+        self.steps.append(AllGather(Group.WORLD, own, Ref(OUT), B))
 
     def gather_unpack(self) -> None:
         g = self.geo
@@ -272,10 +256,10 @@ class Emitter:
         chunk = self.produce_chunk(None, B)
         gathered = self.buffer("wire_gathered" if self.fp8 else "gathered", X.mul(W, B),
                                wire=self.fp8)
-        self.add(AllGather(Group.WORLD, chunk, gathered, B))
+        self.steps.append(AllGather(Group.WORLD, chunk, gathered, B))
         firsts, lens = g.chunk_table()
         dst = self.gathered_out() if self.fp8 else Ref(OUT)
-        self.add(Unpack(gathered, dst, g.global_rows, firsts, lens, B))
+        self.steps.append(Unpack(gathered, dst, g.global_rows, firsts, lens, B))
         self.finish_gather(dst)
 
     def gather_ragged(self) -> None:
@@ -284,7 +268,7 @@ class Emitter:
         chunk = self.produce_chunk(None, B)
         firsts, lens = g.chunk_table()
         dst = self.gathered_out() if self.fp8 else Ref(OUT)
-        self.add(AllGatherV(Group.WORLD, g.global_rows, firsts, lens, B, chunk, dst))
+        self.steps.append(AllGatherV(Group.WORLD, g.global_rows, firsts, lens, B, chunk, dst))
         self.finish_gather(dst)
 
     def gather_per_root(self) -> None:
@@ -307,22 +291,22 @@ class Emitter:
             if self.sums_partials():  # the input is read (into a scratch) before any write
                 self.produce_chunk(mine, length)
                 if gaps:
-                    self.add(Zero(Ref(OUT), G, first, length))
+                    self.steps.append(Zero(Ref(OUT), G, first, length))
             else:  # the caller's real rows are the chunk's: zero the rest
                 _, real = g.own_block(r.dp, r.cp, r.tp)
                 if gaps:
-                    self.add(Zero(Ref(OUT), G, first, real))
+                    self.steps.append(Zero(Ref(OUT), G, first, real))
                 elif not self.known(self.eq(real, length)):
-                    self.add(Zero(mine, length, 0, real))
+                    self.steps.append(Zero(mine, length, 0, real))
             if tail:
-                self.add(Zero(Ref(OUT), G, 0, end))
+                self.steps.append(Zero(Ref(OUT), G, 0, end))
         else:  # the input is read before any write (it may be a view of out)
             self.produce_chunk(mine, length)
             if gaps:
-                self.add(Zero(Ref(dst.buf), G, first, length))
+                self.steps.append(Zero(Ref(dst.buf), G, first, length))
             elif tail:
-                self.add(Zero(Ref(dst.buf), G, 0, end))
-        self.add(BroadcastV(Group.WORLD, G, firsts, lens, B, Ref(dst.buf)))
+                self.steps.append(Zero(Ref(dst.buf), G, 0, end))
+        self.steps.append(BroadcastV(Group.WORLD, G, firsts, lens, B, Ref(dst.buf)))
         self.finish_gather(Ref(dst.buf))
 
     # ------------------------------------------------------------ reduce_scatter routes
@@ -331,7 +315,7 @@ class Emitter:
         G = g.global_rows
         staged = self.buffer("staged", G)
         self.move(Ref(IN), staged, G, 0, 0, G)  # the all-reduce works in place
-        self.add(AllReduce(Group.WORLD, staged, G))
+        self.steps.append(AllReduce(Group.WORLD, staged, G))
         self.move(staged, Ref(OUT), self.out_rows, g.rows_start(r.dp, r.cp), 0,
                   g.held(r.dp, r.cp))
 
@@ -340,12 +324,12 @@ class Emitter:
         B = g.block
         if g.m == 1 and self.known(self.eq(R, B)):
             held = g.held(r.dp, r.cp)
-            self.add(ReduceScatter(Group.WORLD, Ref(IN), Ref(OUT), B))
+            self.steps.append(ReduceScatter(Group.WORLD, Ref(IN), Ref(OUT), B))
             if not self.known(self.eq(held, R)):
-                self.add(Zero(Ref(OUT), R, 0, held))
+                self.steps.append(Zero(Ref(OUT), R, 0, held))
             return
         chunk = self.buffer("chunk", B)
-        self.add(ReduceScatter(Group.WORLD, Ref(IN), chunk, B))
+        self.steps.append(ReduceScatter(Group.WORLD, Ref(IN), chunk, B))
         self.finish_slot(chunk, B)
 
     def rs_unpack(self) -> None:
@@ -353,17 +337,17 @@ class Emitter:
         B, W = g.block, g.layout.world_size
         firsts, lens = g.chunk_table()
         packed = self.buffer("packed", X.mul(W, B))
-        self.add(Pack(Ref(IN), packed, X.mul(W, B), firsts, lens, B))
+        self.steps.append(Pack(Ref(IN), packed, X.mul(W, B), firsts, lens, B))
         chunk = self.buffer("chunk", B)
-        self.add(ReduceScatter(Group.WORLD, packed, chunk, B))
+        self.steps.append(ReduceScatter(Group.WORLD, packed, chunk, B))
         self.finish_slot(chunk, B)
 
     def rs_ragged(self) -> None:
         g = self.geo
         firsts, lens = g.chunk_table()
         chunk = self.buffer("chunk", g.block)
-        self.add(ReduceScatterV(Group.WORLD, g.global_rows, firsts, lens, g.block, Ref(IN),
-                                chunk))
+        self.steps.append(ReduceScatterV(Group.WORLD, g.global_rows, firsts, lens, g.block,
+                                         Ref(IN), chunk))
         self.finish_slot(chunk, g.block)
 
     def rs_per_root(self) -> None:
@@ -372,7 +356,6 @@ class Emitter:
         firsts, lens = g.chunk_table()
         staged = self.buffer("staged", G)
         self.move(Ref(IN), staged, G, 0, 0, G)  # per-root reduces work in place
-        self.add(ReduceV(Group.WORLD, G, firsts, lens, g.block, staged))
+        self.steps.append(ReduceV(Group.WORLD, G, firsts, lens, g.block, staged))
         first, length = g.chunk(r.dp, r.cp, r.tp)
         self.finish_slot(Ref("staged", first, length), length)
-

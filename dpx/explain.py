@@ -6,9 +6,9 @@ Everything printed here comes from the schedules (:mod:`dpx.schedule`) and their
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Sequence
 
-from dpx.cost import CostModel, ModeEstimate, price, split_costs
+from dpx.cost import CostModel, price, split_costs
 from dpx.extents import op_rows
 from dpx.errors import DpxValueError
 from dpx.modes import Op, Transport, Wire
@@ -17,7 +17,7 @@ from dpx.policy import compare_modes
 from dpx.schedule import build_schedule
 from dpx.wire import wire_row_bytes
 
-__all__ = ["buffer_picture", "explain", "explain_plan", "fmt_bytes", "schedule_lines"]
+__all__ = ["buffer_picture", "explain", "fmt_bytes", "schedule_lines"]
 
 _BAR = 48
 
@@ -70,20 +70,30 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
                    f"{total * 1e6:.1f} us")
         for step, cost in zip(sched.steps, costs):
             moved = f"sends {fmt_bytes(cost.moved)}" if cost.moved else (
-                "local" if cost.is_local else "no peers")
+                "no peers" if cost.collective else "local")
             out.append(f"    {str(step):<78} {moved:>18} {cost.seconds * 1e6:8.1f} us")
         for note in sched.notes:
             out.append(f"    note: {note}")
     return out
 
 
-def explain_plan(plan: DpPlan, modes: Sequence[ModeEstimate], *, row_bytes: int, hidden: int,
-                 itemsize: int, cost_model: CostModel, transport: Transport,
-                 ranks: Iterable[int], device_counts: bool, wire: Wire = Wire.NATIVE) -> str:
+def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
+            cost_model: CostModel | None = None, ranks: Sequence[int] | None = (0,),
+            transport: Transport | str = Transport.PER_ROOT, device_counts: bool = False,
+            wire: Wire | str = Wire.NATIVE) -> str:
+    """A human-readable account of ``plan``: layout, slots, a picture, every mode's
+    estimate, and the priced schedules (partial and replicated gather on ``wire``,
+    reduce_scatter) of ``ranks`` (``None``: all). Prices rows of ``hidden`` elements of
+    ``itemsize`` bytes."""
+    model = cost_model or CostModel()
+    transport = Transport.parse(transport)
+    row_bytes = hidden * itemsize
+    modes = compare_modes(plan.num_tokens, plan.layout, row_bytes=row_bytes, cost_model=model,
+                          transport=transport, cp_shards=plan.cp_shards)
     lay = plan.layout
     out = [
         f"prices : rows of {hidden} elements x {itemsize} B = {row_bytes} B (set by "
-        f"explain(hidden=, itemsize=); the CLI's --hidden, --dtype)",
+        f"explain(hidden=, itemsize=); the CLI's --hidden, --dtype); {model}",
         f"layout : {lay.describe()}",
         f"counts : {list(plan.num_tokens)} (aligned to cp*attn_tp={lay.replica_size}: "
         f"{list(plan.aligned_tokens)})" + ("  [extend]" if plan.is_extend else ""),
@@ -108,27 +118,8 @@ def explain_plan(plan: DpPlan, modes: Sequence[ModeEstimate], *, row_bytes: int,
                "for non-capacity plans of the same counts)")
     counts = "device counts (priced at the plan's counts)" if device_counts else "host counts"
     out.append(f"schedules ({counts}):")
-    for r in ranks:
-        out.extend(schedule_lines(plan, r, row_bytes=row_bytes, cost_model=cost_model,
+    for r in range(lay.world_size) if ranks is None else ranks:
+        out.extend(schedule_lines(plan, r, row_bytes=row_bytes, cost_model=model,
                                   transport=transport, device_counts=device_counts,
-                                  hidden=hidden, wire=wire))
+                                  hidden=hidden, wire=Wire.parse(wire)))
     return "\n".join(out)
-
-
-def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
-            cost_model: CostModel | None = None, ranks: Sequence[int] | None = (0,),
-            transport: Transport | str = Transport.PER_ROOT, device_counts: bool = False,
-            wire: Wire | str = Wire.NATIVE) -> str:
-    """A human-readable account of ``plan``: layout, slots, a picture, every mode's
-    estimate, and the priced schedules (partial and replicated gather on ``wire``,
-    reduce_scatter) of ``ranks`` (``None``: all). Prices rows of ``hidden`` elements of
-    ``itemsize`` bytes."""
-    model = cost_model or CostModel()
-    transport = Transport.parse(transport)
-    rb = hidden * itemsize
-    modes = compare_modes(plan.num_tokens, plan.layout, row_bytes=rb, cost_model=model,
-                          transport=transport, cp_shards=plan.cp_shards)
-    return explain_plan(plan, modes, row_bytes=rb, hidden=hidden, itemsize=itemsize,
-                        cost_model=model, transport=transport,
-                        ranks=range(plan.layout.world_size) if ranks is None else ranks,
-                        device_counts=device_counts, wire=Wire.parse(wire))

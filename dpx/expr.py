@@ -1,15 +1,9 @@
 """Integer expressions over the counts, the rank's coordinates and a call's sizes.
 
-A schedule template is built once per plan *structure*: its row numbers are the geometry
-(:mod:`dpx.geometry`) built with these constructors over three leaves: :func:`counts_leaf`
-(the counts, or the ``[dp, cp]`` shard table row by row), :func:`coord` (this rank's
-``dp`` / ``cp`` / ``tp`` / ``rank``, when one program serves every rank) and :func:`param`
-(``in_rows``, ``out_rows`` of the call). Constant operands fold with
-:data:`dpx.geometry.INTS`: the planner's own arithmetic.
-
-:data:`OPS` lists every operation once: its constructor, its operands, how it renders and
-how generated host code writes it; :mod:`dpx.values` evaluates expressions from that
-table. Integers throughout: ``//`` floors by a positive constant; comparisons give 0 or 1.
+A template's row numbers are the geometry built with these constructors over three
+leaves: :func:`counts_leaf`, :func:`coord` and :func:`param`. Constant operands fold with
+:data:`dpx.geometry.INTS`. :data:`OPS` lists every op once; :mod:`dpx.values` evaluates
+from it. ``//`` floors by a positive constant; comparisons give 0 or 1.
 """
 
 from __future__ import annotations
@@ -33,9 +27,8 @@ PARAMS: tuple[str, ...] = ("in_rows", "out_rows")
 
 
 class Expr:
-    """A node of an integer expression. ``size`` is the vector length (``None``: scalar);
-    ``deps`` the leaf kinds it depends on. Nodes compare by identity; :meth:`key` gives a
-    structural key (what :func:`dpx.values.compile_host` shares common subexpressions by)."""
+    """A node: ``size`` the vector length (``None``: scalar), ``deps`` its leaf kinds;
+    :meth:`key` a structural key (nodes compare by identity)."""
 
     __slots__ = ("op", "args", "size", "deps", "_key")
 
@@ -60,10 +53,7 @@ class Expr:
 class Coord:
     """Names of the rank-coordinate leaves."""
 
-    DP = "dp"
-    CP = "cp"
-    TP = "tp"
-    RANK = "rank"
+    DP, CP, TP, RANK = "dp", "cp", "tp", "rank"
 
 
 def counts_leaf(size: int) -> Expr:
@@ -84,6 +74,7 @@ def param(name: str) -> Expr:
 
 
 def deps_of(v: object) -> int:
+    """The leaf kinds ``v`` depends on (0: a constant)."""
     return v.deps if isinstance(v, Expr) else 0
 
 
@@ -137,12 +128,20 @@ def floordiv(a: Any, b: int) -> Any:
     return INTS.floordiv(a, b) if _const(a) else a if b == 1 else _node("floordiv", a, b)
 
 
-def minimum(a: Any, b: Any) -> Any:
-    return INTS.minimum(a, b) if _const(a, b) else _node("minimum", a, b)
+def _plain(op: str, scalar: bool = False) -> Callable[..., Any]:
+    """The constructor of ``op`` that only folds constants (``scalar``: a reduction)."""
+    fold = getattr(INTS, op)
+
+    def make(*args: Any) -> Any:
+        return fold(*args) if _const(*args) else \
+            _node(op, *args, **({"size": None} if scalar else {}))
+    make.__name__ = op
+    return make
 
 
-def maximum(a: Any, b: Any) -> Any:
-    return INTS.maximum(a, b) if _const(a, b) else _node("maximum", a, b)
+minimum, maximum = _plain("minimum"), _plain("maximum")
+#: The largest entry (0 for an empty vector), the sum, 1 when every entry is nonzero.
+vmax, vsum, vall = _plain("vmax", True), _plain("vsum", True), _plain("vall", True)
 
 
 def eq(a: Any, b: Any) -> Any:
@@ -183,20 +182,6 @@ def ceil_div(value: Any, divisor: int) -> Any:
     if _const(value):
         return INTS.ceil_div(value, divisor)
     return floordiv(add(value, divisor - 1), divisor)
-
-
-def vmax(v: Any) -> Any:
-    """The largest entry of vector ``v`` (0 for an empty vector)."""
-    return INTS.vmax(v) if _const(v) else _node("vmax", v, size=None)
-
-
-def vsum(v: Any) -> Any:
-    return INTS.vsum(v) if _const(v) else _node("vsum", v, size=None)
-
-
-def vall(v: Any) -> Any:
-    """1 when every entry of ``v`` is nonzero."""
-    return INTS.vall(v) if _const(v) else _node("vall", v, size=None)
 
 
 def repeat(s: Any, n: int) -> Any:
@@ -259,9 +244,8 @@ def index(v: Any, i: Any) -> Any:
 
 # ---------------------------------------------------------------- the op table
 class OpSpec(NamedTuple):
-    """One operation: its constructor; the operand positions passed as they are (ints,
-    index tuples); whether an index can be pushed through it; how it renders and how the
-    host code generator writes it (``None``: from ``text``, elementwise, :func:`_code`)."""
+    """An op: its constructor, operand positions passed as they are, whether an index
+    pushes through it, how it renders, its generated code (``None``: from ``text``)."""
 
     make: Callable[..., Any]
     static: tuple[int, ...]

@@ -23,6 +23,7 @@ from dpx.plan import DpPlan
 
 __all__ = ["held_rows", "local_rows", "op_rows", "OpRows"]
 
+
 class OpRows(NamedTuple):
     """``need``: rows the input must have (at least, or exactly when ``exact``);
     ``out``: rows of the output."""

@@ -1,34 +1,19 @@
 """The one definition of where rows lie: counts -> aligned counts -> slots -> offsets -> chunks.
 
-For a plan, replica ``d`` (``n_d`` real rows), CP rank ``c`` and attn-tp rank ``t``
-(``cp``, ``tp``; ``m = cp * tp`` ranks share a replica's slot, ``q = c*tp + t`` is the
-rank's place among them)::
+Replica ``d`` (``n_d`` real rows), CP rank ``c``, attn-tp rank ``t``; ``m = cp * tp`` ranks
+share a slot, ``q = c*tp + t`` is the rank's place among them::
 
-    a_d   = ceil_align(n_d, m)                          aligned count
-    S_d   = rows of slot d in the global buffer:        MAX_LEN: the slot S; else a_d
-    S     = MAX_LEN slot: ceil_align(capacity, m), or max_d a_d without a capacity
-    o_d   = first global row of slot d:                 MAX_LEN: d * S; else a_0+...+a_{d-1}
-    G     = global rows: a capacity plan's static size; else sum_d S_d
+    a_d = ceil_align(n_d, m)     S_d = MAX_LEN: the slot S (a capacity's, or max a); else a_d
+    o_d = MAX_LEN: d * S; else a_0 + ... + a_{d-1}     G = capacity's size, else sum_d S_d
+    no shards: B = max_d S_d // m; chunk of q: first = o_d + min(q*B, S_d),
+               len = clip(S_d - q*B, 0, B)
+    shards s_dc (back to back from the slot's start, shard c at o_d + P_dc):
+               B = ceil(max shard / tp); chunk of t: first = o_d + P_dc + min(t*B, s_dc),
+               len = clip(s_dc - t*B, 0, B)
 
-Every rank contributes one *chunk* of at most ``B`` rows (static for a call) to the world
-collective of a copy mode (MAX_LEN, GATHERV), and receives it back in a reduce_scatter:
-
-- CP ranks hold the same rows (no shards, always so with ``cp == 1``): ``B = max_d S_d //
-  m`` (a capacity plan: its slot capacity over ``m``); the slot is cut in ``m``
-  consecutive ``B``-row blocks, rank ``q`` owns block ``q``: ``first = o_d + min(q*B,
-  S_d)``, ``len = clip(S_d - q*B, 0, B)``. Its real rows are local rows ``[min(q*B, n_d),
-  +clip(n_d - q*B, 0, B))``.
-- CP ranks hold shards (``s_{d,c}`` rows each, back to back from the slot's start, shard
-  c at row ``o_d + P_{d,c}``, ``P`` the exclusive cumulative sum of the shards): ``B =
-  ceil(max shard / tp)`` (capacity plans: ``ceil(capacity / tp)``); attn-tp rank t owns
-  block t of its shard: ``first = o_d + P_{d,c} + min(t*B, s)``, ``len = clip(s - t*B, 0,
-  B)``. The slot's rows past ``n_d`` belong to no chunk and are zero.
-
-In rank order the chunks never overlap, and they tile ``[0, G)`` when CP ranks hold the
-same rows. The arithmetic is written once, against an *ops* namespace: :data:`INTS`
-evaluates it on host ints (what :func:`dpx.plan_step` and the cost policy use), and
-:mod:`dpx.expr` builds it as expressions over a counts leaf (what a schedule template
-holds, evaluated later for host or device counts).
+In rank order the chunks never overlap (docs/semantics.md draws them). The arithmetic is
+written once against an *ops* namespace: :data:`INTS` on host ints (plans, the cost
+policy), :mod:`dpx.expr` as expressions over a counts leaf (schedule templates).
 """
 
 from __future__ import annotations
@@ -100,9 +85,14 @@ class Ints:
     eq = _each(lambda x, y: int(x == y))
     land = _each(lambda x, y: int(bool(x) and bool(y)))
 
-    @staticmethod
-    def clip(a: Any, lo: int, hi: Any) -> Any:
-        return Ints.minimum(Ints.maximum(a, lo), hi)
+    clip = staticmethod(lambda a, lo, hi: Ints.minimum(Ints.maximum(a, lo), hi))
+    vmax = staticmethod(lambda v: max(v, default=0))
+    vsum = staticmethod(sum)
+    vall = staticmethod(lambda v: int(all(v)))
+    repeat = staticmethod(lambda s, n: (s,) * n)
+    gather = staticmethod(lambda v, indices: tuple(v[i] for i in indices))
+    index = staticmethod(lambda v, i: v[i])
+    exclusive_cumsum = staticmethod(lambda v: tuple(accumulate(v, initial=0))[:-1])
 
     @staticmethod
     def ceil_align(a: Any, m: int) -> Any:
@@ -115,40 +105,12 @@ class Ints:
         return tuple(-(-x // k) for x in a) if type(a) is tuple else -(-a // k)
 
     @staticmethod
-    def vmax(v: tuple) -> int:
-        return max(v, default=0)
-
-    @staticmethod
-    def vsum(v: tuple) -> int:
-        return sum(v)
-
-    @staticmethod
-    def vall(v: tuple) -> int:
-        return int(all(v))
-
-    @staticmethod
-    def repeat(s: int, n: int) -> tuple:
-        return (s,) * n
-
-    @staticmethod
-    def exclusive_cumsum(v: tuple) -> tuple:
-        return tuple(accumulate(v, initial=0))[:-1]
-
-    @staticmethod
     def group_sum(v: tuple, k: int) -> tuple:
         return v if k == 1 else tuple(sum(v[i:i + k]) for i in range(0, len(v), k))
 
     @staticmethod
     def group_cumsum_excl(v: tuple, k: int) -> tuple:
         return tuple(x for i in range(0, len(v), k) for x in Ints.exclusive_cumsum(v[i:i + k]))
-
-    @staticmethod
-    def gather(v: tuple, indices: tuple) -> tuple:
-        return tuple(v[i] for i in indices)
-
-    @staticmethod
-    def index(v: tuple, i: int) -> int:
-        return v[i]
 
 
 #: The host-int namespace of the geometry.
@@ -172,18 +134,9 @@ class Geometry:
     global_rows: Any  # G
     block: Any      # B
     is_static: bool
-
-    @property
-    def tp(self) -> int:
-        return self.layout.attn_tp_size
-
-    @property
-    def cp(self) -> int:
-        return self.layout.cp_size
-
-    @property
-    def m(self) -> int:
-        return self.layout.replica_size
+    tp: int         # attn-tp ranks, CP ranks, ranks of a replica (cp * tp)
+    cp: int
+    m: int
 
     @property
     def sharded(self) -> bool:
@@ -323,4 +276,4 @@ def geometry(structure: Structure, ops: Any = INTS, counts: Any = None) -> Geome
     else:
         block = X.floordiv(max_slot, m)
     return Geometry(ops, lay, mode, counts, n, shards, a, slot_rows, offsets, global_rows,
-                    block, cap is not None)
+                    block, cap is not None, tp, cp, m)

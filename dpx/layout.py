@@ -1,11 +1,6 @@
-"""Rank layout of DP attention: which rank is which (dp, cp, tp) coordinate.
-
-Ranks are laid out ``(dp, cp, tp)`` with tp fastest::
+"""Rank layout of DP attention: ranks are ``(dp, cp, tp)``, tp fastest::
 
     rank = (attn_dp_rank * cp_size + attn_cp_rank) * attn_tp_size + attn_tp_rank
-
-so the ``attn_tp_size`` ranks of one attention tensor-parallel group are consecutive, and
-the ``cp_size * attn_tp_size`` ranks of one DP replica are consecutive too.
 """
 
 from __future__ import annotations

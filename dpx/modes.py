@@ -30,12 +30,8 @@ class _ParsableEnum(enum.Enum):
 
 
 class PaddingMode(_ParsableEnum):
-    """How the per-replica slots are laid out in the global buffer, and moved.
-
-    ``MAX_LEN``: every slot padded to the largest aligned count; world all-gather.
-    ``SUM_LEN``: slots packed at their cumulative offsets in a zero buffer; world all-reduce.
-    ``GATHERV``: packed slots, variable-length all-gather moving exactly the real rows.
-    """
+    """How the slots lie in the global buffer: ``MAX_LEN`` padded to the largest (an
+    all-gather); ``SUM_LEN`` packed, summed (an all-reduce); ``GATHERV`` packed, gathered."""
 
     MAX_LEN = "max_len"
     SUM_LEN = "sum_len"
@@ -43,24 +39,16 @@ class PaddingMode(_ParsableEnum):
 
 
 class Policy(_ParsableEnum):
-    """How :func:`dpx.plan_step` picks a mode when none is forced.
-
-    ``SGLANG``: sglang's rule. ``COST``: the cheapest mode under a :class:`dpx.CostModel`.
-    """
+    """How :func:`dpx.plan_step` picks a mode: sglang's rule, or the cheapest estimate."""
 
     SGLANG = "sglang"
     COST = "cost"
 
 
 class Op(_ParsableEnum):
-    """The operations a schedule describes (see :mod:`dpx.schedule`).
-
-    ``SCATTER_ADJOINT`` (``[slot rows] -> [global_rows]``: a rank's rows placed back at
-    their offset, zeros elsewhere) is scatter's adjoint, the backward of ``scatter``.
-    ``GATHER_SUM`` is a partial gather whose partial sums span every rank of a replica
-    (CP ranks too): reduce_scatter's adjoint. It is ``gather(partial=True)`` when
-    ``cp_size == 1`` or when the plan shards the rows over the CP ranks.
-    """
+    """The ops a schedule describes. ``SCATTER_ADJOINT`` (``[slot rows] -> [global_rows]``,
+    zeros elsewhere) is scatter's backward; ``GATHER_SUM`` a partial gather summing over
+    every rank of a replica (CP ranks too), reduce_scatter's adjoint."""
 
     GATHER = "gather"
     SCATTER = "scatter"
@@ -70,9 +58,7 @@ class Op(_ParsableEnum):
 
     @property
     def adjoint(self) -> "Op":
-        """The op whose schedule computes this op's backward: gather (partial or
-        replicated; copies each receive the whole gradient) -> reduce_scatter ->
-        gather_sum -> reduce_scatter; scatter <-> scatter_adjoint."""
+        """The op whose schedule computes this op's backward."""
         return _ADJOINT[self]
 
 
@@ -82,10 +68,7 @@ _ADJOINT = {Op.GATHER: Op.REDUCE_SCATTER, Op.REDUCE_SCATTER: Op.GATHER_SUM,
 
 
 class Group(_ParsableEnum):
-    """The process group a collective step runs on: every rank; this rank's attn-tp group
-    (the ``attn_tp_size`` consecutive ranks sharing its replica and CP rank); or its
-    replica (the ``cp_size * attn_tp_size`` consecutive ranks of its DP replica, the same
-    ranks as the attn-tp group when ``cp_size == 1``)."""
+    """A collective's group: every rank, this rank's attn-tp group, or its replica."""
 
     WORLD = "world"
     ATTN_TP = "attn_tp"
@@ -93,15 +76,9 @@ class Group(_ParsableEnum):
 
 
 class Transport(_ParsableEnum):
-    """What a frontend's collectives can do, which decides how a GATHERV plan moves rows.
-
-    ``PER_ROOT``: grouped per-root broadcasts / reduces whose sizes must be host ints
-    (``torch.distributed``: NCCL, gloo). ``RAGGED``: a ragged all-to-all whose sizes may be
-    device data (``lax.ragged_all_to_all``: JAX on GPU). ``EQUAL``: equal-size collectives
-    only (JAX on CPU). Where a GATHERV plan cannot move variable sizes, its schedule moves
-    every rank's block in an equal all-gather and one pass unpacks the chunks to their
-    rows (reduce_scatter: a pack pass, then an equal reduce-scatter): the same result.
-    """
+    """What a frontend's collectives can do (docs/semantics.md, "Transports and routes"):
+    ``PER_ROOT`` per-root collectives of host sizes (torch.distributed), ``RAGGED`` a ragged
+    all-to-all (JAX on GPU), ``EQUAL`` equal-size collectives only (JAX on CPU)."""
 
     PER_ROOT = "per_root"
     RAGGED = "ragged"
@@ -109,13 +86,7 @@ class Transport(_ParsableEnum):
 
 
 class Wire(_ParsableEnum):
-    """The format a gather's rows travel in.
-
-    ``NATIVE``: the input's dtype. ``FP8``: per-token-group float8 (:mod:`dpx.wire`): each
-    row's groups of 128 elements as float8_e4m3fn payload plus one float32 scale per group,
-    one byte row per token; the gathered buffer is dequantized to the input's dtype unless
-    the caller asks for the payload and scales.
-    """
+    """The format a gather's rows travel in: the input's dtype, or fp8 (:mod:`dpx.wire`)."""
 
     NATIVE = "native"
     FP8 = "fp8"

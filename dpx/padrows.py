@@ -1,10 +1,5 @@
-"""Which rows of a gathered buffer are real token rows: one definition for
-``mask_pad_rows`` / ``pad_row_mask`` in both frontends.
-
-Replica ``d``'s real rows are global rows ``[o_d, o_d + n_d)`` (``o_d`` its slot's first
-row, :mod:`dpx.geometry`; with CP shards, ``n_d`` is the sum of its shards, which lie back
-to back from the slot's start). Every other row of ``[0, plan.global_rows)`` -- slot
-padding, alignment rows, idle replicas' slots, the tail past the last slot -- is a pad row.
+"""Which rows of a gathered buffer are real: replica ``d``'s are ``[o_d, o_d + n_d)``;
+every other row of ``[0, global_rows)`` is a pad row (``mask_pad_rows`` in both frontends).
 """
 
 from __future__ import annotations

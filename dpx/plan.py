@@ -1,20 +1,9 @@
-"""The plan of one step: a frozen value, the rules of its counts, its slots.
+"""The plan of one step: a frozen value, the rules of its counts, its rows.
 
 A :class:`DpPlan` is a frozen, hashable dataclass of ints and enums: ranks that plan the
-same counts alike get equal plans (and equal :meth:`DpPlan.fingerprint` s), so a plan keys
-caches, is compared across ranks and is a static argument of ``jax.jit``.
-:func:`dpx.plan_step` chooses the mode; :func:`make_plan` makes the plan, its rows the
-geometry's (:func:`dpx.geometry.slots`) for replica ``d`` (``a_d`` its count aligned to
-``m = cp_size * attn_tp_size``)::
-
-    MAX_LEN : slot_rows[d] = max_d a_d           offsets[d] = d * slot_rows[0]
-    SUM_LEN, GATHERV : slot_rows[d] = a_d        offsets[d] = a_0 + ... + a_{d-1}
-    global_rows = sum(slot_rows)
-
-A capacity plan (``capacity=``) has static shapes: MAX_LEN slots of ``ceil_align(capacity,
-m)`` rows; SUM_LEN / GATHERV a global buffer of ``ceil_align(capacity, m)`` rows, which is
-also every replica's local buffer (``slot_rows[d]``), with ``offsets`` those of its host
-counts (device counts place the slots on the device).
+same counts alike get equal plans (and fingerprints), so a plan keys caches, is compared
+across ranks and is a static argument of ``jax.jit``. Its rows are the geometry's
+(:func:`dpx.geometry.slots`; docs/semantics.md, "Counts, alignment and modes").
 """
 
 from __future__ import annotations
@@ -32,8 +21,7 @@ __all__ = ["check_counts", "check_shards", "count_rule", "CountRule", "DpPlan", 
 
 
 def check_counts(num_tokens: Iterable[object], layout: DpLayout) -> tuple[int, ...]:
-    """Validate per-replica counts: ``dp_size`` non-negative ints (numpy integers are
-    accepted through ``__index__``; floats and bools are not)."""
+    """Checked per-replica counts: ``dp_size`` ints >= 0 (``__index__``; no bools)."""
     if isinstance(num_tokens, (str, bytes)) or not hasattr(num_tokens, "__iter__"):
         raise DpxTypeError(f"num_tokens={num_tokens!r} must be a sequence of ints")
     counts = tuple(num_tokens)
@@ -56,9 +44,8 @@ def _index(name: str, n: object) -> int:
 
 def check_shards(cp_shards: object, counts: tuple[int, ...],
                  layout: DpLayout) -> tuple[tuple[int, ...], ...] | None:
-    """Validate a CP shard table: one tuple of ``cp_size`` ints >= 0 per replica, summing
-    to the replica's count. With ``cp_size == 1`` a shard table says nothing new and is
-    dropped (every replica's one CP rank holds all its rows)."""
+    """A checked CP shard table: per replica ``cp_size`` ints >= 0 summing to its count
+    (``None`` when ``cp_size == 1``: one CP rank holds all its replica's rows)."""
     if cp_shards is None:
         return None
     if isinstance(cp_shards, (str, bytes)) or not hasattr(cp_shards, "__iter__"):
@@ -83,12 +70,11 @@ def check_shards(cp_shards: object, counts: tuple[int, ...],
 
 
 class CountRule(NamedTuple):
-    """What a capacity plan's counts must satisfy, on the host and on the device: each of
-    ``entries`` counts ``>= 0``; the per-replica counts (sums of ``group`` consecutive
-    entries: a shard table's rows) at most ``max_each`` (MAX_LEN: the slot), and the sum
-    of their ``align``-aligned values at most ``max_sum`` (SUM_LEN / GATHERV: the global
-    buffer); ``None``: no bound. :meth:`problems` is the host form; the device forms
-    (:class:`dpx.steps.CheckCounts` in each frontend) are tested against it."""
+    """What a capacity plan's counts obey: each of ``entries`` counts ``>= 0``; each
+    per-replica count (a sum of ``group`` entries) ``<= max_each`` (MAX_LEN), and the sum
+    of their ``align``-aligned values ``<= max_sum`` (SUM_LEN / GATHERV); ``None``: no
+    bound. The device forms (:class:`dpx.steps.CheckCounts`) are tested against
+    :meth:`broken`."""
 
     entries: int
     group: int
@@ -106,9 +92,8 @@ class CountRule(NamedTuple):
         return sum(-(-max(x, 0) // a) * a for x in self.per_replica(counts))
 
     def broken(self, counts: Sequence[int]) -> list[tuple[int, str]]:
-        """``(bit, message)`` per count that breaks the rule (empty when every row fits):
-        bit 1 a negative entry, 2 a replica past ``max_each``, 4 the sum past
-        ``max_sum`` -- the bits a device check ORs into its flag."""
+        """``(bit, message)`` per broken bound (empty when every row fits): bit 1 a
+        negative entry, 2 a replica past ``max_each``, 4 the sum past ``max_sum``."""
         per = self.per_replica(counts)
         if (min(counts, default=0) >= 0
                 and (self.max_each is None or max(per, default=0) <= self.max_each)
@@ -131,15 +116,11 @@ class CountRule(NamedTuple):
         return out
 
     def problems(self, counts: Sequence[int]) -> list[str]:
-        """One message per count that breaks the rule (empty when every row fits)."""
         return [text for _, text in self.broken(counts)]
 
     def flags(self, counts: Sequence[int]) -> int:
-        """The OR of the bits of :meth:`broken` (0 when every row fits)."""
-        bits = 0
-        for bit, _ in self.broken(counts):
-            bits |= bit
-        return bits
+        """The OR of the bits of :meth:`broken` (a device check's flag)."""
+        return sum({bit for bit, _ in self.broken(counts)})
 
 
 def count_rule(structure: Structure) -> CountRule:
@@ -154,19 +135,12 @@ def count_rule(structure: Structure) -> CountRule:
 
 @dataclass(frozen=True)
 class DpPlan:
-    """A static description of one step's global buffer. Build it with
-    :func:`dpx.plan_step`.
-
-    Fields: ``layout``; ``mode``; ``num_tokens`` (real count per replica; with a capacity
-    plan, the host counts used when no device counts are passed); ``slot_rows`` (rows of
-    each replica's slot in the global buffer -- for a SUM_LEN / GATHERV capacity plan, the
-    rows of each replica's local buffer, see the module docstring -- and of its scatter
-    output); ``offsets`` (first global row of each slot for the host counts);
-    ``global_rows``; ``capacity`` (``None`` or the static capacity); ``is_extend``;
-    ``cp_shards`` (``None``: every CP rank of a replica holds all its rows; else per
-    replica the rows each CP rank holds, back to back at the start of its slot,
-    ``sum(cp_shards[d]) == num_tokens[d]``); ``reason`` (why the mode was chosen).
-    """
+    """One step's global buffer (build it with :func:`dpx.plan_step`): ``num_tokens`` real
+    rows per replica (a capacity plan's host counts); ``slot_rows`` each replica's slot
+    (its local buffer and scatter output; a SUM_LEN / GATHERV capacity plan's is the whole
+    capacity); ``offsets`` each slot's first global row (for the host counts);
+    ``cp_shards``: ``None`` (every CP rank holds all its replica's rows) or per replica each
+    CP rank's rows, back to back from the slot's start."""
 
     layout: DpLayout
     mode: PaddingMode
@@ -182,7 +156,7 @@ class DpPlan:
 
     @property
     def reason(self) -> str:
-        """Why the mode was chosen (the cost policy's prices are formatted when read)."""
+        """Why the mode was chosen (the cost policy's text is made when read)."""
         if isinstance(self.why, str):
             return self.why
         text = self.__dict__.get("_reason")
@@ -192,8 +166,7 @@ class DpPlan:
 
     @property
     def aligned_tokens(self) -> tuple[int, ...]:
-        """Counts rounded up to a multiple of ``layout.replica_size`` (``cp_size *
-        attn_tp_size``: ``attn_tp_size`` without context parallelism)."""
+        """Counts rounded up to a multiple of ``layout.replica_size``."""
         return INTS.ceil_align(self.num_tokens, self.layout.replica_size)
 
     @property
@@ -219,8 +192,7 @@ class DpPlan:
 
     @property
     def structure(self) -> Structure:
-        """What the plan's schedules depend on besides its counts (keys every template;
-        made once per plan object, kept in its own ``__dict__``, never pickled)."""
+        """What the plan's schedules depend on besides its counts (made once per object)."""
         s = self.__dict__.get("_structure")
         if s is None:
             cap = ((self.capacity, self.global_rows, self.max_slot_rows)
@@ -233,8 +205,7 @@ class DpPlan:
 
     @property
     def leaf_counts(self) -> tuple[int, ...]:
-        """The counts as a schedule reads them: per replica, or the shard table row by
-        row for a sharded plan."""
+        """The counts as a schedule reads them (a shard table row by row)."""
         if self.cp_shards is None:
             return self.num_tokens
         c = self.__dict__.get("_leaf_counts")
@@ -244,8 +215,7 @@ class DpPlan:
 
     @property
     def count_rule(self) -> CountRule:
-        """The rule a capacity plan's counts obey (host counts at planning, device counts
-        at every call)."""
+        """The rule a capacity plan's host and device counts obey."""
         if self.capacity is None:
             raise DpxValueError("device counts need a capacity plan (plan_step(..., "
                                 "capacity=))")
@@ -262,8 +232,7 @@ class DpPlan:
         return h
 
     def __getstate__(self) -> dict:
-        """Pickled: the fields, the reason as text (not the function that formats it);
-        nothing derived (a hash is per process)."""
+        """The fields, the reason as text; nothing derived (a hash is per process)."""
         state = {k: self.__dict__[k] for k in self.__dataclass_fields__}
         state["why"] = self.reason
         return state
@@ -296,8 +265,7 @@ class DpPlan:
 
     def with_counts(self, num_tokens: Sequence[int] | None = None, *,
                     cp_shards: Sequence[Sequence[int]] | None = None) -> "DpPlan":
-        """For a capacity plan: the same static shapes, other host counts (a sharded plan
-        takes ``cp_shards``; the counts are their sums)."""
+        """A capacity plan's static shapes with other host counts (or ``cp_shards``)."""
         if not self.is_static:
             raise DpxValueError("with_counts() needs a capacity plan (capacity=None here)")
         if self.sharded:
@@ -315,9 +283,8 @@ def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *,
               is_extend: bool, capacity: int | None,
               cp_shards: tuple[tuple[int, ...], ...] | None,
               why: str | Callable[[], str]) -> DpPlan:
-    """The plan of checked ``counts`` in ``mode``: its rows evaluated from the geometry. A
-    capacity plan's counts must obey its :class:`CountRule` (else
-    :class:`~dpx.DpxCapacityError`)."""
+    """The plan of checked ``counts`` in ``mode`` (a capacity plan's obey its
+    :class:`CountRule`, else :class:`~dpx.DpxCapacityError`)."""
     m, dp = layout.replica_size, layout.dp_size
     if capacity is None:  # slots and offsets follow the per-replica counts
         _, slot_rows, offsets, global_rows = slots(INTS, mode, dp, m, counts, None)

@@ -42,6 +42,13 @@ def cheapest_index(modes: Sequence[PaddingMode], seconds: Sequence[float]) -> in
     return best
 
 
+#: :func:`dpx.routes.route_of` by transport and whether every chunk is a full block, then by
+#: mode, for a plan without CP ranks on a known rank with host counts (the policy's case).
+_ROUTES = {(t.value, full): {m.value: route_of(m, t, equal=full or m is PaddingMode.MAX_LEN,
+                                               host_sizes=True) for m in PaddingMode}
+           for t in Transport for full in (False, True)}
+
+
 def cheapest(counts: Sequence[int], layout: DpLayout, modes: Sequence[PaddingMode], *,
              row_bytes: int, cost_model: CostModel, transport: Transport,
              prune: bool = True) -> tuple[int, list[tuple[float, bool]]]:
@@ -52,35 +59,41 @@ def cheapest(counts: Sequence[int], layout: DpLayout, modes: Sequence[PaddingMod
     n, rb, coll = counts, row_bytes, cost_model.collective_seconds
     tp, W = layout.attn_tp_size, layout.world_size
     mx, mn = max(n), min(n)
-    a = INTS.ceil_align(n, tp)
+    a = n if tp == 1 else INTS.ceil_align(n, tp)
     S, G = -(-mx // tp) * tp, sum(a)  # the largest slot (aligning is monotone); all rows
     B = S // tp
-    rs_tp = coll(S * rb, tp, (tp - 1) / tp)[1]  # the attn-tp group's sum (0 on one rank)
+    rs_tp = coll(S * rb, tp, (tp - 1) / tp)[1] if tp > 1 else 0.0  # the attn-tp sum
+    full = -(-mn // tp) * tp == S  # every slot full: every chunk a full block
+    blocks = -1.0  # an equal world collective of every rank's block (any mode's)
+    routes = _ROUTES[transport._value_, full]
     colls: list[tuple[float, Route]] = []
-    for mode in modes:  # the collectives: the same on every rank
-        if mode is PaddingMode.SUM_LEN:
-            colls.append((coll(G * rb, W, 2 * (W - 1) / W)[1], Route.SUM_SLOTS))
-            continue
-        equal = mode is PaddingMode.MAX_LEN or -(-mn // tp) * tp == S  # every slot full
-        route = route_of(mode, transport, equal=equal, host_sizes=True)
-        if route in (Route.EQUAL_BLOCKS, Route.BLOCKS_UNPACK):
-            main = coll(W * B * rb, W, (W - 1) / W)[1]
+    order: list[tuple[float, int]] = []
+    for i, mode in enumerate(modes):  # the collectives: the same on every rank
+        route = routes[mode._value_]
+        if route is Route.SUM_SLOTS:
+            c = coll(G * rb, W, 2 * (W - 1) / W)[1]
+        elif route is Route.EQUAL_BLOCKS or route is Route.BLOCKS_UNPACK:
+            if blocks < 0:
+                blocks = coll(W * B * rb, W, (W - 1) / W)[1]
+            c = rs_tp + blocks
         else:  # a variable-size collective: a root per chunk that is not empty
             roots = W - n.count(0) if tp == 1 else sum([(y + B - 1) // B for y in a])
-            main = coll(G * rb, W, (W - 1) / W, roots)[1]
-        colls.append((rs_tp + main, route))
-    totals = [2 * c for c, _ in colls]  # gather and reduce_scatter run the same ones
-    out: list[tuple[float, bool]] = [(t, False) for t in totals]
-    best = -1
-    mem = cost_model.memory_bandwidth
-    for i in sorted(range(len(modes)), key=totals.__getitem__) if prune else range(len(modes)):
-        if prune and best >= 0 and totals[i] > out[best][0]:
+            c = rs_tp + coll(G * rb, W, (W - 1) / W, roots)[1]
+        colls.append((c, route))
+        order.append((c, i))
+    # gather and reduce_scatter run the same collectives: a mode costs at least 2 * c
+    out: list[tuple[float, bool]] = [(2 * c, False) for c, _ in colls]
+    best, least, mem = -1, 0.0, cost_model.memory_bandwidth
+    if prune:
+        order.sort()
+    for c, i in order:
+        if prune and best >= 0 and 2 * c > least:
             continue
         g, r = _local_rows(colls[i][1], transport, n, a, mx, mn, S, G, B, tp, W)
-        c = colls[i][0]
-        out[i] = ((c + (g * rb) / mem) + (c + (r * rb) / mem), True)
-        if best < 0 or cheaper(out[i][0], modes[i], out[best][0], modes[best]):
-            best = i
+        t = (c + (g * rb) / mem) + (c + (r * rb) / mem)
+        out[i] = (t, True)
+        if best < 0 or cheaper(t, modes[i], least, modes[best]):
+            best, least = i, t
     return best, out
 
 

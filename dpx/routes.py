@@ -1,36 +1,5 @@
-"""How each op moves its rows: a small closed set of routes, chosen by one function
-(:func:`route_of`), each written by one emitter (:class:`dpx.emit.Emitter`).
-
-:func:`choose_route` picks the route of ``(plan structure, op, transport, device counts,
-known rank)`` for a schedule; the cost policy asks :func:`route_of` with host counts. Every row number
-comes from :mod:`dpx.geometry` as a :mod:`dpx.expr` value over the counts leaf, so one
-emission serves every count vector of the plan's structure. Where a shorter schedule is
-possible for some counts (a rank whose rows fill its block sends them without a pass; a
-slot with no pad tail needs no zeroing), the emitter asks :meth:`Emitter.known`: for host
-counts the answer is recorded as a *guard* of the emitted variant (the variant serves
-exactly the counts that give the same answers); for device counts or a symbolic rank the
-answer is "not known", and the general steps are emitted.
-
-Routes of a gather (and of its adjoints):
-
-- ``SUM_SLOTS`` (SUM_LEN): each writer places its rows at their offset in a zero buffer;
-  one world all-reduce. Its reduce_scatter all-reduces a copy and takes the slot.
-- ``EQUAL_BLOCKS`` (MAX_LEN without shards; any plan whose chunks are full blocks at
-  ``rank * B``): each rank's block, one equal world all-gather; reduce_scatter is the
-  equal world reduce-scatter, then the replica's blocks are all-gathered back.
-- ``BLOCKS_UNPACK`` (MAX_LEN with CP shards; GATHERV where no variable-size collective is
-  available: device counts on torch, JAX on CPU): each rank's block, an equal all-gather
-  into a scratch buffer, one pass moving every chunk to its rows. Its reduce_scatter packs
-  the chunks into blocks first.
-- ``RAGGED`` (GATHERV on a ragged transport: JAX on GPU): one ragged all-to-all each way.
-- ``PER_ROOT`` (GATHERV on torch.distributed with host counts): every chunk broadcast in
-  place from its owner (grouped per-root collectives); reduce_scatter: per-root reduces.
-- ``LOCAL`` (scatter and its adjoint): no collective.
-
-The fp8 wire wraps chunk production (a :class:`~dpx.steps.Quantize` pass writes the chunk
-as wire rows) and adds a :class:`~dpx.steps.Dequantize` at the end; the route is the one
-of the native gather. An in-place gather (the input is the caller's rows inside ``out``)
-runs the same route with the collectives reading where the caller wrote.
+"""How each op moves its rows: a closed set of routes (docs/semantics.md, "Transports and
+routes"), chosen by one function, :func:`route_of`, and written by :class:`dpx.emit.Emitter`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """What every rank does: the ordered steps of one op, derived from a plan.
 
-:func:`build_schedule` turns ``(plan, op, rank, ...)`` into a :class:`Schedule`: local passes
-and collectives (:mod:`dpx.steps`) over named buffers, in the order the rank issues them,
-written by the op's route (:mod:`dpx.routes`, :mod:`dpx.emit`). Every rank's schedule has the same
-collectives in the same order with the same sizes (:meth:`Schedule.collective_signature`),
-so no rank waits in a collective its peers skip. No step writes ``"in"`` (no op modifies
-its input), except in an in-place gather, whose input is the caller's rows inside
-``"out"``.
-
-Schedules are built once per *structure* and evaluated for new counts. A template is the
-schedule of a plan structure (:attr:`dpx.DpPlan.structure`) with every row number an
-expression over the counts and the call's sizes; where the steps themselves depend on the
-counts (a rank whose rows fill its block needs no pass), it holds one :class:`Variant` per
-outcome, each with the *guards* that select it. A variant's host
-values are computed by one generated function (:func:`dpx.values.compile_host`) when the
-variant is cached, or evaluated directly when it serves one call; :func:`build_schedule`
-fills them in (:meth:`Variant.concretize`), and a frontend can run a variant directly with
-the values of each call. A :class:`ScheduleCache` keeps templates (bounded, least recently
-used first out); without one, every call builds afresh without generating code.
+:func:`build_schedule` turns ``(plan, op, rank, ...)`` into a :class:`Schedule`. Every rank's
+schedule has the same collectives in the same order with the same sizes
+(:meth:`Schedule.collective_signature`); no step writes ``"in"`` except in an in-place
+gather. A template is the schedule of a plan :class:`~dpx.geometry.Structure` with row
+numbers as expressions over the counts; it holds one :class:`Variant` per outcome of the
+emitter's guards (docs/semantics.md, "Transports and routes"). A :class:`ScheduleCache`
+keeps templates; without one every call builds afresh without generating code.
 """
 
 from __future__ import annotations
@@ -43,9 +32,7 @@ __all__ = ["IN", "OUT", "Schedule", "ScheduleCache", "Variant", "build_schedule"
 
 @dataclass(eq=False, slots=True)
 class Schedule:
-    """The steps one rank runs for one op (see the module docstring). ``plan`` is the plan
-    the values were filled in for; ``in_rows`` / ``out_rows`` the input's and output's
-    rows; ``route`` how the op moves its rows. A value: nothing changes one once made."""
+    """The steps one rank runs for one op, filled in for ``plan`` (a value)."""
 
     plan: DpPlan
     op: Op
@@ -81,8 +68,7 @@ class Schedule:
 
 
 class TemplateKey(NamedTuple):
-    """Everything a template depends on besides the counts and the call's sizes (plain
-    values: it is hashed on every lookup)."""
+    """What a template depends on besides the counts and the call's sizes (plain values)."""
 
     structure: Structure
     op: str  # an Op's value
@@ -97,9 +83,8 @@ class TemplateKey(NamedTuple):
 
 
 class Variant:
-    """One schedule of a template: symbolic steps and the guards under which they are the
-    schedule. :meth:`values` computes every host value of a call (``None`` when a guard
-    fails); ``host_index`` maps a value (by identity) to its place in that tuple."""
+    """One schedule of a template: symbolic steps and the guards that select them;
+    ``values(counts, params)`` gives a call's host values (``None`` when a guard fails)."""
 
     __slots__ = ("key", "guards", "steps", "scratch", "wire_bufs", "notes", "route",
                  "host_index", "values", "outputs", "rank_ref", "enums", "_fill")
@@ -143,8 +128,8 @@ class Variant:
 
     def concretize(self, plan: DpPlan, values: tuple, counts: tuple | None,
                    in_rows: int | None, out_rows: int) -> Schedule:
-        """The :class:`Schedule` of this variant for one call's values (what reads device
-        counts or rank coordinates stays an expression, the rest filled in)."""
+        """The :class:`Schedule` for one call's values (device-read values stay
+        expressions)."""
         k = self.key
         params = {"out_rows": out_rows}
         if in_rows is not None:
@@ -174,8 +159,7 @@ class Variant:
 
 
 def _interpreter(guards: tuple, outputs: tuple) -> Any:
-    """``values(counts, params)`` of a variant built for one call: the guards and values
-    evaluated without generated code."""
+    """``values(counts, params)`` evaluated without generated code (a one-call variant)."""
 
     def values(counts: tuple, params: tuple) -> tuple | None:
         named = {k: v for k, v in zip(X.PARAMS, params) if v is not None}
@@ -208,9 +192,8 @@ def _emit(key: TemplateKey, counts: tuple, in_rows: int | None, out_rows: int, *
 
 class ScheduleCache:
     """Templates by :class:`TemplateKey`, least recently used first out: at most
-    ``max_templates`` templates of at most ``max_variants`` variants each. ``clear()``
-    empties it. A communicator owns one; a server planning every step keeps one for its
-    planning (new counts of a known structure then cost one generated function call)."""
+    ``max_templates`` of at most ``max_variants`` variants each (new counts of a known
+    structure then cost one generated function call)."""
 
     def __init__(self, *, max_templates: int = 64, max_variants: int = 4) -> None:
         for name, v in (("max_templates", max_templates), ("max_variants", max_variants)):
@@ -234,9 +217,8 @@ class ScheduleCache:
 
     def variant(self, key: TemplateKey, counts: tuple, in_rows: int | None,
                 out_rows: int, *, compiled: bool = True) -> tuple[Variant, tuple]:
-        """The variant of ``key`` for these counts and sizes, and its host values (built
-        on a miss; ``compiled=False`` evaluates a new variant's values without generated
-        code)."""
+        """The variant of ``key`` for these counts and sizes and its host values (built on
+        a miss; ``compiled=False``: without generated code)."""
         params = (in_rows, out_rows)
         found = self._templates.get(key)
         if found is not None:
@@ -258,13 +240,6 @@ class ScheduleCache:
         values = v.values(counts, params)
         assert values is not None, "a variant must accept the counts it was built for"
         return v, values
-
-
-def template_key(plan: DpPlan, op: Op, *, rank: int | None, partial: bool,
-                 device_counts: bool, transport: Transport, wire: Wire, dequantize: bool,
-                 in_place: bool, in_rows_known: bool) -> TemplateKey:
-    return TemplateKey(plan.structure, op._value_, partial, rank, device_counts,
-                       transport._value_, wire._value_, dequantize, in_place, in_rows_known)
 
 
 def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: bool = True,
@@ -291,10 +266,10 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
                    in_place=in_place, in_rows=in_rows)
     if out_rows is None:
         out_rows = op_rows(plan, op, rank, device_counts=device_counts).out
-    key = template_key(plan, op, rank=rank, partial=bool(partial) or op is Op.GATHER_SUM,
-                       device_counts=bool(device_counts), transport=transport, wire=wire,
-                       dequantize=bool(dequantize) or wire is Wire.NATIVE,
-                       in_place=bool(in_place), in_rows_known=in_rows is not None)
+    key = TemplateKey(plan.structure, op._value_, bool(partial) or op is Op.GATHER_SUM, rank,
+                      bool(device_counts), transport._value_, wire._value_,
+                      bool(dequantize) or wire is Wire.NATIVE, bool(in_place),
+                      in_rows is not None)
     counts = plan.leaf_counts
     one_off = cache is None  # a schedule for one call: evaluated without generated code
     variant, values = (ScheduleCache(max_templates=1) if one_off else cache).variant(

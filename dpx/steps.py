@@ -1,19 +1,16 @@
-"""The step kinds a schedule is made of: local passes over buffers and collectives.
+"""The step kinds of a schedule: local passes over buffers and collectives.
 
-Buffers: ``"in"`` (the caller's input), ``"out"`` (the result) and scratch buffers whose
-rows a schedule lists; every buffer has the input's trailing shape and dtype, except the
-fp8 *wire* buffers a schedule names (:mod:`dpx.wire`: ``wire_row_bytes(H)`` bytes a row).
-A :class:`Ref` names rows ``[first, first + rows)`` of a buffer. Row numbers are ints, or
-:mod:`dpx.expr` values a frontend evaluates for the call (host-known ones on the host, the
-rest on its arrays); ``rows`` of a pass and ``block`` of a chunk table are host-known.
-
-:data:`STEP_KINDS` lists every kind; :func:`kinds_for` the kinds a transport's schedules
-can hold. Each interpreter (torch, JAX, the cost model, the test simulator) keeps a
-registry from kind to handler, and a test checks that none lacks one.
+Buffers: ``"in"`` (the caller's input), ``"out"`` (the result) and named scratch buffers,
+each with the input's trailing shape and dtype except the fp8 *wire* buffers a schedule
+names (``wire_row_bytes(H)`` bytes a row, :mod:`dpx.wire`). Row numbers are ints or
+:mod:`dpx.expr` values; ``rows`` of a pass and ``block`` of a chunk table are host-known.
+Each interpreter (torch, JAX, the cost model, the test simulator) keeps a handler per kind
+in :data:`STEP_KINDS`, and a test checks that none lacks one.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -50,14 +47,16 @@ def _v(value: Any) -> str:
 
 
 class Step:
-    """Base of every step. ``collective``: every rank of the group issues it together.
-    Steps are values: nothing changes one once it is made."""
+    """Base of every step (a value). ``collective``: every rank of the group issues it."""
 
     __slots__ = ()
     collective = False
-    kind = "step"
-    #: how the step prints: a format of its fields, rendered (``n``: the chunk count)
-    text = ""
+    kind = "step"  # the class name in snake case (``AllGatherV``: ``all_gather_v``)
+    text = ""  # how the step prints: a format of its fields (``n``: the chunk count)
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls.kind = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__.lstrip("_")).lower()
 
     def fields(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}  # type: ignore
@@ -73,13 +72,10 @@ class Step:
 # ---------------------------------------------------------------- local passes
 @dataclass(eq=False, slots=True)
 class CheckCounts(Step):
-    """Check a step's device counts against the plan's :class:`~dpx.plan.CountRule`
-    before any row moves. A frontend records a violation (a sticky device flag in torch, a
-    ``checkify`` check in JAX); the passes that follow stay inside their buffers whatever
-    the counts (see docs/semantics.md, "Counts are checked")."""
+    """Device counts checked against the plan's :class:`~dpx.plan.CountRule` before any
+    row moves; a violation is recorded (docs/semantics.md, "Counts are checked")."""
 
     rule: CountRule
-    kind = "check_counts"
 
     def __str__(self) -> str:
         r = self.rule
@@ -93,9 +89,8 @@ class CheckCounts(Step):
 
 @dataclass(eq=False, slots=True)
 class Move(Step):
-    """``dst[:rows] = 0`` except ``dst[dst_start + j] = src[src_start + j]`` for ``j <
-    count``: one pass over ``dst`` (a *place* when ``src_start == 0``, a *take* when
-    ``dst_start == 0``, a *copy* when both are 0 and ``count == rows``)."""
+    """``dst[:rows] = 0`` except ``dst[dst_start + j] = src[src_start + j]``, ``j < count``
+    (a *place* when ``src_start == 0``, a *take* when ``dst_start == 0``)."""
 
     src: Ref
     dst: Ref
@@ -103,7 +98,6 @@ class Move(Step):
     src_start: Any
     dst_start: Any
     count: Any
-    kind = "move"
 
     def __str__(self) -> str:
         s0, d0 = self.src_start, self.dst_start
@@ -129,15 +123,12 @@ def _same(a: Any, b: Any) -> bool:
 
 @dataclass(eq=False, slots=True)
 class Zero(Step):
-    """In place: every row of ``buf[:rows]`` outside ``[keep_start, keep_start +
-    keep_count)`` becomes 0 (a slot's pad tail after a collective wrote it, or the rows
-    around a caller's own rows)."""
+    """In place: rows of ``buf[:rows]`` outside ``[keep_start, +keep_count)`` become 0."""
 
     buf: Ref
     rows: Any
     keep_start: Any
     keep_count: Any
-    kind = "zero"
 
     def __str__(self) -> str:
         if _is0(self.keep_start):
@@ -148,37 +139,29 @@ class Zero(Step):
 
 @dataclass(eq=False, slots=True)
 class Quantize(Step):
-    """``dst[j] = fp8_wire(src[start + j])`` for ``j < count``; rows ``count..rows`` of
-    ``dst`` are zero bytes (one pass: reads the rows once, writes payload and scales;
-    ``dst`` is a wire buffer)."""
+    """``dst[j] = fp8_wire(src[start + j])`` for ``j < count``, zero bytes to ``rows``."""
 
     src: Ref
     dst: Ref
     rows: Any
     start: Any
     count: Any
-    kind = "quantize"
-
     text = "quantize {src}[{start} : +{count}] -> {dst}[{rows} fp8 rows], zero rows after"
 
 
 @dataclass(eq=False, slots=True)
 class Dequantize(Step):
-    """``dst[:rows] = dequantize(src[:rows])``: fp8 wire rows back to the input's dtype
-    (zero rows stay exact zeros)."""
+    """``dst[:rows] = dequantize(src[:rows])`` (zero wire rows give exact zeros)."""
 
     src: Ref
     dst: Ref
     rows: Any
-    kind = "dequantize"
-
     text = "dequantize {src}[{rows} fp8 rows] -> {dst}"
 
 
 @dataclass(eq=False, slots=True)
 class _ChunkPass(Step):
-    """A one-pass kernel over ``dst``'s ``rows`` moving the chunks of a chunk table between
-    their rows and ``block``-row pieces."""
+    """One pass moving a chunk table's chunks between their rows and ``block``-row pieces."""
 
     src: Ref
     dst: Ref
@@ -190,22 +173,14 @@ class _ChunkPass(Step):
 
 @dataclass(eq=False, slots=True)
 class Unpack(_ChunkPass):
-    """``dst[:rows] = 0`` except ``dst[firsts[r] + j] = src[r*block + j]`` for ``j <
-    lens[r]``: every rank's ``block``-row piece of an equal all-gather moved to its
-    chunk's rows (one pass over dst)."""
-
-    kind = "unpack"
+    """``dst[:rows] = 0`` except ``dst[firsts[r] + j] = src[r*block + j]``, ``j < lens[r]``."""
 
     text = "unpack  {src}[{n} x {block}] -> {dst}[{rows} rows], chunks firsts={firsts} lens={lens}"
 
 
 @dataclass(eq=False, slots=True)
 class Pack(_ChunkPass):
-    """``dst[r*block + j] = src[firsts[r] + j]`` for ``j < lens[r]``, zeros elsewhere:
-    every rank's chunk moved to a ``block``-row piece of an equal reduce-scatter's input
-    (one pass over dst; the adjoint of :class:`Unpack`)."""
-
-    kind = "pack"
+    """``dst[r*block + j] = src[firsts[r] + j]``, ``j < lens[r]``, zeros elsewhere."""
 
     text = "pack    {src} -> {dst}[{n} x {block}], chunks firsts={firsts} lens={lens}"
 
@@ -217,31 +192,25 @@ def len_of(v: Any) -> int:
 # ---------------------------------------------------------------- collectives
 @dataclass(eq=False, slots=True)
 class AllGather(Step):
-    """Equal all-gather over ``group``: ``dst`` (``group_size * rows``) is the group's
-    ``src`` blocks (``rows`` each) in group-rank order."""
+    """``dst`` (``group_size * rows``): the group's ``src`` blocks in group-rank order."""
 
     group: Group
     src: Ref
     dst: Ref
     rows: Any
     collective = True
-    kind = "all_gather"
-
     text = "all_gather     {group}: {src}[{rows}] -> {dst}"
 
 
 @dataclass(eq=False, slots=True)
 class ReduceScatter(Step):
-    """Equal reduce-scatter over ``group``: ``dst`` (``rows``) is this rank's block of the
-    sum over the group of ``src`` (``group_size * rows``)."""
+    """``dst`` (``rows``): this rank's block of the group's sum of ``src``."""
 
     group: Group
     src: Ref
     dst: Ref
     rows: Any
     collective = True
-    kind = "reduce_scatter"
-
     text = "reduce_scatter {group}: {src} -> {dst}[{rows}]"
 
 
@@ -253,16 +222,12 @@ class AllReduce(Step):
     buf: Ref
     rows: Any
     collective = True
-    kind = "all_reduce"
-
     text = "all_reduce     {group}: {buf}[{rows}] in place"
 
 
 @dataclass(eq=False, slots=True)
 class _Variable(Step):
-    """Base of the variable-size collectives: rank ``r``'s chunk is rows ``[firsts[r],
-    firsts[r] + lens[r])`` of the ``rows``-row global buffer; ``block`` is the chunk
-    buffer size (every ``lens[r] <= block``)."""
+    """Rank ``r``'s chunk: rows ``[firsts[r], +lens[r])`` of ``rows``; ``lens <= block``."""
 
     group: Group
     rows: Any
@@ -274,49 +239,37 @@ class _Variable(Step):
 
 @dataclass(eq=False, slots=True)
 class BroadcastV(_Variable):
-    """In place in ``buf``: every rank's chunk, already at its rows on its owner, is
-    broadcast from that owner (grouped per-root broadcasts; host sizes). Rows outside the
-    chunks are left as they are."""
+    """In place: every chunk broadcast from its owner (other rows left as they are)."""
 
     buf: Ref = Ref(OUT)
-    kind = "broadcast_v"
-
     text = "broadcast_v    {group}: {buf}[{rows}] per root, chunks firsts={firsts} lens={lens}"
 
 
 @dataclass(eq=False, slots=True)
 class ReduceV(_Variable):
-    """In place in ``buf``: each owner's chunk rows receive the sum over the group
-    (grouped per-root reduces; host sizes). Other rows are left undefined."""
+    """In place: each owner's chunk receives the group's sum (other rows undefined)."""
 
     buf: Ref = Ref(OUT)
-    kind = "reduce_v"
-
     text = "reduce_v       {group}: {buf}[{rows}] per root, chunks firsts={firsts} lens={lens}"
 
 
 @dataclass(eq=False, slots=True)
 class AllGatherV(_Variable):
-    """``dst`` (``rows``): every rank's ``src[:lens[r]]`` at ``firsts[r]``; rows outside the
-    chunks are 0 (a ragged all-to-all; sizes may be device data)."""
+    """``dst`` (``rows``): every rank's ``src[:lens[r]]`` at ``firsts[r]``, zeros elsewhere."""
 
     src: Ref = Ref(IN)
     dst: Ref = Ref(OUT)
-    kind = "all_gather_v"
-
     text = ("all_gather_v   {group}: {src}[{block}] -> {dst}[{rows}], chunks firsts={firsts} "
             "lens={lens}")
 
 
 @dataclass(eq=False, slots=True)
 class ReduceScatterV(_Variable):
-    """``dst`` (``block`` rows): row ``j < lens[me]`` is the sum over the group of
-    ``src[firsts[me] + j]``; rows past ``lens[me]`` are 0 (a ragged all-to-all)."""
+    """``dst[j]`` (``j < block``): the group's sum of ``src[firsts[me] + j]`` below ``lens[me]``,
+    else 0."""
 
     src: Ref = Ref(IN)
     dst: Ref = Ref(OUT)
-    kind = "reduce_scatter_v"
-
     text = ("reduce_scatter_v {group}: {src}[{rows}] -> {dst}[{block}], chunks "
             "firsts={firsts} lens={lens}")
 
@@ -334,8 +287,7 @@ _TRANSPORT_VARIABLE = {Transport.PER_ROOT: (BroadcastV, ReduceV),
 
 
 def kinds_for(transport: Transport) -> frozenset[type[Step]]:
-    """The step kinds a schedule for ``transport`` can hold: every fixed-size kind, and the
-    transport's own variable-size collectives."""
+    """The step kinds a schedule for ``transport`` can hold."""
     fixed = [k for k in STEP_KINDS if k not in VARIABLE_KINDS]
     return frozenset(fixed + list(_TRANSPORT_VARIABLE[transport]))
 

@@ -1,11 +1,6 @@
-"""Expressions (:mod:`dpx.expr`) evaluated, every way from the one op table
-(:data:`dpx.expr.OPS`):
-
-- :func:`evaluate` with a frontend's :class:`ArrayOps` (torch, JAX, the NumPy test
-  simulator) on device counts and coordinates: the ops in :data:`dpx.expr.DEVICE_OPS`;
-- :class:`HostOps` / :func:`substitute` on host values, by the constructors (which fold);
-- :func:`compile_host`: one generated Python function per cached variant, computing its
-  host values and checking its guards (what a server runs every step).
+"""Expressions (:mod:`dpx.expr`) evaluated from the one op table: on a frontend's arrays
+(:func:`evaluate`, :class:`ArrayOps`), on host values (:class:`HostOps`,
+:func:`substitute`), and by the one code generator (:func:`compile_host`).
 """
 
 from __future__ import annotations

@@ -1,33 +1,15 @@
-"""The fp8 wire format of ``gather(..., wire="fp8")``: one definition for both frontends.
+"""The fp8 wire format of ``gather(..., wire="fp8")``: one definition for both frontends
+(docs/semantics.md, "fp8 wire", says it in full).
 
-A token row of ``H`` elements (``H % GROUP == 0``) travels as ``wire_row_bytes(H) = H +
-4 * H / GROUP`` bytes: ``H`` float8_e4m3fn payload bytes, then ``H / GROUP`` float32 scales
-(little-endian), one per group of ``GROUP = 128`` consecutive elements. For a real row's
-group ``x`` (computed in float32)::
+A row of ``H`` elements (``H % GROUP == 0``) travels as ``wire_row_bytes(H)`` bytes: ``H``
+float8_e4m3fn payload bytes, then one little-endian float32 scale per group of ``GROUP``::
 
-    scale   = max(amax(|x_f|), EPS) / FP8_MAX        (IEEE division; EPS = 1e-10)
-    payload = float8_e4m3fn(clamp(x / scale, -FP8_MAX, FP8_MAX))   (round to nearest even)
-    x'      = float32(payload) * scale, rounded to the output dtype (nearest even)
+    scale   = max(amax(|finite x|), EPS) / FP8_MAX        (IEEE division)
+    payload = float8_e4m3fn(clamp(x / scale, -FP8_MAX, FP8_MAX))   (nearest even)
+    x'      = float32(payload) * scale, rounded to the output dtype
 
-where ``x_f`` are the group's **finite** elements (the amax of a group without any is 0),
-so an all-zero group of a real row has ``scale = EPS / FP8_MAX`` and a zero payload. Rows
-that are not real rows (slot padding, alignment rows, idle replicas, rows outside every
-chunk) are all-zero bytes: payload 0 and scale 0, which dequantize to exact zeros. For
-finite inputs, ``|x' - x| <= 2**-4 * |x| + 2**-10 * scale`` per element before the final
-rounding to the output dtype (e4m3 keeps 3 mantissa bits: half a unit in the last place is
-at most ``2**-4`` of a normal value, and ``2**-10`` (times the scale) for a subnormal one).
-
-Non-finite elements: a NaN or an infinity, of either sign, travels as e4m3fn's NaN code
-``NAN_CODE = 0x7F`` (e4m3fn has no infinity; the sign of a NaN is not kept, as a GPU's
-float16-to-float32 conversion does not keep it either) and dequantizes to the output
-dtype's canonical quiet NaN (float32 ``0x7FC00000``, bfloat16 ``0x7FC0``, float16
-``0x7E00``): **NaN stays NaN and +-inf arrives as NaN**. They take no part in their
-group's scale, so no finite element -- of their group, their row or any other row --
-changes because of them.
-
-A sum cannot run on fp8, so only the copy modes carry it: ``MAX_LEN`` and ``GATHERV``.
-The attn-tp sum of a partial input runs in the input's dtype first; only the world
-collective moves fp8. ``reduce_scatter`` always runs in the input's dtype.
+A non-finite element travels as ``NAN_CODE`` and arrives as the dtype's quiet NaN; rows
+that are not real rows are zero bytes (exact zeros). Copy modes only (MAX_LEN, GATHERV).
 """
 
 from __future__ import annotations
@@ -35,7 +17,8 @@ from __future__ import annotations
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.modes import PaddingMode
 
-__all__ = ["check_fp8", "check_fp8_mode", "EPS", "FLOAT_DTYPES", "FP8_MAX", "GROUP", "NAN_CODE", "wire_row_bytes"]
+__all__ = ["check_fp8", "check_fp8_mode", "EPS", "FLOAT_DTYPES", "FP8_MAX", "GROUP", "NAN_CODE",
+           "wire_row_bytes"]
 
 GROUP = 128
 FP8_MAX = 448.0
