@@ -7,7 +7,7 @@ that already catch the built-in kinds keep working.
 
 from __future__ import annotations
 
-__all__ = ["DpxCapacityError", "DpxError", "DpxMismatchError", "DpxTypeError", "DpxValueError"]
+__all__ = ["check_int", "DpxCapacityError", "DpxError", "DpxMismatchError", "DpxTypeError", "DpxValueError"]
 
 
 class DpxError(Exception):
@@ -28,3 +28,13 @@ class DpxCapacityError(DpxValueError):
 
 class DpxMismatchError(DpxError):
     """Ranks disagree on something they must share (a plan, an op, a dtype, counts)."""
+
+
+def check_int(name: str, value: object, *, minimum: int = 0) -> int:
+    """``value`` as an int ``>= minimum`` (numpy integers through ``__index__``; no bools or
+    floats), else a :class:`DpxTypeError` / :class:`DpxValueError` naming ``name``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise DpxTypeError(f"{name}={value!r} must be an int (got {type(value).__name__})")
+    if value.__index__() < minimum:
+        raise DpxValueError(f"{name}={value} must be >= {minimum}")
+    return value.__index__()

@@ -8,17 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from dpx.errors import DpxTypeError, DpxValueError
+from dpx.errors import DpxValueError, check_int
 
 __all__ = ["DpLayout", "RankCoords"]
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DpxTypeError(f"{name}={value!r} must be an int (got {type(value).__name__})")
-    if value < minimum:
-        raise DpxValueError(f"{name}={value} must be >= {minimum}")
-    return value
 
 
 class RankCoords(NamedTuple):
@@ -41,9 +33,8 @@ class DpLayout:
     cp_size: int = 1
 
     def __post_init__(self) -> None:
-        _check_int("world_size", self.world_size, minimum=1)
-        _check_int("dp_size", self.dp_size, minimum=1)
-        _check_int("cp_size", self.cp_size, minimum=1)
+        for name in ("world_size", "dp_size", "cp_size"):  # stored as plain ints
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=1))
         if self.world_size % (self.dp_size * self.cp_size) != 0:
             raise DpxValueError(
                 f"world_size={self.world_size} must be divisible by dp_size*cp_size="
@@ -70,7 +61,7 @@ class DpLayout:
         return self._sizes[1]
 
     def _check_rank(self, rank: int) -> int:
-        _check_int("rank", rank, minimum=0)
+        check_int("rank", rank, minimum=0)
         if rank >= self.world_size:
             raise DpxValueError(f"rank={rank} must be < world_size={self.world_size}")
         return rank
@@ -86,7 +77,7 @@ class DpLayout:
         """The rank at coordinates ``(dp, cp, tp)``."""
         for name, value, size in (("dp", dp, self.dp_size), ("cp", cp, self.cp_size),
                                   ("tp", tp, self.attn_tp_size)):
-            _check_int(name, value, minimum=0)
+            check_int(name, value, minimum=0)
             if value >= size:
                 raise DpxValueError(f"{name}={value} must be < {name}_size={size}")
         return (dp * self.cp_size + cp) * self.attn_tp_size + tp

@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Sequence
 
-from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError
+from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError, check_int
 from dpx.geometry import INTS, Structure, slots
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
@@ -31,15 +31,7 @@ def check_counts(num_tokens: Iterable[object], layout: DpLayout) -> tuple[int, .
             f"dp_size={layout.dp_size} replicas and needs one count per replica")
     if set(map(type, counts)) <= {int} and (not counts or min(counts) >= 0):
         return counts  # the common case: plain non-negative ints
-    return tuple(_index(f"num_tokens[{d}]", n) for d, n in enumerate(counts))
-
-
-def _index(name: str, n: object) -> int:
-    if isinstance(n, bool) or not hasattr(n, "__index__"):
-        raise DpxTypeError(f"{name}={n!r} must be an int (got {type(n).__name__})")
-    if n.__index__() < 0:
-        raise DpxValueError(f"{name}={n} must be >= 0")
-    return n.__index__()
+    return tuple(check_int(f"num_tokens[{d}]", n) for d, n in enumerate(counts))
 
 
 def check_shards(cp_shards: object, counts: tuple[int, ...],
@@ -61,7 +53,7 @@ def check_shards(cp_shards: object, counts: tuple[int, ...],
         if not isinstance(shards, tuple) or len(shards) != layout.cp_size:
             raise DpxValueError(f"cp_shards[{d}]={shards!r} must hold cp_size="
                                 f"{layout.cp_size} counts, one per CP rank")
-        row = tuple(_index(f"cp_shards[{d}][{c}]", s) for c, s in enumerate(shards))
+        row = tuple(check_int(f"cp_shards[{d}][{c}]", s) for c, s in enumerate(shards))
         if sum(row) != counts[d]:
             raise DpxValueError(f"cp_shards[{d}]={row} sums to {sum(row)}; it must "
                                 f"sum to num_tokens[{d}]={counts[d]}")
@@ -290,10 +282,7 @@ def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *,
         _, slot_rows, offsets, global_rows = slots(INTS, mode, dp, m, counts, None)
         return DpPlan(layout, mode, counts, slot_rows, offsets, global_rows, None,
                       is_extend, cp_shards, why)
-    if isinstance(capacity, bool) or not isinstance(capacity, int):
-        raise DpxTypeError(f"capacity={capacity!r} must be an int or None")
-    if capacity < 0:
-        raise DpxValueError(f"capacity={capacity} must be >= 0")
+    capacity = check_int("capacity", capacity)
     c = INTS.ceil_align(capacity, m)
     cap_rows = (capacity, c * dp if mode is PaddingMode.MAX_LEN else c, c)
     aligned, _, offsets, _ = slots(INTS, mode, dp, m, counts, cap_rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from dpx.cost import CostModel
-from dpx.errors import DpxTypeError, DpxValueError
+from dpx.errors import DpxTypeError, DpxValueError, check_int
 from dpx.geometry import INTS
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Policy, Transport
@@ -69,7 +69,7 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
                                   max_len_with_idle=max_len_with_idle)
     else:
         if type(row_bytes) is not int or row_bytes <= 0:
-            raise DpxValueError(f"row_bytes={row_bytes!r} must be a positive int")
+            check_int("row_bytes", row_bytes, minimum=1)
         cands = candidates if candidates is ALL_MODES else tuple(
             PaddingMode.parse(c) for c in candidates)
         if not cands:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from dpx.cost import CostModel, ModeEstimate, estimate
-from dpx.errors import DpxValueError
+from dpx.errors import check_int
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Transport
 from dpx.plan import check_counts, check_shards, make_plan
@@ -90,8 +90,7 @@ def compare_modes(num_tokens: Sequence[int], layout: DpLayout, *, row_bytes: int
     plan_step)."""
     counts = check_counts(num_tokens, layout)
     shards = check_shards(cp_shards, counts, layout)
-    if isinstance(row_bytes, bool) or not isinstance(row_bytes, int) or row_bytes <= 0:
-        raise DpxValueError(f"row_bytes={row_bytes!r} must be a positive int")
+    check_int("row_bytes", row_bytes, minimum=1)
     return tuple(_estimates(counts, layout, [PaddingMode.parse(c) for c in candidates],
                             row_bytes=row_bytes, cost_model=cost_model,
                             transport=Transport.parse(transport), cp_shards=shards))

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from dpx import expr as X
 from dpx import values as V
 from dpx.emit import Emitter
-from dpx.errors import DpxTypeError, DpxValueError
+from dpx.errors import DpxValueError, check_int
 from dpx.extents import op_rows
 from dpx.geometry import Structure
 from dpx.modes import Op, Transport, Wire
@@ -196,11 +196,8 @@ class ScheduleCache:
     structure then cost one generated function call)."""
 
     def __init__(self, *, max_templates: int = 64, max_variants: int = 4) -> None:
-        for name, v in (("max_templates", max_templates), ("max_variants", max_variants)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise DpxValueError(f"ScheduleCache({name}={v!r}): must be an int >= 1")
-        self.max_templates = max_templates
-        self.max_variants = max_variants
+        self.max_templates = check_int("ScheduleCache(max_templates)", max_templates, minimum=1)
+        self.max_variants = check_int("ScheduleCache(max_variants)", max_variants, minimum=1)
         #: per template, its variants, most recently used first
         self._templates: OrderedDict[TemplateKey, list[Variant]] = OrderedDict()
         self.builds = 0
@@ -289,5 +286,5 @@ def check_call(plan: DpPlan, op: Op, *, rank: int | None, device_counts: bool, w
         if wire is not Wire.NATIVE:
             raise DpxValueError("in_place gathers move the rows in the input's dtype: "
                                 "wire='fp8' gathers from a separate input")
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
-        raise DpxTypeError(f"rank={rank!r} must be an int or None")
+    if rank is not None:
+        check_int("rank", rank)
