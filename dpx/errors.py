@@ -7,7 +7,10 @@ that already catch the built-in kinds keep working.
 
 from __future__ import annotations
 
-__all__ = ["check_int", "DpxCapacityError", "DpxError", "DpxMismatchError", "DpxTypeError", "DpxValueError"]
+__all__ = [
+    "check_int", "DpxCapacityError", "DpxError", "DpxMismatchError", "DpxTypeError",
+    "DpxValueError"
+]
 
 
 class DpxError(Exception):
