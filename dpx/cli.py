@@ -73,7 +73,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                      transport=args.transport, cp_shards=args.shards)
     print(explain(plan, hidden=args.hidden, itemsize=itemsize,
                   ranks=None if args.rank == "all" else (args.rank,),
-                  transport=args.transport, device_counts=args.device_counts, wire=args.wire))
+                  transport=args.transport, device_counts=args.device_counts, wire=args.wire,
+                  vocab=args.vocab))
     print(f"fingerprint: {plan.fingerprint()}")
     return 0
 
@@ -111,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wire", default="native",
                    help="native | fp8: the format a gather's rows travel in")
     p.add_argument("--hidden", type=int, default=7168, help="elements of a row (pricing)")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="also price the LM-head scatter of logits of this many columns")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(_ITEMSIZE),
                    help="element type of a row (pricing)")
     p.set_defaults(func=_cmd_plan)

@@ -21,9 +21,9 @@ from dpx.extents import op_rows
 from dpx.modes import Group, Op, PaddingMode, Transport
 from dpx.plan import DpPlan
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
-from dpx.steps import (AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts,
-                       Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
-                       ReduceV, Step, Unpack, Zero)
+from dpx.steps import (AllGather, AllGatherV, AllReduce, AllToAll, BroadcastV, CheckCounts,
+                       Dequantize, JoinColumns, Move, Pack, Quantize, ReduceScatter,
+                       ReduceScatterV, ReduceV, SplitColumns, Step, Unpack, Zero)
 
 __all__ = [
     "CostModel", "estimate", "estimate_op", "group_size", "ModeEstimate",
@@ -104,7 +104,11 @@ class _Pricing(NamedTuple):
         return v if type(v) is int else V.evaluate(v, self.ops)
 
     def rb(self, buf: str) -> int:
-        return self.wire_row_bytes if self.schedule.is_wire(buf) else self.row_bytes
+        """Bytes of a row of ``buf`` (``row_bytes``: a narrow row of the input's dtype)."""
+        if self.schedule.is_wire(buf):
+            return self.wire_row_bytes
+        return self.row_bytes * (self.schedule.plan.layout.world_size
+                                 if self.schedule.is_wide(buf) else 1)
 
     def collective(self, s: Any, rows: Any, buf: str, factor: int, lens: Any = None) -> StepCost:
         """``s`` over its group: ``rows`` per rank (``factor`` 1: all-gather and
@@ -141,6 +145,11 @@ PRICERS: dict[type[Step], Callable[[Any, _Pricing], StepCost]] = {
     AllGather: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
     ReduceScatter: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
     AllReduce: lambda s, p: p.collective(s, s.rows, s.buf.buf, 2),
+    AllToAll: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
+    JoinColumns: lambda s, p: p.model.local_pass(
+        s, (p.val(s.count) * s.parts + p.val(s.rows) * s.parts) * p.row_bytes),
+    SplitColumns: lambda s, p: p.model.local_pass(
+        s, (p.val(s.count) + p.val(s.block)) * s.parts * p.row_bytes),
     BroadcastV: lambda s, p: p.collective(s, None, s.buf.buf, 1, s.lens),
     ReduceV: lambda s, p: p.collective(s, None, s.buf.buf, 1, s.lens),
     AllGatherV: lambda s, p: p.collective(s, None, s.src.buf, 1, s.lens),

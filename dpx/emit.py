@@ -15,9 +15,10 @@ from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
 from dpx.plan import CountRule
 from dpx.routes import RankRef, Route, choose_route
-from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts,
-                       Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
-                       ReduceV, Ref, Step, Unpack, Zero)
+from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, BroadcastV,
+                       CheckCounts, Dequantize, JoinColumns, Move, Pack, Quantize,
+                       ReduceScatter, ReduceScatterV, ReduceV, Ref, SplitColumns, Step,
+                       Unpack, Zero)
 from dpx.wire import check_fp8_mode
 
 __all__ = ["Emitter"]
@@ -44,6 +45,7 @@ class Emitter:
         self.steps: list[Step] = []
         self.scratch: dict[str, Any] = {}
         self.wire_bufs: set[str] = set()
+        self.wide_bufs: set[str] = set()
         self.notes: list[str] = []
         self.guards: dict[tuple, tuple[Any, int]] = {}
         self.route = choose_route(geo, op, transport, device_counts=device_counts,
@@ -72,12 +74,14 @@ class Emitter:
         return X.eq(a, b)
 
     # ------------------------------------------------------------ buffers and steps
-    def buffer(self, name: str, rows: Any, *, wire: bool = False) -> Ref:
+    def buffer(self, name: str, rows: Any, *, wire: bool = False, wide: bool = False) -> Ref:
         old = self.scratch.setdefault(name, rows)
         if old is not rows and X.render(old) != X.render(rows):
             raise AssertionError(f"scratch {name} sized twice")
         if wire:
             self.wire_bufs.add(name)
+        if wide:
+            self.wide_bufs.add(name)
         return Ref(name)
 
     def move(self, src: Ref, dst: Ref, rows: Any, src_start: Any, dst_start: Any,
@@ -89,9 +93,9 @@ class Emitter:
         if self.rule is not None:
             self.steps.append(CheckCounts(self.rule))
         op = self.op
+        if self.wire is Wire.FP8:
+            self._check_fp8()
         if op in (Op.GATHER, Op.GATHER_SUM):
-            if self.wire is Wire.FP8:
-                self._check_fp8()
             {Route.SUM_SLOTS: self.gather_sum_slots, Route.EQUAL_BLOCKS: self.gather_equal,
              Route.BLOCKS_UNPACK: self.gather_unpack, Route.RAGGED: self.gather_ragged,
              Route.PER_ROOT: self.gather_per_root}[self.route]()
@@ -99,6 +103,10 @@ class Emitter:
             {Route.SUM_SLOTS: self.rs_sum_slots, Route.EQUAL_BLOCKS: self.rs_equal,
              Route.BLOCKS_UNPACK: self.rs_unpack, Route.RAGGED: self.rs_ragged,
              Route.PER_ROOT: self.rs_per_root}[self.route]()
+        elif op is Op.SCATTER_COLUMNS:
+            self.scatter_columns()
+        elif op is Op.SCATTER_COLUMNS_ADJOINT:
+            self.scatter_columns_adjoint()
         elif op is Op.SCATTER:
             g, r = self.geo, self.rank
             self.move(Ref(IN), Ref(OUT), self.out_rows, g.rows_start(r.dp, r.cp), 0,
@@ -359,3 +367,49 @@ class Emitter:
         self.steps.append(ReduceV(Group.WORLD, G, firsts, lens, g.block, staged))
         first, length = g.chunk(r.dp, r.cp, r.tp)
         self.finish_slot(Ref("staged", first, length), length)
+
+    # ------------------------------------------------------------ the LM-head scatter
+    def columns_group(self) -> tuple[Group, int]:
+        """The group whose ranks share this rank's rows (each holds one chunk of them)."""
+        g = self.geo
+        return (Group.ATTN_TP, g.tp) if g.sharded else (Group.REPLICA, g.m)
+
+    def scatter_columns(self) -> None:
+        """Every rank's real rows packed per destination (``k * B`` rows a block: ``k``
+        ranks share them), one world all-to-all, the column parts joined side by side
+        (docs/semantics.md, "The LM-head scatter")."""
+        g, R = self.geo, self.out_rows
+        W = g.layout.world_size
+        span = X.mul(self.columns_group()[1], g.block)
+        firsts, lens = g.rows_table()
+        send, recv = self.buffer("send", X.mul(W, span)), self.buffer("recv", X.mul(W, span))
+        self.steps.append(Pack(Ref(IN), send, X.mul(W, span), firsts, lens, span))
+        self.steps.append(AllToAll(Group.WORLD, send, recv, span))
+        self.wide_bufs.add(OUT)
+        self.steps.append(JoinColumns(recv, Ref(OUT), R, X.minimum(R, span), span, W))
+
+    def scatter_columns_adjoint(self) -> None:
+        """The transpose of :meth:`scatter_columns`: the sharing ranks' rows summed and
+        reduce-scattered, the column parts split into blocks, one world all-to-all, every
+        chunk's real rows moved to its rows of ``out``."""
+        g, R = self.geo, self.in_rows
+        B, W = g.block, g.layout.world_size
+        self.wide_bufs.add(IN)
+        group, size = self.columns_group()
+        send = self.buffer("send", X.mul(W, B))
+        if size == 1:
+            self.steps.append(SplitColumns(Ref(IN), send, X.minimum(R, B), B, W))
+        else:
+            span = X.mul(size, B)
+            if self.known(self.eq(R, span)):
+                padded = Ref(IN)
+            else:
+                padded = self.buffer("slot", span, wide=True)
+                self.move(Ref(IN), padded, span, 0, 0, X.minimum(R, span))
+            chunk = self.buffer("chunk", B, wide=True)
+            self.steps.append(ReduceScatter(group, padded, chunk, B))
+            self.steps.append(SplitColumns(chunk, send, B, B, W))
+        recv = self.buffer("recv", X.mul(W, B))
+        self.steps.append(AllToAll(Group.WORLD, send, recv, B))
+        firsts, lens = g.chunk_table(real=True)
+        self.steps.append(Unpack(recv, Ref(OUT), g.global_rows, firsts, lens, B))

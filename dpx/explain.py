@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpx.cost import CostModel, price, split_costs
+from dpx.cost import CostModel, estimate_op, price, split_costs
 from dpx.extents import op_rows
-from dpx.errors import DpxValueError
+from dpx.errors import DpxValueError, check_int
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.policy import compare_modes
 from dpx.schedule import build_schedule
 from dpx.wire import wire_row_bytes
 
-__all__ = ["buffer_picture", "explain", "fmt_bytes", "schedule_lines"]
+__all__ = ["buffer_picture", "explain", "fmt_bytes", "lm_head_line", "schedule_lines"]
 
 _BAR = 48
 
@@ -80,11 +80,12 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
 def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
             cost_model: CostModel | None = None, ranks: Sequence[int] | None = (0,),
             transport: Transport | str = Transport.PER_ROOT, device_counts: bool = False,
-            wire: Wire | str = Wire.NATIVE) -> str:
+            wire: Wire | str = Wire.NATIVE, vocab: int | None = None) -> str:
     """A human-readable account of ``plan``: layout, slots, a picture, every mode's
     estimate, and the priced schedules (partial and replicated gather on ``wire``,
     reduce_scatter) of ``ranks`` (``None``: all). Prices rows of ``hidden`` elements of
-    ``itemsize`` bytes."""
+    ``itemsize`` bytes; ``vocab``: also the LM-head scatter of logits of ``vocab`` columns
+    against an all-gather of the columns and a scatter."""
     model = cost_model or CostModel()
     transport = Transport.parse(transport)
     row_bytes = hidden * itemsize
@@ -116,6 +117,8 @@ def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
                    f"{fmt_bytes(est.moved):>12}  est {est.seconds * 1e6:9.1f} us")
     out.append("  (* = chosen: this plan's mode; estimates price the schedules below, "
                "for non-capacity plans of the same counts)")
+    if vocab is not None:
+        out.append(lm_head_line(plan, vocab, itemsize, model, transport))
     counts = "device counts (priced at the plan's counts)" if device_counts else "host counts"
     out.append(f"schedules ({counts}):")
     for r in range(lay.world_size) if ranks is None else ranks:
@@ -123,3 +126,24 @@ def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
                                   transport=transport, device_counts=device_counts,
                                   hidden=hidden, wire=Wire.parse(wire)))
     return "\n".join(out)
+
+
+def lm_head_line(plan: DpPlan, vocab: int, itemsize: int, model: CostModel,
+                 transport: Transport) -> str:
+    """The LM-head scatter of ``vocab``-column logits priced against the all-gather of the
+    columns then a scatter (slowest rank each; bytes each rank sends)."""
+    W = plan.layout.world_size
+    check_int("vocab", vocab, minimum=W)
+    if vocab % W:
+        raise DpxValueError(f"vocab={vocab} must be a multiple of world_size={W} (each "
+                            f"rank holds vocab / world_size columns)")
+    rb = vocab // W * itemsize
+    cols = estimate_op(plan, Op.SCATTER_COLUMNS, row_bytes=rb, cost_model=model,
+                       transport=transport)
+    moved, coll = model.collective_seconds(W * plan.global_rows * rb, W, (W - 1) / W)
+    take = estimate_op(plan, Op.SCATTER, row_bytes=vocab * itemsize, cost_model=model,
+                       transport=transport)
+    return (f"lm head: vocab {vocab} ({vocab // W} columns a rank): scatter_columns sends "
+            f"{fmt_bytes(cols.moved)}, est {cols.seconds * 1e6:.1f} us; all-gather of the "
+            f"columns + scatter sends {fmt_bytes(moved)}, est "
+            f"{(coll + take.seconds) * 1e6:.1f} us")

@@ -60,7 +60,7 @@ def op_rows(plan: DpPlan, op: Op, rank: int | None, *, device_counts: bool) -> O
         return OpRows(need, False, plan.global_rows)
     slot = (plan.max_slot_rows if rank is None
             else plan.slot_rows[plan.layout.coords(rank).attn_dp_rank])
-    if op is Op.SCATTER_ADJOINT:
+    if op in (Op.SCATTER_ADJOINT, Op.SCATTER_COLUMNS_ADJOINT):
         return OpRows(slot, True, plan.global_rows)
     return OpRows(plan.global_rows, True, slot)
 

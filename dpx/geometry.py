@@ -203,21 +203,27 @@ class Geometry:
         start = self.ops.mul(self.group_base(c), self.block)
         return self.local_range(self.held(d, c), start, self.tp)
 
-    def chunk_table(self) -> tuple[Any, Any]:
-        """``(firsts, lens)``: every rank's chunk, vectors of ``world_size`` in rank order."""
-        X, lay, B = self.ops, self.layout, self.block
+    def rows_table(self, *, slots: bool = False) -> tuple[Any, Any]:
+        """``(firsts, lens)``: every rank's real rows (its replica's, or its CP shard's),
+        vectors of ``world_size`` in rank order (``slots``: a replica's whole slot)."""
+        X, lay = self.ops, self.layout
         coords = [lay.coords(r) for r in range(lay.world_size)]
         d_of = tuple(c.attn_dp_rank for c in coords)
         offsets = X.gather(self.offsets, d_of)
         if self.sharded:
             dc = tuple(c.attn_dp_rank * self.cp + c.attn_cp_rank for c in coords)
-            tB = X.mul(tuple(c.attn_tp_rank for c in coords), B)
-            held = X.gather(self.shards, dc)
-            base = X.add(offsets, X.gather(X.group_cumsum_excl(self.shards, self.cp), dc))
-        else:
-            tB = X.mul(tuple(c.attn_cp_rank * self.tp + c.attn_tp_rank for c in coords), B)
-            held = X.gather(self.slots, d_of)
-            base = offsets
+            return (X.add(offsets, X.gather(X.group_cumsum_excl(self.shards, self.cp), dc)),
+                    X.gather(self.shards, dc))
+        return offsets, X.gather(self.slots if slots else self.n, d_of)
+
+    def chunk_table(self, *, real: bool = False) -> tuple[Any, Any]:
+        """``(firsts, lens)``: every rank's chunk, vectors of ``world_size`` in rank order
+        (``real``: only its real rows, the slot's pad rows left out)."""
+        X, lay, B = self.ops, self.layout, self.block
+        base, held = self.rows_table(slots=not real)
+        q = tuple(c.attn_tp_rank if self.sharded else c.attn_cp_rank * self.tp + c.attn_tp_rank
+                  for c in map(lay.coords, range(lay.world_size)))
+        tB = X.mul(q, B)
         return X.add(base, X.minimum(tB, held)), X.clip(X.sub(held, tB), 0, B)
 
     def chunk(self, d: Any, c: Any, t: Any) -> tuple[Any, Any]:

@@ -48,12 +48,16 @@ class Policy(_ParsableEnum):
 class Op(_ParsableEnum):
     """The ops a schedule describes. ``SCATTER_ADJOINT`` (``[slot rows] -> [global_rows]``,
     zeros elsewhere) is scatter's backward; ``GATHER_SUM`` a partial gather summing over
-    every rank of a replica (CP ranks too), reduce_scatter's adjoint."""
+    every rank of a replica (CP ranks too), reduce_scatter's adjoint. ``SCATTER_COLUMNS``
+    (``[global_rows, C] -> [slot rows, world * C]``): scatter of the rows whose columns
+    are spread over the world's ranks (docs/semantics.md, "The LM-head scatter")."""
 
     GATHER = "gather"
     SCATTER = "scatter"
     REDUCE_SCATTER = "reduce_scatter"
     SCATTER_ADJOINT = "scatter_adjoint"
+    SCATTER_COLUMNS = "scatter_columns"
+    SCATTER_COLUMNS_ADJOINT = "scatter_columns_adjoint"
     GATHER_SUM = "gather_sum"
 
     @property
@@ -64,7 +68,9 @@ class Op(_ParsableEnum):
 
 _ADJOINT = {Op.GATHER: Op.REDUCE_SCATTER, Op.REDUCE_SCATTER: Op.GATHER_SUM,
             Op.GATHER_SUM: Op.REDUCE_SCATTER, Op.SCATTER: Op.SCATTER_ADJOINT,
-            Op.SCATTER_ADJOINT: Op.SCATTER}
+            Op.SCATTER_ADJOINT: Op.SCATTER,
+            Op.SCATTER_COLUMNS: Op.SCATTER_COLUMNS_ADJOINT,
+            Op.SCATTER_COLUMNS_ADJOINT: Op.SCATTER_COLUMNS}
 
 
 class Group(_ParsableEnum):

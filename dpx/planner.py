@@ -26,12 +26,15 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
               candidates: Sequence[PaddingMode | str] = ALL_MODES,
               transport: Transport | str = Transport.PER_ROOT,
               cp_shards: Sequence[Sequence[int]] | None = None,
-              cache: ScheduleCache | None = None) -> DpPlan:
+              cache: ScheduleCache | None = None,
+              sum_len_allreduce_bytes: int | None = None) -> DpPlan:
     """Plan one step for per-replica real counts ``num_tokens`` (length ``dp_size``).
 
     ``mode`` forces a mode; otherwise ``policy`` picks one: ``"sglang"`` applies sglang's
     rule (``max_len_with_idle=True`` turns on its hybrid-model branch: an extend batch with
-    an idle replica takes MAX_LEN); ``"cost"`` takes the cheapest of ``candidates``, each
+    an idle replica takes MAX_LEN; ``sum_len_allreduce_bytes=N`` turns on its decode rule:
+    SUM_LEN when no replica is idle and the summed buffer of rows of ``row_bytes`` bytes
+    fits one all-reduce of ``N`` bytes); ``"cost"`` takes the cheapest of ``candidates``, each
     priced as the schedules it would run (:mod:`dpx.pricing`) under ``cost_model`` for rows
     of ``row_bytes`` bytes on ``transport``. ``capacity`` makes the shapes static (see
     :mod:`dpx.plan`); a capacity plan with no forced mode uses MAX_LEN, the mode whose
@@ -52,9 +55,13 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
         raise DpxTypeError(f"max_len_with_idle={max_len_with_idle!r} must be a bool")
     policy = policy if policy is Policy.SGLANG else Policy.parse(policy)
     forced = None if mode is None else PaddingMode.parse(mode)
-    if max_len_with_idle and policy is not Policy.SGLANG:
-        raise DpxValueError(f"max_len_with_idle=True is an option of policy='sglang'; "
-                            f"policy={policy.value!r} was given")
+    if (max_len_with_idle or sum_len_allreduce_bytes is not None) \
+            and policy is not Policy.SGLANG:
+        raise DpxValueError(f"max_len_with_idle and sum_len_allreduce_bytes are options of "
+                            f"policy='sglang'; policy={policy.value!r} was given")
+    if sum_len_allreduce_bytes is not None:
+        check_int("sum_len_allreduce_bytes", sum_len_allreduce_bytes)
+        check_int("row_bytes", row_bytes, minimum=1)
     if capacity is not None:
         chosen = forced or PaddingMode.MAX_LEN
         why = (f"forced mode={chosen.value}" if forced else
@@ -66,7 +73,9 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
     elif policy is Policy.SGLANG:
         chosen, why = sglang_mode(INTS.ceil_align(counts, layout.replica_size),
                                   layout.dp_size, is_extend,
-                                  max_len_with_idle=max_len_with_idle)
+                                  max_len_with_idle=max_len_with_idle,
+                                  allreduce_bytes=sum_len_allreduce_bytes,
+                                  row_bytes=row_bytes)
     else:
         if type(row_bytes) is not int or row_bytes <= 0:
             check_int("row_bytes", row_bytes, minimum=1)

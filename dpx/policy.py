@@ -21,26 +21,41 @@ from dpx.schedule import ScheduleCache
 ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
                                       PaddingMode.GATHERV)
 
-__all__ = ["ALL_MODES", "compare_modes", "cost_mode", "sglang_mode"]
+__all__ = ["ALL_MODES", "compare_modes", "cost_mode", "fits_one_allreduce", "sglang_mode"]
 
 
 def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool, *,
-                max_len_with_idle: bool = False) -> tuple[PaddingMode, str]:
+                max_len_with_idle: bool = False, allreduce_bytes: int | None = None,
+                row_bytes: int = 0) -> tuple[PaddingMode, str]:
     """sglang's rule on the aligned counts: an extend batch with dp > 1 takes SUM_LEN, or
     MAX_LEN when ``max_len_with_idle`` and some replica is idle (sglang's branch for hybrid
-    SSM models, which materialise idle replicas as padded rows); any other batch takes
-    MAX_LEN when ``2*sum >= dp*max`` (ties prefer MAX_LEN), else SUM_LEN."""
+    SSM models, which materialise idle replicas as padded rows). Any other batch takes
+    SUM_LEN when ``allreduce_bytes`` is given, dp > 1, no replica is idle and the summed
+    buffer (``sum * row_bytes``) fits one all-reduce of that many bytes; else MAX_LEN when
+    ``2*sum >= dp*max`` (ties prefer MAX_LEN), else SUM_LEN."""
     if is_extend and dp_size > 1:
         if max_len_with_idle and min(aligned) == 0:
             return PaddingMode.MAX_LEN, ("sglang rule: extend batch with dp_size > 1 and an "
                                          "idle replica, max_len_with_idle -> MAX_LEN")
         return PaddingMode.SUM_LEN, "sglang rule: extend batch with dp_size > 1 -> SUM_LEN"
     total, largest = sum(aligned), max(aligned)
+    if fits_one_allreduce(aligned, dp_size, allreduce_bytes, row_bytes):
+        return PaddingMode.SUM_LEN, (
+            f"sglang rule: decode batch, no idle replica, sum={total} rows x {row_bytes} B "
+            f"<= {allreduce_bytes} B (one all-reduce) -> SUM_LEN")
     if 2 * total >= dp_size * largest:
         return PaddingMode.MAX_LEN, (
             f"sglang rule: 2*sum={2 * total} >= dp*max={dp_size * largest} -> MAX_LEN")
     return PaddingMode.SUM_LEN, (
         f"sglang rule: 2*sum={2 * total} < dp*max={dp_size * largest} -> SUM_LEN")
+
+
+def fits_one_allreduce(counts: Sequence[int], dp_size: int, allreduce_bytes: int | None,
+                       row_bytes: int) -> bool:
+    """sglang's decode rule: SUM_LEN's one all-reduce of the summed buffer fits
+    ``allreduce_bytes`` (None: the rule is off), dp > 1 and no replica is idle."""
+    return (allreduce_bytes is not None and dp_size > 1 and min(counts) > 0
+            and sum(counts) * row_bytes <= allreduce_bytes)
 
 
 def _estimates(counts: tuple[int, ...], layout: DpLayout, modes: Sequence[PaddingMode], *,

@@ -26,6 +26,7 @@ class Route(enum.Enum):
     RAGGED = "ragged"
     PER_ROOT = "per_root"
     LOCAL = "local"
+    ALL_TO_ALL = "all_to_all"
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ def choose_route(geo: Geometry, op: Op, transport: Transport, *, device_counts: 
     answers whether a condition on the counts holds (and may record it as a guard)."""
     if op in (Op.SCATTER, Op.SCATTER_ADJOINT):
         return Route.LOCAL
+    if op in (Op.SCATTER_COLUMNS, Op.SCATTER_COLUMNS_ADJOINT):
+        return Route.ALL_TO_ALL
     equal = geo.mode is not PaddingMode.SUM_LEN and known(geo.equal_chunks())
     return route_of(geo.mode, transport, equal=equal,
                     host_sizes=rank_known and not device_counts)

@@ -49,6 +49,7 @@ class Schedule:
     wire_bufs: frozenset = frozenset()
     route: Route = Route.LOCAL
     in_place: bool = False
+    wide_bufs: frozenset = frozenset()
 
     def collective_signature(self) -> tuple:
         """What every rank must agree on: each collective's kind, group and sizes."""
@@ -65,6 +66,10 @@ class Schedule:
     def is_wire(self, buf: str) -> bool:
         """Whether buffer ``buf`` holds fp8 wire rows (else the input's dtype)."""
         return buf in self.wire_bufs
+
+    def is_wide(self, buf: str) -> bool:
+        """Whether buffer ``buf``'s rows are ``world_size`` narrow rows side by side."""
+        return buf in self.wide_bufs
 
 
 class TemplateKey(NamedTuple):
@@ -86,8 +91,8 @@ class Variant:
     """One schedule of a template: symbolic steps and the guards that select them;
     ``values(counts, params)`` gives a call's host values (``None`` when a guard fails)."""
 
-    __slots__ = ("key", "guards", "steps", "scratch", "wire_bufs", "notes", "route",
-                 "host_index", "values", "outputs", "rank_ref", "enums", "_fill")
+    __slots__ = ("key", "guards", "steps", "scratch", "wire_bufs", "wide_bufs", "notes",
+                 "route", "host_index", "values", "outputs", "rank_ref", "enums", "_fill")
 
     def __init__(self, key: TemplateKey, emitter: Emitter, *, compiled: bool = True) -> None:
         self.key = key
@@ -95,6 +100,7 @@ class Variant:
         self.steps = tuple(emitter.steps)
         self.scratch = tuple(emitter.scratch.items())
         self.wire_bufs = frozenset(emitter.wire_bufs)
+        self.wide_bufs = frozenset(emitter.wide_bufs)
         self.notes = tuple(emitter.notes)
         self.route = emitter.route
         outputs: list[Any] = []
@@ -155,7 +161,7 @@ class Variant:
                                     fill(kind, x) for kind, x in fields])
                               for cls, fields in steps),
                         tuple((name, fill(*rows)) for name, rows in scratch), self.notes,
-                        wire, self.wire_bufs, self.route, k.in_place)
+                        wire, self.wire_bufs, self.route, k.in_place, self.wide_bufs)
 
 
 def _interpreter(guards: tuple, outputs: tuple) -> Any:
@@ -263,6 +269,8 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
                    in_place=in_place, in_rows=in_rows)
     if out_rows is None:
         out_rows = op_rows(plan, op, rank, device_counts=device_counts).out
+    if in_rows is None and op is Op.SCATTER_COLUMNS_ADJOINT:  # its input is exactly a slot
+        in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
     key = TemplateKey(plan.structure, op._value_, bool(partial) or op is Op.GATHER_SUM, rank,
                       bool(device_counts), transport._value_, wire._value_,
                       bool(dequantize) or wire is Wire.NATIVE, bool(in_place),

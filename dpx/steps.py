@@ -2,7 +2,8 @@
 
 Buffers: ``"in"`` (the caller's input), ``"out"`` (the result) and named scratch buffers,
 each with the input's trailing shape and dtype except the fp8 *wire* buffers a schedule
-names (``wire_row_bytes(H)`` bytes a row, :mod:`dpx.wire`). Row numbers are ints or
+names (``wire_row_bytes(H)`` bytes a row, :mod:`dpx.wire`) and, for the LM-head scatter,
+its *wide* buffers: rows of ``world_size`` times a narrow buffer's columns. Row numbers are ints or
 :mod:`dpx.expr` values; ``rows`` of a pass and ``block`` of a chunk table are host-known.
 Each interpreter (torch, JAX, the cost model, the test simulator) keeps a handler per kind
 in :data:`STEP_KINDS`, and a test checks that none lacks one.
@@ -19,8 +20,8 @@ from dpx.modes import Group, Transport
 from dpx.plan import CountRule
 
 __all__ = [
-    "AllGather", "AllGatherV", "AllReduce", "BroadcastV", "CheckCounts", "Dequantize",
-    "kinds_for", "len_of", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter",
+    "AllGather", "AllGatherV", "AllReduce", "AllToAll", "BroadcastV", "CheckCounts",
+    "Dequantize", "JoinColumns", "kinds_for", "SplitColumns", "len_of", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter",
     "ReduceScatterV", "ReduceV", "Ref", "Step", "STEP_KINDS", "Unpack", "VARIABLE_KINDS",
     "Zero"
 ]
@@ -185,6 +186,33 @@ class Pack(_ChunkPass):
     text = "pack    {src} -> {dst}[{n} x {block}], chunks firsts={firsts} lens={lens}"
 
 
+@dataclass(eq=False, slots=True)
+class JoinColumns(Step):
+    """``dst[:rows] = 0`` except row ``j < count`` of wide ``dst`` is ``src[p*block + j]``
+    for ``p < parts`` side by side (``parts`` narrow blocks of ``src`` become columns)."""
+
+    src: Ref
+    dst: Ref
+    rows: Any
+    count: Any
+    block: Any
+    parts: int
+    text = "join    {src}[{parts} x {block}][:{count}] -> {dst}[{rows} rows] side by side"
+
+
+@dataclass(eq=False, slots=True)
+class SplitColumns(Step):
+    """``dst[p*block + j]`` is the ``p``-th column part of wide ``src[j]`` for ``j <
+    count``, zeros to ``block``: the adjoint of :class:`JoinColumns`."""
+
+    src: Ref
+    dst: Ref
+    count: Any
+    block: Any
+    parts: int
+    text = "split   {src}[:{count}] -> {dst}[{parts} x {block}], column parts as blocks"
+
+
 def len_of(v: Any) -> int:
     return len(v) if isinstance(v, tuple) else v.size
 
@@ -223,6 +251,19 @@ class AllReduce(Step):
     rows: Any
     collective = True
     text = "all_reduce     {group}: {buf}[{rows}] in place"
+
+
+@dataclass(eq=False, slots=True)
+class AllToAll(Step):
+    """Equal all-to-all over ``group``: block ``k`` (``rows`` rows) of this rank's ``src``
+    goes to the group's rank ``k``; block ``k`` of ``dst`` comes from rank ``k``."""
+
+    group: Group
+    src: Ref
+    dst: Ref
+    rows: Any
+    collective = True
+    text = "all_to_all     {group}: {src}[{rows} per rank] -> {dst}"
 
 
 @dataclass(eq=False, slots=True)
@@ -276,8 +317,9 @@ class ReduceScatterV(_Variable):
 
 #: Every step kind, local passes first.
 STEP_KINDS: tuple[type[Step], ...] = (
-    CheckCounts, Move, Zero, Quantize, Dequantize, Pack, Unpack,
-    AllGather, ReduceScatter, AllReduce, BroadcastV, ReduceV, AllGatherV, ReduceScatterV)
+    CheckCounts, Move, Zero, Quantize, Dequantize, Pack, Unpack, JoinColumns, SplitColumns,
+    AllGather, ReduceScatter, AllReduce, AllToAll, BroadcastV, ReduceV, AllGatherV,
+    ReduceScatterV)
 
 VARIABLE_KINDS: tuple[type[Step], ...] = (BroadcastV, ReduceV, AllGatherV, ReduceScatterV)
 

@@ -22,9 +22,9 @@ from dpx import values as V
 from dpx.errors import DpxValueError
 from dpx.modes import Group
 from dpx.schedule import Schedule
-from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, CheckCounts, Dequantize,
-                       Move, Pack, Quantize, ReduceScatter, ReduceScatterV, Ref, Step, Unpack,
-                       Zero)
+from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, CheckCounts,
+                       Dequantize, JoinColumns, Move, Pack, Quantize, ReduceScatter,
+                       ReduceScatterV, Ref, SplitColumns, Step, Unpack, Zero)
 from dpx.wire import wire_row_bytes
 from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, _pack, _unpack, move
@@ -107,6 +107,9 @@ class _Run:
                  axes: Axes = DEFAULT_AXES):
         self.sched, self.impl, self.axes = sched, impl, axes
         self.rest, self.dtype = x.shape[1:], x.dtype
+        self.parts = sched.plan.layout.world_size
+        if sched.is_wide(IN):  # narrow rows: the input's columns over the parts
+            self.rest = (x.shape[1] // self.parts,)
         self.env: dict[str, jax.Array] = {IN: x}
         self.rows = dict(sched.scratch)
         self.rows[OUT] = sched.out_rows
@@ -135,6 +138,8 @@ class _Run:
     def zeros(self, rows: int, buf: str = IN) -> jax.Array:
         if self.sched.is_wire(buf):
             return jnp.zeros((rows, wire_row_bytes(self.rest[0])), jnp.uint8)
+        if self.sched.is_wide(buf):
+            return jnp.zeros((rows, self.parts * self.rest[0]), self.dtype)
         return jnp.zeros((rows, *self.rest), self.dtype)
 
 
@@ -190,6 +195,35 @@ def _pack_step(s: Pack, run: _Run) -> None:
 def _unpack_step(s: Unpack, run: _Run) -> None:
     run.write(s.dst, _unpack(run.read(s.src), _table(run, s.firsts), _table(run, s.lens),
                              s.rows, run.impl))
+
+
+def _join(s: JoinColumns, run: _Run) -> None:
+    src = run.read(s.src)
+    rows, count, block = run.value(s.rows), run.value(s.count), run.value(s.block)
+    w = src.shape[1]
+    joined = src.reshape(s.parts, block, w)[:, :count].transpose(1, 0, 2)
+    joined = joined.reshape(count, s.parts * w)
+    if rows > count:
+        joined = jnp.concatenate([joined, jnp.zeros((rows - count, s.parts * w), src.dtype)])
+    run.write(s.dst, joined)
+
+
+def _split(s: SplitColumns, run: _Run) -> None:
+    src = run.read(s.src)
+    count, block = run.value(s.count), run.value(s.block)
+    w = src.shape[1] // s.parts
+    parts = src[:count].reshape(count, s.parts, w).transpose(1, 0, 2)
+    if block > count:
+        parts = jnp.concatenate([parts, jnp.zeros((s.parts, block - count, w), src.dtype)],
+                                axis=1)
+    run.write(s.dst, parts.reshape(s.parts * block, w))
+
+
+def _all_to_all(s: AllToAll, run: _Run) -> None:
+    x = run.read(s.src)
+    if s.rows:
+        x = lax.all_to_all(x, group_axes(run.axes, s.group), 0, 0, tiled=True)
+    run.write(s.dst, x)
 
 
 def _equal(collective, s: AllGather | ReduceScatter, run: _Run) -> None:
@@ -254,7 +288,8 @@ HANDLERS: dict[type[Step], Callable[[Any, _Run], None]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
     Dequantize: _dequantize, Pack: _pack_step, Unpack: _unpack_step, AllGather: _all_gather,
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, AllGatherV: _all_gather_v,
-    ReduceScatterV: _reduce_scatter_v,
+    ReduceScatterV: _reduce_scatter_v, JoinColumns: _join, SplitColumns: _split,
+    AllToAll: _all_to_all,
 }
 
 

@@ -41,7 +41,7 @@ from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, match_vma, on_gpu, resolve_impl, vary_over
 from dpx_jax.wire import split_wire
 
-__all__ = ["gather", "reduce_scatter", "scatter"]
+__all__ = ["gather", "reduce_scatter", "scatter", "scatter_columns"]
 
 
 @dataclass(frozen=True)
@@ -230,4 +230,21 @@ def reduce_scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None
     c = _counts(plan, counts)
     _check_rows("global_", global_, plan.global_rows, exact=True)
     return _call(global_, plan, Op.REDUCE_SCATTER, True, c, impl, plan.max_slot_rows,
+                 axes=axes)
+
+
+def scatter_columns(shard: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None,
+                    impl: Impl | str = Impl.AUTO, axes: Axes = DEFAULT_AXES) -> jax.Array:
+    """Per device ``shard [global_rows, C] -> [plan.max_slot_rows, world_size * C]``: the
+    LM-head scatter. Device (world rank) ``s`` holds columns ``[s*C, (s+1)*C)`` of the
+    gathered rows; every device gets its replica's rows (its CP shard's, with CP shards)
+    with every column, pad rows zero -- :func:`scatter` of the all-gathered columns, in
+    one ``lax.all_to_all`` (docs/semantics.md, "The LM-head scatter")."""
+    _check_plan(plan)
+    c = _counts(plan, counts)
+    _check_rows("shard", shard, plan.global_rows, exact=True)
+    if len(shard.shape) != 2:
+        raise DpxValueError(f"shard has shape {tuple(shard.shape)}; scatter_columns takes "
+                            f"[global_rows, C] (this device's C columns)")
+    return _call(shard, plan, Op.SCATTER_COLUMNS, True, c, impl, plan.max_slot_rows,
                  axes=axes)

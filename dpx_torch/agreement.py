@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpx.errors import DpxCapacityError, DpxMismatchError, DpxValueError
+from dpx.errors import DpxCapacityError, DpxError, DpxMismatchError, DpxValueError, check_int
 from dpx.layout import DpLayout
 from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups
@@ -155,3 +155,39 @@ class Agreement:
             raise DpxMismatchError("sync_counts: " + "; ".join(problems))
         counts = tuple(rows[lay.replica_ranks(d)[0]][0] for d in range(lay.dp_size))
         return counts, any(e for _, e in rows)
+
+    def sync_shards(self, cp_shard_counts: object,
+                    counts: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        """Exchange this rank's ``cp_shard_counts`` (its replica's rows per CP rank, as
+        sglang's ``dp_gather_partial`` takes them; one small host all-gather over the CPU
+        group) into the plan's shard table. Every rank raises the same
+        :class:`dpx.DpxMismatchError` when a rank's counts are not ``cp_size`` ints >= 0,
+        when the ranks of a replica pass different counts, or when a replica's counts do
+        not sum to its count in ``counts``."""
+        lay = self.layout
+        cp = lay.cp_size
+        try:
+            mine = [check_int("cp_shard_counts[i]", x) for x in cp_shard_counts]  # type: ignore
+            ok = len(mine) == cp
+        except (TypeError, DpxError):
+            ok = False
+        row = torch.tensor(mine if ok else [-1] * cp, dtype=torch.int64)
+        allv = torch.empty(lay.world_size * cp, dtype=torch.int64)
+        all_gather_single(allv, row, group=self._cpu("cp_shard_counts"))
+        rows = [tuple(r) for r in allv.view(-1, cp).tolist()]
+        problems = [f"rank {r} passed cp_shard_counts that are not {cp} ints >= 0"
+                    for r, v in enumerate(rows) if min(v) < 0]
+        table = []
+        for d in range(lay.dp_size):
+            ranks = lay.replica_ranks(d)
+            got = {rows[r] for r in ranks}
+            if len(got) > 1:
+                problems.append(f"replica {d}'s ranks pass different cp_shard_counts: "
+                                + ", ".join(f"rank {r}={list(rows[r])}" for r in ranks))
+            elif min(rows[ranks[0]]) >= 0 and sum(rows[ranks[0]]) != counts[d]:
+                problems.append(f"replica {d}'s cp_shard_counts {list(rows[ranks[0]])} sum "
+                                f"to {sum(rows[ranks[0]])}, not its count {counts[d]}")
+            table.append(rows[ranks[0]])
+        if problems:
+            raise DpxMismatchError("cp_shard_counts: " + "; ".join(problems))
+        return tuple(table)

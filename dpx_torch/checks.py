@@ -68,20 +68,21 @@ class InputChecks:
         raise DpxValueError(f"{name} has {t.shape[0]} rows; the plan needs exactly {rows}")
 
     def out(self, out: torch.Tensor | None, ref: torch.Tensor, rows: int, *,
-            compiling: bool = False) -> None:
-        """``out`` must be a contiguous ``[rows, *ref.shape[1:]]`` tensor of ``ref``'s dtype
-        on ``ref``'s device (``ref`` passed :meth:`tensor`), not overlapping ``ref`` (not
-        checkable while torch.compile traces: ``compiling``)."""
+            compiling: bool = False, rest: tuple[int, ...] | None = None) -> None:
+        """``out`` must be a contiguous ``[rows, *rest]`` tensor (``rest``: ``ref``'s
+        trailing shape) of ``ref``'s dtype on ``ref``'s device (``ref`` passed
+        :meth:`tensor`), not overlapping ``ref`` (not checkable while torch.compile traces:
+        ``compiling``)."""
         if out is None:
             return
+        rest = tuple(ref.shape[1:]) if rest is None else rest
         if not (isinstance(out, torch.Tensor) and out.dtype is ref.dtype
                 and out.get_device() == ref.get_device() and out.is_contiguous()
-                and out.shape[0] == rows and out.dim() == ref.dim()
-                and (out.shape[1] == ref.shape[1] if out.dim() == 2
-                     else out.shape[1:] == ref.shape[1:])):
+                and out.shape[0] == rows and out.dim() == len(rest) + 1
+                and (out.shape[1] == rest[0] if out.dim() == 2 else out.shape[1:] == rest)):
             self.tensor("out", out)
             raise DpxValueError(f"out has shape {tuple(out.shape)} {out.dtype} on "
-                                f"{out.device}; it must be {(rows, *ref.shape[1:])} "
+                                f"{out.device}; it must be {(rows, *rest)} "
                                 f"{ref.dtype} on {ref.device}")
         if not compiling and overlaps(out, ref):
             raise DpxValueError("out overlaps the input in memory; they must not alias")

@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather_single", "bind_all_gather", "bind_all_reduce", "bind_reduce_scatter",
-           "reduce_scatter_single"]
+__all__ = ["all_gather_single", "bind_all_gather", "bind_all_reduce", "bind_all_to_all",
+           "bind_reduce_scatter", "reduce_scatter_single"]
 
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -112,3 +112,9 @@ def bind_all_reduce(group: dist.ProcessGroup) -> Callable[[torch.Tensor], None]:
         if work is not None:
             work.wait()
     return go
+
+
+def bind_all_to_all(group: dist.ProcessGroup) -> Pair:
+    """``fn(out, inp)``: block ``k`` of ``inp`` to the group's rank ``k``, block ``k`` of
+    ``out`` from it (equal blocks; the public function: one call a step)."""
+    return lambda out, inp: dist.all_to_all_single(out, inp, group=group)

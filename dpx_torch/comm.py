@@ -52,7 +52,10 @@ __all__ = ["DpComm", "counts_tensor"]
 
 _compiling = torch.compiler.is_compiling
 # prepared-op key tags, and what a call that needs the full path gets back
-_GATHER, _SCATTER, _REDUCE_SCATTER = 0, 1, 2
+_GATHER, _SCATTER, _REDUCE_SCATTER, _SCATTER_COLUMNS = 0, 1, 2, 3
+#: The method and prepared-op tag of each op taking a gathered buffer.
+_GLOBAL_OPS = {Op.SCATTER: ("scatter", _SCATTER), Op.REDUCE_SCATTER: ("reduce_scatter",
+               _REDUCE_SCATTER), Op.SCATTER_COLUMNS: ("scatter_columns", _SCATTER_COLUMNS)}
 _MISS = object()
 
 Tensors = tuple[torch.Tensor, ...]
@@ -323,7 +326,7 @@ class DpComm:
     def _new_out(prep: PreparedCall, x: torch.Tensor) -> torch.Tensor:
         if prep.out_wire:
             return x.new_empty((prep.out_rows, prep.shape.out_width), dtype=torch.uint8)
-        return x.new_empty((prep.out_rows, *x.shape[1:]))
+        return x.new_empty((prep.out_rows, *prep.shape.out_rest))
 
     def _gather_many(self, tensors: Tensors, plan: DpPlan, partial, counts, out, wire,
                      dequantize: bool) -> tuple:
@@ -376,6 +379,23 @@ class DpComm:
         other rows are 0. The adjoint of ``gather(partial=True)`` (and its gradient)."""
         return self._global_op(_REDUCE_SCATTER, Op.REDUCE_SCATTER, global_, plan, counts, out)
 
+    def scatter_columns(self, shard: torch.Tensor, plan: DpPlan, *,
+                        counts: torch.Tensor | None = None,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+        """``shard [global_rows, C] -> [plan.slot_rows[d], world_size * C]``: the LM-head
+        scatter. World rank ``s`` holds columns ``[s*C, (s+1)*C)`` of the gathered rows;
+        every rank gets its replica's rows (its CP shard's, with CP shards) with every
+        column, pad rows zero -- ``scatter`` of the all-gathered columns, in one
+        all-to-all (docs/semantics.md, "The LM-head scatter"). Differentiable."""
+        return self._global_op(_SCATTER_COLUMNS, Op.SCATTER_COLUMNS, shard, plan, counts, out)
+
+    def prepare_scatter_columns(self, shard: torch.Tensor, plan: DpPlan, *,
+                                counts: torch.Tensor | None = None,
+                                out: torch.Tensor | None = None) -> PreparedOp:
+        """:meth:`scatter_columns` decided once (see :meth:`prepare_gather`)."""
+        return self._prepare_global(Op.SCATTER_COLUMNS, shard, plan, counts, out,
+                                    explicit=True)
+
     def prepare_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
                         counts: torch.Tensor | None = None,
                         out: torch.Tensor | None = None) -> PreparedOp:
@@ -403,8 +423,8 @@ class DpComm:
     def _prepare_global(self, op: Op, global_, plan, counts, out, *,
                         explicit: bool = False) -> PreparedOp | PreparedCall:
         self._alive()
-        name = "reduce_scatter" if op is Op.REDUCE_SCATTER else "scatter"
-        if op is Op.REDUCE_SCATTER:
+        name, tag = _GLOBAL_OPS[op]
+        if op is not Op.SCATTER:
             prep = self._checked(name, plan, global_, True, counts, self._global_checks, op,
                                  global_, plan, counts, out)
         else:
@@ -417,7 +437,6 @@ class DpComm:
         full = (getattr(self, name), plan, {})
         prepared = PreparedOp(prep, full, global_, counts=counts, out=out, in_place=False,
                               split=False)
-        tag = _REDUCE_SCATTER if op is Op.REDUCE_SCATTER else _SCATTER
         self._keep(_key(tag, plan, True, Wire.NATIVE, True, global_, counts, out), prepared, op,
                    plan, global_, partial=True, wire=Wire.NATIVE, dequantize=True,
                    in_place=False)
@@ -675,15 +694,21 @@ class DpComm:
     def _global_checks(self, op: Op, global_, plan, counts, out,
                        scratch_key: str = "caller") -> PreparedCall:
         c = self.checks
-        c.tensor("global_", global_)
+        columns = op is Op.SCATTER_COLUMNS
+        name = "shard" if columns else "global_"
+        c.tensor(name, global_)
+        if columns and global_.dim() != 2:
+            raise DpxValueError(f"shard has shape {tuple(global_.shape)}; scatter_columns "
+                                f"takes [global_rows, C] (this rank's C columns)")
         if not isinstance(plan, DpPlan) or plan.layout != self.layout:
             c.plan(plan)
         if counts is not None:
             c.counts(plan, counts, global_)
         rows = op_rows(plan, op, self.rank, device_counts=counts is not None)
         if global_.shape[0] != rows.need:
-            c.tensor("global_", global_, rows=rows.need)
-        c.out(out, global_, rows.out, compiling=torch.compiler.is_compiling())
+            c.tensor(name, global_, rows=rows.need)
+        c.out(out, global_, rows.out, compiling=torch.compiler.is_compiling(),
+              rest=(self.layout.world_size * global_.shape[1],) if columns else None)
         grad = global_.requires_grad and torch.is_grad_enabled()
         return self.runner.prepare(plan, op, global_, partial=True,
                                    device_counts=counts is not None, scratch_key=scratch_key,

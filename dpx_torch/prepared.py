@@ -47,7 +47,7 @@ class PreparedOp:
     or the communicator's full call when the guards do not admit the tensors."""
 
     __slots__ = ("prep", "full", "shape", "dtype", "device", "counts_shape", "out_shape",
-                 "in_place", "split", "out_rows", "_rest", "_xbytes", "_obytes")
+                 "in_place", "split", "out_rows", "_xbytes", "_obytes")
 
     def __init__(self, prep: PreparedCall, full: tuple, x: torch.Tensor, *,
                  counts: torch.Tensor | None, out: torch.Tensor | None, in_place: bool,
@@ -58,7 +58,6 @@ class PreparedOp:
         self.counts_shape = None if counts is None else counts.shape
         self.out_shape = None if out is None else out.shape
         self.out_rows = prep.out_rows
-        self._rest = x.shape[1:]
         self._xbytes = x.nbytes
         self._obytes = 0 if out is None else out.nbytes
         # an in-place gather's input lies this many bytes into ``out``
@@ -95,7 +94,7 @@ class PreparedOp:
         prep = self.prep
         if out is None:
             out = (x.new_empty((self.out_rows, prep.shape.out_width), dtype=torch.uint8)
-                   if prep.out_wire else x.new_empty((self.out_rows, *self._rest)))
+                   if prep.out_wire else x.new_empty((self.out_rows, *prep.shape.out_rest)))
         if counts is not None and counts.dim() == 2:
             counts = counts.reshape(-1)
         res = prep.run(x, out, counts)

@@ -30,9 +30,9 @@ from dpx.batch import Stage, lockstep
 from dpx.errors import DpxValueError
 from dpx.modes import Group
 from dpx.schedule import Variant
-from dpx.steps import (IN, OUT, AllGather, AllReduce, BroadcastV, CheckCounts, Dequantize,
-                       Move, Pack, Quantize, ReduceScatter, ReduceV, Ref, Step, Unpack, Zero,
-                       len_of)
+from dpx.steps import (IN, OUT, AllGather, AllReduce, AllToAll, BroadcastV, CheckCounts,
+                       Dequantize, JoinColumns, Move, Pack, Quantize, ReduceScatter, ReduceV,
+                       Ref, SplitColumns, Step, Unpack, Zero, len_of)
 from dpx.wire import wire_row_bytes
 from dpx_torch import collectives as C
 from dpx_torch.passes import DEVICE, Passes
@@ -185,18 +185,32 @@ class CallShape:
     the device, the device tables and the communicator's runner."""
 
     __slots__ = ("rest", "width", "dtype", "device", "out_wire", "out_width", "passes",
-                 "tables", "runner")
+                 "tables", "runner", "wide", "parts", "out_rest")
 
     def __init__(self, x: torch.Tensor, out_wire: bool, passes: Passes, tables,
-                 runner: Host) -> None:
-        self.rest = tuple(x.shape[1:])
+                 runner: Host, wide: frozenset = frozenset(), parts: int = 1) -> None:
+        #: whether the input and output are wide (rows of ``parts`` narrow rows side by
+        #: side: the same for every variant of an op; scratch buffers are per variant)
+        self.wide = frozenset(wide & {IN, OUT})
+        self.parts = parts
+        rest = tuple(x.shape[1:])
+        if IN in wide:  # the narrow buffers' rows: the input's columns over the parts
+            rest = (rest[0] // parts,)
+        self.rest = rest
         w = 1
         for s in self.rest:
             w *= s
         self.width, self.dtype, self.device = w, x.dtype, x.device
         self.out_wire = out_wire
-        self.out_width = wire_row_bytes(self.rest[0]) if out_wire else w
+        self.out_width = wire_row_bytes(self.rest[0]) if out_wire else \
+            w * (parts if OUT in wide else 1)
+        #: the output's trailing shape (a wire buffer: one byte row)
+        self.out_rest = (self.out_width,) if out_wire or OUT in wide else self.rest
         self.passes, self.tables, self.runner = passes, tables, runner
+
+    def buffer_shape(self, rows: int, wide: bool) -> tuple[int, ...]:
+        """The shape of ``rows`` rows of a (``wide``) buffer in the input's dtype."""
+        return (rows, self.width * self.parts) if wide else (rows, *self.rest)
 
 
 class _Bind:
@@ -223,7 +237,8 @@ class _Bind:
         variant's wire buffers, else the input's."""
         if name in self.variant.wire_bufs:
             return torch.uint8, wire_row_bytes(self.shape.rest[0])
-        return self.shape.dtype, self.shape.width
+        sh = self.shape
+        return sh.dtype, sh.width * (sh.parts if name in self.variant.wide_bufs else 1)
 
     def index(self, v: Any) -> tuple[int | None, Callable[[Any], Any] | None]:
         """``(value, getter)``: an int and no getter, or DEVICE and ``dv -> tensor``."""
@@ -344,7 +359,47 @@ def _chunks(pack: bool) -> Callable[[Pack | Unpack, _Bind], StepFn]:
     return bind
 
 
+def _join(s: JoinColumns, b: _Bind) -> StepFn:
+    src, _ = b.buffer(s.src)
+    dst, rows = b.buffer(s.dst, s.rows)
+    count, block = b.value(s.count), b.value(s.block)
+    if count is DEVICE or block is DEVICE:
+        raise DpxValueError("join_columns takes host sizes")
+    parts, w = s.parts, b.shape.width
+
+    def go(x, out, dv):  # one strided copy: row j of part p to columns p of row j
+        d = dst(x, out)
+        d[:count].view(count, parts, w).copy_(
+            src(x, out).view(parts, block, w)[:, :count].transpose(0, 1))
+        if rows > count:
+            d[count:rows].zero_()
+    return go
+
+
+def _split(s: SplitColumns, b: _Bind) -> StepFn:
+    src, _ = b.buffer(s.src)
+    dst, _ = b.buffer(s.dst)
+    count, block = b.value(s.count), b.value(s.block)
+    if count is DEVICE or block is DEVICE:
+        raise DpxValueError("split_columns takes host sizes")
+    parts, w = s.parts, b.shape.width
+
+    def go(x, out, dv):  # one strided copy: columns p of row j to row j of block p
+        d = dst(x, out).view(parts, block, w)
+        d[:, :count].copy_(src(x, out)[:count].view(count, parts, w).transpose(0, 1))
+        if block > count:
+            d[:, count:].zero_()
+    return go
+
+
 # ---------------------------------------------------------------- collectives
+def _all_to_all(s: AllToAll, b: _Bind) -> StepFn:
+    src, _ = b.buffer(s.src)
+    dst, _ = b.buffer(s.dst)
+    go = b.shape.runner.collective(C.bind_all_to_all, b.group(s.group))
+    return lambda x, out, dv: go(dst(x, out), src(x, out))
+
+
 def _all_gather(s: AllGather, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src, s.rows)
     dst, _ = b.buffer(s.dst)
@@ -401,6 +456,7 @@ BINDERS: dict[type[Step], Callable[[Any, _Bind], StepFn]] = {
     Dequantize: _dequantize, Pack: _chunks(True), Unpack: _chunks(False),
     AllGather: _all_gather, ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
     BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
+    JoinColumns: _join, SplitColumns: _split, AllToAll: _all_to_all,
 }
 
 
@@ -465,7 +521,8 @@ class PreparedCall:
                                              sh.device)
                     keys.append((key, torch.uint8))
                 else:
-                    scratch[name] = pool.get(key, (n, *sh.rest), sh.dtype, sh.device)
+                    scratch[name] = pool.get(key, sh.buffer_shape(
+                        n, name in prog.variant.wide_bufs), sh.dtype, sh.device)
                     keys.append((key, sh.dtype))
         self.scratch = scratch
         # a traced call is bound afresh every time: nothing to refresh

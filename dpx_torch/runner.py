@@ -179,7 +179,8 @@ class Runner:
             variant, values = self.schedules.variant(tkey, counts, in_rows, out)
             program, passes, tables = self.program(variant), self.passes_for(x.device), \
                 self.tables
-        shape = CallShape(x, OUT in variant.wire_bufs, passes, tables, self)
+        shape = CallShape(x, OUT in variant.wire_bufs, passes, tables, self, variant.wide_bufs,
+                          plan.layout.world_size)
         prep = program.prepare(values, (in_rows, out), shape, scratch_key, rows.need,
                                rows.exact)
         if cache:
@@ -215,7 +216,7 @@ class Runner:
     # ------------------------------------------------------------ running
     def execute(self, call: Call, x: torch.Tensor) -> torch.Tensor:
         """Run a differentiable call (forward or backward) into a new output."""
-        out = x.new_empty((call.prep.out_rows, *x.shape[1:]))
+        out = x.new_empty((call.prep.out_rows, *call.prep.shape.out_rest))
         return call.prep.run(x, out, call.counts)
 
     def adjoint(self, call: Call, grad: torch.Tensor) -> Call:

@@ -46,11 +46,11 @@ import torch
 import torch.distributed as dist
 
 import dpx
-from dpx.errors import DpxTypeError, DpxValueError
+from dpx.errors import DpxTypeError, DpxValueError, check_int
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 from dpx.plan import DpPlan
-from dpx.policy import sglang_mode
+from dpx.policy import fits_one_allreduce, sglang_mode
 from dpx_torch.comm import DpComm
 from dpx_torch.padrows import real_rows
 from dpx_torch.collectives import all_gather_single, reduce_scatter_single
@@ -63,12 +63,14 @@ __all__ = [
     "dp_gather_replicate", "dp_reduce_scatter_tensor", "dp_reduce_scatterv_async",
     "dp_scatter", "get_attention_cp_rank", "get_attention_cp_size", "get_attention_dp_rank",
     "get_attention_dp_size", "get_attention_tp_rank", "get_attention_tp_size",
-    "get_dp_device", "get_dp_dtype", "get_dp_global_num_tokens", "get_dp_hidden_size",
+    "get_dp_device", "get_dp_dtype", "get_dp_global_num_tokens",
+    "get_dp_global_num_tokens_gpu", "get_dp_hidden_size",
     "get_dp_local_info", "get_dp_local_slice_cpu", "get_global_dp_buffer",
     "get_global_dp_buffer_len", "get_is_extend_in_batch", "get_local_dp_buffer",
     "get_local_dp_buffer_len", "get_tbo_persistent_buffer", "is_allocation_symmetric",
     "is_dp_attention_enabled", "is_dp_gatherv_active", "is_dp_max_padding",
-    "set_dp_buffer_len", "set_is_extend_in_batch", "setup", "teardown",
+    "set_dp_buffer_len", "set_is_extend_in_batch", "set_local_dp_buffer_len", "setup",
+    "teardown",
 ]
 
 #: Plans kept per :class:`DpAttention` (least recently used out first).
@@ -95,11 +97,21 @@ class DpPaddingMode(enum.IntEnum):
         st = current()
         mode, _ = sglang_mode(tuple(int(x) for x in global_num_tokens),
                               st.get_attention_dp_size(), bool(is_extend_in_batch),
-                              max_len_with_idle=st.max_len_with_idle)
+                              max_len_with_idle=st.max_len_with_idle,
+                              allreduce_bytes=st.sum_len_allreduce_bytes,
+                              row_bytes=st.row_bytes)
         return cls[mode.name]
 
     @classmethod
-    def get_default_mode_in_cuda_graph(cls) -> "DpPaddingMode":
+    def get_default_mode_in_cuda_graph(cls, global_num_tokens: Sequence[int] | None = None
+                                       ) -> "DpPaddingMode":
+        """MAX_LEN, or SUM_LEN when the installed set-up's decode rule
+        (``sum_len_allreduce_bytes``) takes it for the captured ``global_num_tokens``."""
+        st = _Installed.state
+        if global_num_tokens is not None and st is not None and fits_one_allreduce(
+                [int(x) for x in global_num_tokens], st.get_attention_dp_size(),
+                st.sum_len_allreduce_bytes, st.row_bytes):
+            return cls.SUM_LEN
         return cls.MAX_LEN
 
 
@@ -123,12 +135,16 @@ class DpAttention:
     :meth:`DpPaddingMode.get_dp_padding_mode`. ``attn_cp_group``: this rank's attn-CP
     group (ranks sharing its replica and attn-tp rank); when None and the layout has CP,
     the constructor creates every attn-CP group (a collective call, like ``new_group``).
+    ``sum_len_allreduce_bytes``: sglang's decode rule (None: off, as in the reference; a
+    byte limit: a decode step with no idle replica whose summed buffer of ``hidden_size``
+    x ``dtype`` rows fits one all-reduce of that many bytes takes SUM_LEN).
     """
 
     def __init__(self, comm: DpComm, *, hidden_size: int, dtype: torch.dtype,
                  device: torch.device | str, use_gatherv: bool = False,
                  max_len_with_idle: bool = False,
-                 attn_cp_group: dist.ProcessGroup | None = None) -> None:
+                 attn_cp_group: dist.ProcessGroup | None = None,
+                 sum_len_allreduce_bytes: int | None = None) -> None:
         if not isinstance(comm, DpComm):
             raise DpxTypeError(f"comm={comm!r} must be a dpx_torch.DpComm")
         if type(hidden_size) is not int or hidden_size < 1:
@@ -146,12 +162,17 @@ class DpAttention:
         self._gatherv = (self.use_gatherv and self.layout.attn_tp_size == 1
                          and self.layout.cp_size == 1)
         self.max_len_with_idle = bool(max_len_with_idle)
+        self.sum_len_allreduce_bytes = (None if sum_len_allreduce_bytes is None else
+                                        check_int("sum_len_allreduce_bytes",
+                                                  sum_len_allreduce_bytes))
+        self.row_bytes = hidden_size * dtype.itemsize
         self.attn_cp_group, self._owned = self._cp_group(attn_cp_group)
         self._dp_size_override: int | None = None
         self._global_len = 0
         self._local_len = 0
         self._max_padding = True
         self._global_num_tokens: list[int] | None = None
+        self._global_num_tokens_gpu: torch.Tensor | None = None
         self._is_extend = False
         self._plans: OrderedDict = OrderedDict()
         #: (batch, its host counts, its padding mode, (plan, counts)) of the last plan_of
@@ -219,7 +240,10 @@ class DpAttention:
     # ------------------------------------------------------------ per-forward state
     def set_dp_buffer_len(self, global_dp_buffer_len: int, local_dp_buffer_len: int,
                           dp_max_padding: bool,
-                          global_num_tokens: Sequence[int] | None = None) -> None:
+                          global_num_tokens: Sequence[int] | None = None,
+                          global_num_tokens_gpu: torch.Tensor | None = None) -> None:
+        """The buffer lengths, padding mode and counts of a new forward (its combine plans
+        from the counts its gather used: the batch's, else these)."""
         for name, v in (("global_dp_buffer_len", global_dp_buffer_len),
                         ("local_dp_buffer_len", local_dp_buffer_len)):
             if type(v) is not int or v < 0:
@@ -229,7 +253,15 @@ class DpAttention:
         self._max_padding = bool(dp_max_padding)
         self._global_num_tokens = (None if global_num_tokens is None
                                    else [int(x) for x in global_num_tokens])
+        self._global_num_tokens_gpu = global_num_tokens_gpu
         self._rs_plan: DpPlan | None = None
+        self._last = None  # a new forward: its gather plans anew
+
+    def set_local_dp_buffer_len(self, local_dp_buffer_len: int) -> None:
+        self._local_len = check_int("local_dp_buffer_len", local_dp_buffer_len)
+
+    def get_dp_global_num_tokens_gpu(self) -> torch.Tensor | None:
+        return self._global_num_tokens_gpu
 
     def get_global_dp_buffer(self, group: Any = None) -> torch.Tensor:
         """A new ``[global_dp_buffer_len, hidden_size]`` buffer (``group`` is accepted for
@@ -294,40 +326,68 @@ class DpAttention:
             self._plans.move_to_end(key)
         return plan
 
-    def plan_of(self, forward_batch: Any) -> tuple[DpPlan, torch.Tensor | None]:
+    def plan_of(self, forward_batch: Any, cp_shard_counts: Sequence[int] | None = None
+                ) -> tuple[DpPlan, torch.Tensor | None]:
         """The plan of a forward batch and its device counts (None with host counts). The
         layers of one forward ask with the same batch: its answer is kept while the batch,
-        its padding mode and its counts (compared by value) stay the same."""
+        its padding mode, its counts and ``cp_shard_counts`` (compared by value) stay the
+        same. ``cp_shard_counts`` (this replica's rows per CP rank, sglang's argument):
+        the plan's CP shards, exchanged over the world once per forward."""
         last = self._last
-        if last is not None and last[0] is forward_batch:
+        shards = None if cp_shard_counts is None else list(cp_shard_counts)
+        if last is not None and last[0] is forward_batch and last[4] == shards:
             host = getattr(forward_batch, "global_num_tokens_cpu", None)
             if host is not None and host == last[1] and \
                     getattr(forward_batch, "dp_padding_mode", None) is last[2]:
                 return last[3]
-        got = self._plan_of(forward_batch)
+        got = self._plan_of(forward_batch, cp_shard_counts)
         host = getattr(forward_batch, "global_num_tokens_cpu", None)
         self._last = (None if host is None else forward_batch,
                       None if host is None else list(host),
-                      getattr(forward_batch, "dp_padding_mode", None), got)
+                      getattr(forward_batch, "dp_padding_mode", None), got, shards)
         return got
 
-    def _plan_of(self, forward_batch: Any) -> tuple[DpPlan, torch.Tensor | None]:
+    def _plan_of(self, forward_batch: Any, cp_shard_counts: Sequence[int] | None
+                 ) -> tuple[DpPlan, torch.Tensor | None]:
         mode = self._mode(getattr(forward_batch, "dp_padding_mode", None))
         host = getattr(forward_batch, "global_num_tokens_cpu", None)
         if host is not None:
             counts = tuple(int(x) for x in host)
-            return self._cached((mode, counts), lambda: dpx.plan_step(
-                list(counts), self.layout, mode=mode)), None
+            if cp_shard_counts is None or self.layout.cp_size == 1:
+                return self._cached((mode, counts), lambda: dpx.plan_step(
+                    list(counts), self.layout, mode=mode)), None
+            table = self.comm.agreement.sync_shards(cp_shard_counts, counts)
+            return self._cached((mode, counts, table), lambda: dpx.plan_step(
+                list(counts), self.layout, mode=mode, cp_shards=table)), None
+        if cp_shard_counts is not None and self.layout.cp_size > 1:
+            raise DpxValueError("cp_shard_counts needs the batch's host counts "
+                                "(global_num_tokens_cpu): its shards are exchanged on the host")
         dev = getattr(forward_batch, "global_num_tokens_gpu", None)
         if not isinstance(dev, torch.Tensor):
             raise DpxValueError("the forward batch has neither global_num_tokens_cpu nor a "
                                 "global_num_tokens_gpu tensor: no counts for this step")
+        return self._device_plan(mode, dev)
+
+    def _device_plan(self, mode: PaddingMode, dev: torch.Tensor
+                     ) -> tuple[DpPlan, torch.Tensor]:
+        """The capacity plan of a step with device counts only, and the counts."""
         cap = self._local_len if mode is PaddingMode.MAX_LEN else self._global_len
         plan = self._cached((mode, "capacity", cap), lambda: dpx.plan_step(
             [0] * self.layout.dp_size, self.layout, mode=mode, capacity=cap))
         counts = dev if dev.dtype == torch.int32 and dev.is_contiguous() else \
             dev.to(torch.int32).contiguous()
         return plan, counts
+
+    def _combine_plan(self, rows: int) -> tuple[DpPlan, torch.Tensor | None]:
+        """The plan of this forward's combine: the one its gather used (host or device
+        counts alike) when it has ``rows`` global rows; else from :meth:`set_dp_buffer_len`'s
+        device counts, or its host counts."""
+        last = self._last
+        if last is not None and last[3][0].global_rows == rows:
+            return last[3]
+        if self._global_num_tokens is None and self._global_num_tokens_gpu is not None:
+            return self._device_plan(self._mode(None), self._global_num_tokens_gpu)
+        return self._scatter_plan(), None
 
     def _scatter_plan(self) -> DpPlan:
         """The plan of this forward's combine (:meth:`set_dp_buffer_len`), made once per
@@ -378,38 +438,46 @@ class DpAttention:
         return plan.offsets[d], int(host[d])
 
     def _gather(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
-                forward_batch: Any, partial: bool) -> None:
-        plan, counts = self.plan_of(forward_batch)
+                forward_batch: Any, partial: bool,
+                cp_shard_counts: Sequence[int] | None = None) -> None:
+        plan, counts = self.plan_of(forward_batch, cp_shard_counts)
         self._check_rows("global_tokens", global_tokens, plan.global_rows)
         self.comm.gather(local_tokens, plan, partial=partial, counts=counts, out=global_tokens)
 
     def dp_gather_partial(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
-                          forward_batch: Any) -> None:
+                          forward_batch: Any,
+                          cp_shard_counts: Sequence[int] | None = None) -> None:
         """``global_tokens[...] =`` :meth:`DpComm.gather` ``(local_tokens, plan,
         partial=True)``: slot d holds the sum over replica d's attn-tp ranks of their
-        rows, every other row 0."""
-        self._gather(global_tokens, local_tokens, forward_batch, True)
+        rows, every other row 0. ``cp_shard_counts``: this replica's rows per CP rank when
+        its CP ranks hold shards (each places its own, back to back from the slot's
+        start); None: every CP rank holds all of them."""
+        self._gather(global_tokens, local_tokens, forward_batch, True, cp_shard_counts)
 
     def dp_gather_replicate(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
-                            forward_batch: Any) -> None:
+                            forward_batch: Any,
+                            cp_shard_counts: Sequence[int] | None = None) -> None:
         """As :meth:`dp_gather_partial` with ``partial=False``: the replica's attn-tp ranks
         hold the same rows (``local_tokens`` is not modified, unlike sglang's)."""
-        self._gather(global_tokens, local_tokens, forward_batch, False)
+        self._gather(global_tokens, local_tokens, forward_batch, False, cp_shard_counts)
 
     def dp_scatter(self, local_tokens: torch.Tensor, global_tokens: torch.Tensor,
-                   forward_batch: Any) -> None:
-        """``local_tokens[:n] =`` this replica's rows of ``global_tokens``; its other rows
-        are zeroed (``local_tokens`` may be longer, padded for a CUDA graph)."""
-        plan, counts = self.plan_of(forward_batch)
+                   forward_batch: Any, cp_shard_counts: Sequence[int] | None = None) -> None:
+        """``local_tokens[:n] =`` this replica's rows of ``global_tokens`` (with
+        ``cp_shard_counts``: this rank's CP shard's); its other rows are zeroed
+        (``local_tokens`` may be longer, padded for a CUDA graph)."""
+        plan, counts = self.plan_of(forward_batch, cp_shard_counts)
         self._into(local_tokens, plan, counts, self.comm.scatter, global_tokens)
 
     def dp_reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        """``output[...] =`` :meth:`DpComm.reduce_scatter` ``(input, plan)``, the plan from
-        :meth:`set_dp_buffer_len` (``input`` is not modified, unlike sglang's with
-        attn_tp > 1)."""
-        plan = self._scatter_plan()
+        """``output[...] =`` :meth:`DpComm.reduce_scatter` ``(input, plan)``, with the plan
+        and counts this forward's gather used (:meth:`_combine_plan`): pad rows come out
+        zero, as from ``all_reduce`` + :meth:`dp_scatter` (``input`` is not modified,
+        unlike sglang's with attn_tp > 1)."""
+        plan, counts = self._combine_plan(input.shape[0] if isinstance(input, torch.Tensor)
+                                          else -1)
         self._check_rows("input", input, plan.global_rows)
-        self._into(output, plan, None, self.comm.reduce_scatter, input)
+        self._into(output, plan, counts, self.comm.reduce_scatter, input)
 
     def dp_gather_partial_async(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
                                 forward_batch: Any, event_key: Any = ("gather", 0)
@@ -520,16 +588,19 @@ class _Installed:
 def setup(comm: DpComm, *, hidden_size: int, dtype: torch.dtype, device: torch.device | str,
           use_gatherv: bool = False, max_len_with_idle: bool = False,
           attn_cp_group: dist.ProcessGroup | None = None,
-          use_gatherv_from_env: bool = False) -> DpAttention:
+          use_gatherv_from_env: bool = False,
+          sum_len_allreduce_bytes: int | None = None) -> DpAttention:
     """Build a :class:`DpAttention` on ``comm`` and install it for the module functions
     (replacing any installed one). ``use_gatherv_from_env=True`` reads sglang's
     ``SGLANG_DP_USE_GATHERV`` ("1"/"true" turn GATHERV on) instead of ``use_gatherv``.
+    ``sum_len_allreduce_bytes``: the decode rule's all-reduce limit (None: off).
     Collective when the layout has CP and no ``attn_cp_group`` is given."""
     if use_gatherv_from_env:
         use_gatherv = os.environ.get("SGLANG_DP_USE_GATHERV", "").lower() in ("1", "true")
     state = DpAttention(comm, hidden_size=hidden_size, dtype=dtype, device=device,
                         use_gatherv=use_gatherv, max_len_with_idle=max_len_with_idle,
-                        attn_cp_group=attn_cp_group)
+                        attn_cp_group=attn_cp_group,
+                        sum_len_allreduce_bytes=sum_len_allreduce_bytes)
     _Installed.state = state
     return state
 
@@ -587,9 +658,18 @@ def disable_dp_size() -> Iterator[None]:
 
 def set_dp_buffer_len(global_dp_buffer_len: int, local_dp_buffer_len: int,
                       dp_max_padding: bool,
-                      global_num_tokens: Sequence[int] | None = None) -> None:
+                      global_num_tokens: Sequence[int] | None = None,
+                      global_num_tokens_gpu: torch.Tensor | None = None) -> None:
     current().set_dp_buffer_len(global_dp_buffer_len, local_dp_buffer_len, dp_max_padding,
-                                global_num_tokens)
+                                global_num_tokens, global_num_tokens_gpu)
+
+
+def set_local_dp_buffer_len(local_dp_buffer_len: int) -> None:
+    current().set_local_dp_buffer_len(local_dp_buffer_len)
+
+
+def get_dp_global_num_tokens_gpu() -> torch.Tensor | None:
+    return current().get_dp_global_num_tokens_gpu()
 
 
 def get_global_dp_buffer(group: Any = None) -> torch.Tensor:
@@ -654,18 +734,19 @@ def get_dp_local_slice_cpu(forward_batch: Any, can_run_graph: bool,
 
 
 def dp_gather_partial(global_tokens: torch.Tensor, local_tokens: torch.Tensor,
-                      forward_batch: Any) -> None:
-    current().dp_gather_partial(global_tokens, local_tokens, forward_batch)
+                      forward_batch: Any, cp_shard_counts: Sequence[int] | None = None) -> None:
+    current().dp_gather_partial(global_tokens, local_tokens, forward_batch, cp_shard_counts)
 
 
 def dp_gather_replicate(global_tokens: torch.Tensor, local_tokens: torch.Tensor,
-                        forward_batch: Any) -> None:
-    current().dp_gather_replicate(global_tokens, local_tokens, forward_batch)
+                        forward_batch: Any,
+                        cp_shard_counts: Sequence[int] | None = None) -> None:
+    current().dp_gather_replicate(global_tokens, local_tokens, forward_batch, cp_shard_counts)
 
 
 def dp_scatter(local_tokens: torch.Tensor, global_tokens: torch.Tensor,
-               forward_batch: Any) -> None:
-    current().dp_scatter(local_tokens, global_tokens, forward_batch)
+               forward_batch: Any, cp_shard_counts: Sequence[int] | None = None) -> None:
+    current().dp_scatter(local_tokens, global_tokens, forward_batch, cp_shard_counts)
 
 
 def dp_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor) -> None:

@@ -2,13 +2,36 @@
 wire (:mod:`.wire`), pad-row masking (:mod:`.mask`) and the device check of a step's counts
 (:mod:`.counts`); :mod:`.launch` holds the launch shapes both frontends use."""
 
-from dpx.kernels.counts import check_counts_kernel
-from dpx.kernels.launch import DEFAULT_TILE, Tile, grid, row_blocks
-from dpx.kernels.mask import mask_rows_kernel
-from dpx.kernels.rows import (move_rows_kernel, pack_rows_kernel, unpack_rows_kernel,
-                              zero_rows_kernel)
-from dpx.kernels.wire import dequantize_rows_kernel, quantize_rows_kernel
+import sys
 
-__all__ = ["DEFAULT_TILE", "Tile", "check_counts_kernel", "dequantize_rows_kernel", "grid",
-           "mask_rows_kernel", "move_rows_kernel", "pack_rows_kernel",
-           "quantize_rows_kernel", "row_blocks", "unpack_rows_kernel", "zero_rows_kernel"]
+if __name__ == "kernels":
+    # This folder is installed as ``dpx.kernels``. Imported as a top-level ``kernels`` --
+    # from the source root, which Python puts first on sys.path -- it stands aside for the
+    # package of that name installed beside it (Hugging Face's ``kernels``, which
+    # transformers imports), or says there is none.
+    import importlib.machinery
+    import importlib.util
+    import os
+
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _spec = importlib.machinery.PathFinder.find_spec(
+        "kernels", [p for p in sys.path if os.path.abspath(p or os.curdir) != _root])
+    if _spec is None or _spec.loader is None:
+        raise ModuleNotFoundError("No module named 'kernels' (this source tree's kernels/ "
+                                  "folder is dpx's Triton kernels: import dpx.kernels)",
+                                  name="kernels")
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["kernels"] = _module
+    _spec.loader.exec_module(_module)
+else:
+    from dpx.kernels.counts import check_counts_kernel
+    from dpx.kernels.launch import DEFAULT_TILE, Tile, grid, row_blocks
+    from dpx.kernels.mask import mask_rows_kernel
+    from dpx.kernels.rows import (move_rows_kernel, pack_rows_kernel, unpack_rows_kernel,
+                                  zero_rows_kernel)
+    from dpx.kernels.wire import dequantize_rows_kernel, quantize_rows_kernel
+
+    __all__ = ["DEFAULT_TILE", "Tile", "check_counts_kernel", "dequantize_rows_kernel", "grid",
+               "mask_rows_kernel", "move_rows_kernel", "pack_rows_kernel",
+               "quantize_rows_kernel", "row_blocks", "unpack_rows_kernel",
+               "zero_rows_kernel"]

@@ -24,9 +24,9 @@ import dpx
 from dpx import expr as X
 from dpx import values as V
 from dpx.modes import Group
-from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, BroadcastV, CheckCounts,
-                       Dequantize, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
-                       ReduceV, Ref, Unpack, Zero)
+from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, BroadcastV,
+                       CheckCounts, Dequantize, JoinColumns, Move, Pack, Quantize,
+                       ReduceScatter, ReduceScatterV, ReduceV, Ref, SplitColumns, Unpack, Zero)
 from dpx.schedule import Schedule
 
 
@@ -85,7 +85,13 @@ class _Rank:
     def __init__(self, sched: Schedule, x: np.ndarray, ops: NumpyValues, rank: int) -> None:
         self.sched, self.ops, self.pc = sched, ops, 0
         rest = x.shape[1:]
-        self.env: dict[str, np.ndarray] = {OUT: np.full((sched.out_rows, *rest), np.nan)}
+        W = sched.plan.layout.world_size
+        if sched.is_wide(IN):  # wide buffers: world_size narrow rows side by side
+            rest = (rest[0] // W, *rest[1:])
+
+        def shape(name: str, rows: int) -> tuple:
+            return (rows, rest[0] * W, *rest[1:]) if sched.is_wide(name) else (rows, *rest)
+        self.env: dict[str, np.ndarray] = {OUT: np.full(shape(OUT, sched.out_rows), np.nan)}
         if sched.in_place:
             first, rows = dpx.local_rows(sched.plan, rank, device_counts=sched.device_counts)
             assert x.shape[0] == rows, f"in-place input of {x.shape[0]} rows, slot {rows}"
@@ -96,7 +102,7 @@ class _Rank:
             x.flags.writeable = False
             self.env[IN] = x
         for name, rows in sched.scratch:
-            self.env[name] = np.full((rows, *rest), np.nan)
+            self.env[name] = np.full(shape(name, rows), np.nan)
 
     def val(self, v: Any) -> Any:
         return v if isinstance(v, int) else V.evaluate(v, self.ops)
@@ -188,10 +194,32 @@ def _chunks(rank: _Rank, s: Pack | Unpack) -> None:
     rank.write(s.dst, out)
 
 
+def _join(rank: _Rank, s: JoinColumns) -> None:
+    src = rank.ref(s.src)
+    rows, count, block = (_int(rank.val(v)) for v in (s.rows, s.count, s.block))
+    assert src.shape[0] == s.parts * block and count <= min(rows, block), str(s)
+    out = np.zeros((rows, s.parts * src.shape[1], *src.shape[2:]))
+    out[:count] = np.concatenate([src[p * block:p * block + count] for p in range(s.parts)],
+                                 axis=1)
+    rank.write(s.dst, out)
+
+
+def _split(rank: _Rank, s: SplitColumns) -> None:
+    src = rank.ref(s.src)
+    count, block = _int(rank.val(s.count)), _int(rank.val(s.block))
+    assert count <= min(src.shape[0], block), str(s)
+    w = src.shape[1] // s.parts
+    out = np.zeros((s.parts * block, w, *src.shape[2:]))
+    for p in range(s.parts):
+        out[p * block:p * block + count] = src[:count, p * w:(p + 1) * w]
+    rank.write(s.dst, out)
+
+
 #: The simulator's handler of every local step kind.
 LOCAL: dict[type, Callable[[_Rank, Any], None]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
-    Dequantize: _dequantize, Pack: _chunks, Unpack: _chunks,
+    Dequantize: _dequantize, Pack: _chunks, Unpack: _chunks, JoinColumns: _join,
+    SplitColumns: _split,
 }
 
 
@@ -229,6 +257,14 @@ def _all_reduce(group, s0) -> None:
     total = sum(r.ref(s.buf) for r, s in group)
     for r, s in group:
         r.write(s.buf, total.copy())
+
+
+def _all_to_all(group, s0) -> None:
+    srcs = [r.ref(s.src) for r, s in group]
+    n, k = s0.rows, len(group)
+    assert all(x.shape[0] == k * n for x in srcs), str(s0)
+    for j, (r, s) in enumerate(group):
+        r.write(s.dst, np.concatenate([x[j * n:(j + 1) * n] for x in srcs]))
 
 
 def _table(group, s0) -> tuple[np.ndarray, np.ndarray]:
@@ -281,6 +317,7 @@ def _reduce_scatter_v(group, s0) -> None:
 #: The simulator's handler of every collective kind.
 COLLECTIVES: dict[type, Callable[[list, Any], None]] = {
     AllGather: _all_gather, ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
+    AllToAll: _all_to_all,
     BroadcastV: _broadcast_v, ReduceV: _reduce_v, AllGatherV: _all_gather_v,
     ReduceScatterV: _reduce_scatter_v,
 }

@@ -209,3 +209,98 @@ def layer_matches_dense(ctx, layout_args, steps) -> float:
     dist.barrier()
     sg.teardown()
     return worst
+
+
+def _raised(fn) -> str:
+    try:
+        fn()
+    except dpx.DpxError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def newer_surface(ctx, layout_args) -> dict:
+    """What sglang's module grew since the reference: ``cp_shard_counts`` on the gathers
+    and the scatter (equal to the dpx-native calls on a plan with those CP shards; bad
+    counts raise the same error on every rank), the decode rule of the padding mode and of
+    the CUDA-graph default, ``set_local_dp_buffer_len`` / ``get_dp_global_num_tokens_gpu``,
+    and the combine of a graph step planned from the step's device counts (pad rows zero,
+    as all_reduce + dp_scatter give)."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    r, c = ctx.rank, layout.coords(ctx.rank)
+    d, dp, cp, m = c.attn_dp_rank, layout.dp_size, layout.cp_size, layout.replica_size
+    out: dict = {}
+    # the decode rule: SUM_LEN when no replica is idle and the summed rows fit one
+    # all-reduce of the limit; the graph default follows it for the captured counts
+    limit = 10 * HID * 4
+    sg.setup(comm, hidden_size=HID, dtype=torch.float32, device="cpu",
+             sum_len_allreduce_bytes=limit)
+    fits, idle, over = [2] * dp, [0] + [2] * (dp - 1), [11] + [1] * (dp - 1)
+    P = sg.DpPaddingMode
+    out["rule"] = [P.get_dp_padding_mode(False, x).name for x in (fits, idle, over)]
+    out["graph"] = [P.get_default_mode_in_cuda_graph(x).name for x in (fits, idle, over)]
+    out["graph_default"] = P.get_default_mode_in_cuda_graph().name
+    plan = dpx.plan_step(fits, layout, sum_len_allreduce_bytes=limit, row_bytes=HID * 4)
+    out["plan_step"] = plan.mode.name
+    # the buffer lengths and device counts of a forward
+    gpu = torch.tensor(fits, dtype=torch.int32)
+    sg.set_dp_buffer_len(8 * dp, 8, True, None, gpu)
+    sg.set_local_dp_buffer_len(5)
+    out["lens"] = (sg.get_local_dp_buffer_len(), sg.get_dp_global_num_tokens_gpu() is gpu)
+    # a graph step of bucket 4 with device counts only: the combine uses the step's counts
+    bucket = 4 * m
+    counts = [1 + e % 3 for e in range(dp)]
+    fb = ForwardBatch(None, torch.tensor(counts, dtype=torch.int32), P.MAX_LEN)
+    sg.set_dp_buffer_len(bucket * dp, bucket, True, [bucket] * dp)
+    g = sg.get_global_dp_buffer()
+    sg.dp_gather_partial(g, torch.ones(bucket, HID), fb)
+    via_rs = _nan(bucket)
+    sg.dp_reduce_scatter_tensor(via_rs, torch.ones(bucket * dp, HID))
+    summed = torch.ones(bucket * dp, HID)
+    dist.all_reduce(summed)
+    via_scatter = _nan(bucket)
+    sg.dp_scatter(via_scatter, summed, fb)
+    _same("dp_reduce_scatter_tensor of a graph step", via_rs, via_scatter, counts)
+    out["combine_rows"] = via_rs[:, 0].tolist()
+    sg.teardown()
+    if cp == 1:
+        return out
+    # CP shards: replica e's rows split over its CP ranks as cp_shard_counts say
+    sg.setup(comm, hidden_size=HID, dtype=torch.float32, device="cpu")
+    done = 0
+    for i, (nums, mode) in enumerate([([5 + e for e in range(dp)], "MAX_LEN"),
+                                      ([3 * e for e in range(dp)], "SUM_LEN"),
+                                      ([0] * dp, "SUM_LEN")]):
+        nums = list(nums)
+        shards = [[n - n // cp * (cp - 1) if k == 0 else n // cp for k in range(cp)][::-1]
+                  if e % 2 else [n] + [0] * (cp - 1) for e, n in enumerate(nums)]
+        fb = ForwardBatch(nums, torch.tensor(nums, dtype=torch.int32), P[mode])
+        plan = dpx.plan_step(nums, layout, mode=mode.lower(), cp_shards=shards)
+        sg.set_dp_buffer_len(plan.global_rows, plan.slot_rows[d], mode == "MAX_LEN", nums)
+        mine = shards[d][c.attn_cp_rank]
+        for partial in (True, False):
+            seed = 100 * i + (r if partial else 50 + d * cp + c.attn_cp_rank)
+            local = _rows(seed, mine + 2)
+            g = _nan(plan.global_rows)
+            (sg.dp_gather_partial if partial else sg.dp_gather_replicate)(
+                g, local, fb, cp_shard_counts=shards[d])
+            _same("gather with cp_shard_counts", g,
+                  comm.gather(local, plan, partial=partial), (nums, shards, partial))
+        glob = _rows(900 + i, plan.global_rows)
+        res = _nan(plan.slot_rows[d] + 2)
+        sg.dp_scatter(res, glob, fb, cp_shard_counts=shards[d])
+        _same("dp_scatter with cp_shard_counts", res[:plan.slot_rows[d]],
+              comm.scatter(glob, plan), (nums, shards))
+        assert not res[plan.slot_rows[d]:].any()
+        done += 1
+    out["cp_cases"] = done
+    nums = [4] * dp
+    fb = ForwardBatch(nums, torch.tensor(nums, dtype=torch.int32), P.SUM_LEN)
+    bad = [4] + [0] * (cp - 1) if r == 0 else [0] * (cp - 1) + [4]  # rank 0 disagrees
+    out["disagree"] = _raised(lambda: sg.dp_gather_partial(
+        _nan(4 * dp), _rows(1, 4), fb, cp_shard_counts=bad))
+    out["wrong_sum"] = _raised(lambda: sg.dp_scatter(
+        _nan(4), _rows(2, 4 * dp), fb, cp_shard_counts=[1] * cp))
+    sg.teardown()
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 
@@ -451,3 +452,73 @@ def test_context_parallel_gradients(sharded):
         np.testing.assert_array_equal(g_sc.reshape(W, G, 3), want_sc, err_msg=mode)
         np.testing.assert_array_equal(g_rs.reshape(W, G, 3), np.broadcast_to(want_rs, (W, G, 3)),
                                       err_msg=mode)
+
+
+# ---------------------------------------------------------------- the LM-head scatter
+@functools.cache
+def _columns_fn(plan: dpx.DpPlan, with_counts: bool):
+    """One jitted program: scatter_columns and the gradient of <scatter_columns(x), w>."""
+    sm = jax.shard_map(lambda x, c: dpx_jax.scatter_columns(x, plan, counts=c if with_counts
+                                                            else None),
+                       mesh=mesh_for(plan.layout), in_specs=(SPEC, P()), out_specs=SPEC)
+
+    @jax.jit
+    def f(x, c, w):
+        out = sm(x, c)
+        return out, jax.grad(lambda a: jnp.sum(sm(a, c).astype(jnp.float32) * w))(x)
+    return f
+
+
+def _check_columns(plan, *, counts=None, dtype="float32", seed=0):
+    """Rank s holds columns s of random gathered rows (pad rows too): every device's
+    output is the reference scatter of the full-width rows, its gradient every device's
+    weights back at their rows, summed over the devices sharing them."""
+    lay, C = plan.layout, 2
+    W, G, L = lay.world_size, plan.global_rows, plan.max_slot_rows
+    eff = None if counts is None else (tuple(tuple(x) for x in counts) if plan.sharded
+                                       else tuple(counts))
+    rng = np.random.default_rng(seed)
+    full = rng.integers(-50, 50, (G, W * C)).astype(np.float64)
+    weights = rng.integers(-4, 5, (W, L, W * C)).astype(np.float64)
+    x = shard(mesh_for(lay), [full[:, s * C:(s + 1) * C] for s in range(W)], DTYPES[dtype])
+    c = jnp.asarray(plan.num_tokens if eff is None else eff, jnp.int32)
+    out, grad = _columns_fn(plan, counts is not None)(
+        x, c, jnp.asarray(weights.reshape(W * L, W * C), jnp.float32))
+    out, grad = unstack(out, W), unstack(grad, W)
+    want_grad = np.zeros_like(full)
+    for r in range(W):
+        rows = plan.slot_rows[lay.coords(r).attn_dp_rank]
+        np.testing.assert_array_equal(out[r][:rows], ref_scatter_rank(full, plan, r, eff),
+                                      err_msg=f"scatter_columns rank {r}")
+        assert not out[r][rows:].any(), "rows past the slot"
+        first, n = held(plan, r, eff)
+        want_grad[first:first + n] += weights[r][:n]
+    for s in range(W):
+        np.testing.assert_array_equal(grad[s], want_grad[:, s * C:(s + 1) * C],
+                                      err_msg=f"scatter_columns gradient rank {s}")
+
+
+@pytest.mark.parametrize("layout", [(1, 1), (4, 4), (4, 2), (4, 1), (6, 3), (8, 2, 2),
+                                    (4, 1, 2)], ids=lambda l: "w{}dp{}".format(*l) +
+                         (f"cp{l[2]}" if len(l) > 2 else ""))
+def test_scatter_columns(layout):
+    """The LM-head scatter in every mode: idle replicas, one replica holding everything,
+    CP copies and CP shards, a capacity plan with device counts (compiled once), dtypes."""
+    lay = dpx.DpLayout(*layout)
+    rng = random.Random(sum(layout))
+    for i, counts in enumerate(_counts(lay.dp_size, sum(layout))[1:]):
+        for mode in MODES:
+            dtype = ("float32", "bfloat16", "float16")[(i + len(mode)) % 3]
+            _check_columns(dpx.plan_step(counts, lay, mode=mode), dtype=dtype, seed=i)
+            if lay.cp_size > 1:
+                shards = [(n,) + (0,) * (lay.cp_size - 1) if i else
+                          (n // 2, n - n // 2) + (0,) * (lay.cp_size - 2) for n in counts]
+                _check_columns(dpx.plan_step(counts, lay, mode=mode, cp_shards=shards),
+                               seed=i)
+    mode = MODES[sum(layout) % 3]
+    cap = 8 if mode == "max_len" else 8 * lay.dp_size
+    plan = dpx.plan_step([0] * lay.dp_size, lay, mode=mode, capacity=cap)
+    for k in range(2):
+        _check_columns(plan, counts=[rng.randint(0, min(8, cap // lay.dp_size))
+                                     for _ in range(lay.dp_size)], seed=k)
+    assert _columns_fn(plan, True)._cache_size() == 1, "new counts must not recompile"

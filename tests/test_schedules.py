@@ -147,8 +147,38 @@ def check_plan(plan, *, run=None, seed=0) -> int:
                 first, n = held(plan, r, eff)
                 want[first:first + n] = want_g[first:first + n]
                 np.testing.assert_array_equal(adj[r], want, err_msg=f"scatter_adjoint r{r}")
-            checks += 1
+            checks += _check_scatter_columns(plan, globs, kw, dev_vec, eff)
     return checks
+
+
+def _check_scatter_columns(plan, globs, kw, dev_vec, eff) -> int:
+    """The LM-head scatter: rank s holds columns s of the gathered rows (pad rows
+    included, whatever they hold); every rank gets its scatter of the full-width rows.
+    Its adjoint puts each rank's gradient back at its rows, summed over the ranks sharing
+    them, each rank keeping its columns."""
+    lay, W = plan.layout, plan.layout.world_size
+    full = np.concatenate(globs, axis=1)  # [G, W * 2]: every rank's columns side by side
+    C = globs[0].shape[1]
+    g_rows = [plan.global_rows] * W
+    out = simulate(_schedules(plan, Op.SCATTER_COLUMNS, partial=True, in_rows=g_rows, **kw),
+                   globs, dev_vec)
+    for r in range(W):
+        k = plan.slot_rows[lay.coords(r).attn_dp_rank]
+        np.testing.assert_array_equal(out[r][:k], ref_scatter_rank(full, plan, r, eff),
+                                      err_msg=f"scatter_columns r{r} {kw}")
+        assert not out[r][k:].any(), f"scatter_columns rank {r}: rows past the slot"
+    grads = [np.arange(o.size, dtype=np.float64).reshape(o.shape) % 7 + r
+             for r, o in enumerate(out)]
+    adj = simulate(_schedules(plan, Op.SCATTER_COLUMNS_ADJOINT, partial=True,
+                              in_rows=[g.shape[0] for g in grads], **kw), grads, dev_vec)
+    want = np.zeros_like(full)
+    for r in range(W):
+        first, n = held(plan, r, eff)
+        want[first:first + n] += grads[r][:n]
+    for s in range(W):
+        np.testing.assert_array_equal(adj[s], want[:, s * C:(s + 1) * C],
+                                      err_msg=f"scatter_columns_adjoint rank {s} {kw}")
+    return 1
 
 
 def _check_in_place(plan, locs, want, partial, transport, device, dev_vec, eff) -> int:

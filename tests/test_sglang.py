@@ -44,6 +44,31 @@ def test_each_function_equals_the_dpx_call(gloo_worlds, layout):
     assert res == [len(cases)] * layout[0]
 
 
+@pytest.mark.parametrize("layout", [(2, 2), (4, 2), (2, 1, 2), (4, 2, 2), (4, 1, 2)], ids=IDS)
+def test_todays_sglang_surface(gloo_worlds, layout):
+    """cp_shard_counts, the decode rule (padding mode, CUDA-graph default, plan_step's
+    sglang policy), set_local_dp_buffer_len / get_dp_global_num_tokens_gpu, and a graph
+    step's combine with pad rows zero (the job checks each against the dpx-native call)."""
+    world, dp = layout[0], layout[1]
+    res = gloo_worlds(world).run("sglang_jobs:newer_surface", layout, timeout=300)
+    # one replica: a gather of width 1 keeps MAX_LEN
+    want_rule = ["SUM_LEN" if dp > 1 else "MAX_LEN", "MAX_LEN", "MAX_LEN"]
+    m = world // dp
+    for r, got in enumerate(res):
+        d = r // m
+        assert got["rule"] == want_rule and got["graph"] == want_rule, got
+        assert got["graph_default"] == "MAX_LEN" and got["plan_step"] == want_rule[0], got
+        assert got["lens"] == (5, True), got
+        n = 1 + d % 3  # the replica's device count: its rows sum over the world, pad rows 0
+        assert got["combine_rows"] == [float(world)] * n + [0.0] * (4 * m - n), got
+        if len(layout) > 2:
+            assert got["cp_cases"] == 3, got
+            assert "replica 0's ranks pass different cp_shard_counts" in got["disagree"], got
+            assert "sum to" in got["wrong_sum"], got
+    for key in ("disagree", "wrong_sum"):
+        assert len({got.get(key) for got in res}) == 1, f"{key}: ranks raised differently"
+
+
 @pytest.mark.parametrize("layout", [(1, 1), (4, 2), (4, 1, 2), (4, 1, 4), (2, 1, 2)], ids=IDS)
 def test_attn_helpers_and_world_info(gloo_worlds, layout):
     res = gloo_worlds(layout[0]).run("sglang_jobs:helpers_match_stock_ops", layout)
@@ -79,16 +104,19 @@ def test_signatures_lead_with_sglangs_parameters():
     import dpx_torch.sglang as sg
 
     want = {
-        "dp_gather_partial": ["global_tokens", "local_tokens", "forward_batch"],
-        "dp_gather_replicate": ["global_tokens", "local_tokens", "forward_batch"],
-        "dp_scatter": ["local_tokens", "global_tokens", "forward_batch"],
+        "dp_gather_partial": ["global_tokens", "local_tokens", "forward_batch",
+                              "cp_shard_counts"],
+        "dp_gather_replicate": ["global_tokens", "local_tokens", "forward_batch",
+                                "cp_shard_counts"],
+        "dp_scatter": ["local_tokens", "global_tokens", "forward_batch", "cp_shard_counts"],
         "dp_reduce_scatter_tensor": ["output", "input"],
         "dp_gather_partial_async": ["global_tokens", "local_tokens", "forward_batch",
                                     "event_key"],
         "dp_reduce_scatterv_async": ["output_local", "global_tokens", "sizes", "event_key"],
         "get_tbo_persistent_buffer": ["key", "rows", "hidden", "dtype", "device"],
         "set_dp_buffer_len": ["global_dp_buffer_len", "local_dp_buffer_len",
-                              "dp_max_padding", "global_num_tokens"],
+                              "dp_max_padding", "global_num_tokens", "global_num_tokens_gpu"],
+        "set_local_dp_buffer_len": ["local_dp_buffer_len"],
         "get_dp_local_info": ["forward_batch"],
         "get_dp_local_slice_cpu": ["forward_batch", "can_run_graph", "cuda_graph_batch"],
         "compute_dp_attention_world_info": ["enable_dp_attention", "tp_rank", "tp_size",
@@ -105,7 +133,8 @@ def test_signatures_lead_with_sglangs_parameters():
         assert got[:len(params)] == params, (name, got)
     for name in ("get_attention_dp_rank", "get_attention_dp_size", "get_attention_tp_rank",
                  "get_attention_tp_size", "is_dp_attention_enabled", "disable_dp_size",
-                 "get_global_dp_buffer_len", "get_local_dp_buffer_len", "is_dp_max_padding"):
+                 "get_global_dp_buffer_len", "get_local_dp_buffer_len", "is_dp_max_padding",
+                 "get_dp_global_num_tokens_gpu"):
         assert not inspect.signature(getattr(sg, name)).parameters, name
     assert [m.name for m in sg.DpPaddingMode] == ["MAX_LEN", "SUM_LEN"]
 

@@ -48,11 +48,13 @@ def test_cuda_graph_replay_with_new_counts(nccl1, mode, cap):
     glob = torch.randn(plan.global_rows, H, device="cuda")
     rbuf = torch.empty(plan.slot_rows[0], H, device="cuda")
     sbuf = torch.empty(plan.slot_rows[0], H, device="cuda")
+    cbuf = torch.empty(plan.slot_rows[0], H, device="cuda")
 
     def step():
         nccl1.gather(local, plan, partial=True, counts=counts, out=gbuf)
         nccl1.scatter(gbuf, plan, counts=counts, out=sbuf)
         nccl1.reduce_scatter(glob, plan, counts=counts, out=rbuf)
+        nccl1.scatter_columns(glob, plan, counts=counts, out=cbuf)
 
     warm_up(step)
     allocations = nccl1.runner.pool.allocations
@@ -71,6 +73,7 @@ def test_cuda_graph_replay_with_new_counts(nccl1, mode, cap):
         want_rs = torch.zeros_like(rbuf)
         want_rs[:n] = glob[:n]
         assert torch.equal(rbuf, want_rs), f"reduce_scatter replay n={n}"
+        assert torch.equal(cbuf, want_rs), f"scatter_columns replay n={n}"
 
 
 def test_compile_fullgraph_on_gpu(nccl1):

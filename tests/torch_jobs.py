@@ -84,7 +84,11 @@ def check_cases(ctx, layout_args, cases, *, rest=(5,)) -> int:
         g_copy = g_in.clone()
         rs = comm.reduce_scatter(g_in, plan, counts=counts_t)
         _eq("reduce_scatter", rs, ref_reduce_scatter_rank(globs, plan, r, eff), dtype, case)
-        assert torch.equal(g_in, g_copy), "reduce_scatter modified its input"
+        if len(rest) == 1:  # the LM-head scatter: rank s holds columns s of the rows
+            cols = comm.scatter_columns(g_in, plan, counts=counts_t)
+            _eq("scatter_columns", cols, ref_scatter_rank(np.concatenate(globs, axis=1), plan,
+                                                          r, eff), dtype, case)
+        assert torch.equal(g_in, g_copy), "reduce_scatter / scatter_columns modified its input"
         done += 4
     return done
 
@@ -116,6 +120,20 @@ def check_grads(ctx, layout_args, cases, *, rest=(4,)) -> int:
             ne, oe = plan.num_tokens[e], plan.offsets[e]
             want[oe:oe + ne] = sum(ws[r][:ne] for r in layout.replica_ranks(e))
         _eq("reduce_scatter grad", glob.grad, want, torch.float32, case)
+        # the LM-head scatter: each rank's weights back at its rows, summed over the ranks
+        # sharing them, this rank's columns
+        C = rest[0]
+        wc = [rng.integers(-4, 5, (plan.slot_rows[layout.coords(r).attn_dp_rank], W * C))
+              .astype(np.float64) for r in range(W)]
+        shard = torch.ones((plan.global_rows, C), dtype=torch.float32, requires_grad=True)
+        (comm.scatter_columns(shard, plan) * _t(wc[ctx.rank], torch.float32)).sum().backward()
+        want = np.zeros((plan.global_rows, W * C))
+        for r in range(W):
+            e = layout.coords(r).attn_dp_rank
+            ne, oe = plan.num_tokens[e], plan.offsets[e]
+            want[oe:oe + ne] += wc[r][:ne]
+        _eq("scatter_columns grad", shard.grad, want[:, ctx.rank * C:(ctx.rank + 1) * C],
+            torch.float32, case)
     return len(cases)
 
 
@@ -365,6 +383,22 @@ def check_autograd(ctx, layout_args, cases, *, rest=(3,)) -> int:
         _eq("reduce_scatter grad", gg.grad, want, torch.float32, case)
         comm.reduce_scatter(g_in, plan, counts=ct)
         assert torch.equal(g_in, g_copy), "reduce_scatter modified its input"
+        if len(rest) == 1:  # the LM-head scatter: every rank's weights at its rows, summed
+            C = rest[0]
+            same = np.random.default_rng((case.get("seed", 0), 7))  # alike on every rank
+            wc = [same.integers(-4, 5, (plan.slot_rows[layout.coords(q).attn_dp_rank], W * C))
+                  .astype(np.float64) for q in range(W)]
+            gg = g_in.clone().requires_grad_()
+            cols = comm.scatter_columns(gg, plan, counts=ct)
+            assert cols.grad_fn is not None, "scatter_columns output has no grad_fn"
+            (cols * _t(wc[r], torch.float32)).sum().backward()
+            want = np.zeros((G, W * C))
+            for q, (f, k) in enumerate(regions):
+                want[f:f + k] += wc[q][:k]
+            _eq("scatter_columns grad", gg.grad, want[:, r * C:(r + 1) * C], torch.float32,
+                case)
+            comm.scatter_columns(g_in, plan, counts=ct)
+            assert torch.equal(g_in, g_copy), "scatter_columns modified its input"
         # the adjoint identity on random normal inputs, summed over ranks
         xn = torch.from_numpy(rng.standard_normal((L, *rest))).float()
         xn[n:] = 0  # rows past the count take no part in either side

@@ -1,0 +1,49 @@
+"""dpx beside the libraries a serving process imports, run from the source root as the
+README's commands are: the root's ``kernels/`` folder (dpx's Triton kernels, installed as
+``dpx.kernels``) does not shadow the installed ``kernels`` package that transformers
+imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, **env})
+
+
+def test_transformers_imports_from_the_source_root():
+    """The exact import sglang's model code makes, from the root; dpx.kernels still works
+    beside it, and ``kernels`` is the installed package, not the root's folder."""
+    res = _run("import transformers.models.deepseek_v3.modeling_deepseek_v3\n"
+               "import kernels, dpx.kernels\n"
+               "from kernels import CUDAProperties\n"
+               "assert dpx.kernels.move_rows_kernel is not None\n"
+               f"assert not kernels.__file__.startswith({str(ROOT / 'kernels')!r}), "
+               "kernels.__file__\n")
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_any_package_named_kernels_wins_over_the_folder(tmp_path):
+    """Whatever ``kernels`` is installed (here one on PYTHONPATH) is what ``import
+    kernels`` gives from the root, submodules included; without one, the error says
+    where dpx's kernels are."""
+    pkg = tmp_path / "kernels"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("MARK = 'installed'\n")
+    (pkg / "sub.py").write_text("VALUE = 7\n")
+    res = _run("import kernels.sub, dpx.kernels\n"
+               "assert kernels.MARK == 'installed' and kernels.sub.VALUE == 7\n"
+               "assert dpx.kernels.grid is not None\n", PYTHONPATH=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = _run("import sys\n"  # no installed packages: the root alone
+               "sys.path[:] = [p for p in sys.path if 'packages' not in p]\n"
+               "import kernels")
+    assert res.returncode != 0 and "import dpx.kernels" in res.stderr, res.stderr[-2000:]
