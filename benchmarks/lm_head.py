@@ -58,7 +58,6 @@ def bytes_rows(vocab: int, decode: int, prefill: int) -> list[dict]:
 
 
 def gpu_rows(vocab: int, decode: int, prefill: int) -> list[dict]:
-    import os
     import tempfile
 
     import torch

@@ -3,7 +3,8 @@
 #   bash benchmarks/run_gpu.sh [STAGE ...]      (default: every stage)
 # Stages: tests (the GPU-marked tests), sweep (launch sweep), probe (the slot place
 # against its write ceiling), kernels, jax_kernels,
-# torch_step, serving, soak, rss (process memory per kind of call),
+# torch_step, serving, soak, rss (process memory per kind of call), lm_head (the LM-head
+# scatter against all-gather + scatter),
 # example (examples/torch_serving.py with CUDA graphs).
 # Installs dpx without build isolation and jax-triton from wheels in .whl/ if present.
 # Output files go to $RESULTS (default benchmarks/out); with ARCHIVE=path, they are also
@@ -12,7 +13,7 @@ set -uo pipefail
 export OUT="${RESULTS:-benchmarks/out}" XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests kernels jax_kernels torch_step serving soak example)
+[ ${#stages[@]} -eq 0 ] && stages=(tests kernels jax_kernels torch_step serving soak lm_head example)
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -n 2
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -33,6 +34,7 @@ want torch_step && python3 torch_step.py 2>&1 | tee "$OUT/torch_step.log"
 want serving && python3 serving.py --gpu 2>&1 | tee "$OUT/serving.log"
 want soak && python3 soak.py --steps 20000 2>&1 | tee "$OUT/soak.log"
 want rss && python3 rss_probe.py 20000 2>&1 | tee "$OUT/rss_probe.log"
+want lm_head && python3 lm_head.py --gpu 2>&1 | tee "$OUT/lm_head.log"
 cd ..
 if want example; then
   python3 -m torch.distributed.run --standalone --nproc-per-node 1 examples/torch_serving.py \

@@ -21,9 +21,9 @@ from dpx.plan import CountRule
 
 __all__ = [
     "AllGather", "AllGatherV", "AllReduce", "AllToAll", "BroadcastV", "CheckCounts",
-    "Dequantize", "JoinColumns", "kinds_for", "SplitColumns", "len_of", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter",
-    "ReduceScatterV", "ReduceV", "Ref", "Step", "STEP_KINDS", "Unpack", "VARIABLE_KINDS",
-    "Zero"
+    "Dequantize", "JoinColumns", "kinds_for", "SplitColumns", "len_of", "Move", "moved_buffer",
+    "Pack", "Quantize", "ReduceScatter", "ReduceScatterV", "ReduceV", "Ref", "Step",
+    "STEP_KINDS", "Unpack", "VARIABLE_KINDS", "Zero",
 ]
 
 IN, OUT = "in", "out"
