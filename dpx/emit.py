@@ -378,15 +378,24 @@ class Emitter:
         """Every rank's real rows packed per destination (``k * B`` rows a block: ``k``
         ranks share them), one world all-to-all, the column parts joined side by side
         (docs/semantics.md, "The LM-head scatter")."""
-        g, R = self.geo, self.out_rows
+        g, R, r = self.geo, self.out_rows, self.rank
         W = g.layout.world_size
-        span = X.mul(self.columns_group()[1], g.block)
-        firsts, lens = g.rows_table()
-        send, recv = self.buffer("send", X.mul(W, span)), self.buffer("recv", X.mul(W, span))
-        self.steps.append(Pack(Ref(IN), send, X.mul(W, span), firsts, lens, span))
+        k = self.columns_group()[1]
+        span = X.mul(k, g.block)
+        count = X.minimum(R, span)
+        recv = self.buffer("recv", X.mul(W, span))
+        if k == 1 and g.mode is PaddingMode.MAX_LEN and not g.sharded \
+                and self.host_known(g.held(r.dp, r.cp)):
+            # the input already is every rank's slot at rank * S: the join takes this
+            # rank's real rows of each block and zeroes the rest
+            send, count = Ref(IN), X.minimum(R, g.held(r.dp, r.cp))
+        else:
+            firsts, lens = g.rows_table()
+            send = self.buffer("send", X.mul(W, span))
+            self.steps.append(Pack(Ref(IN), send, X.mul(W, span), firsts, lens, span))
         self.steps.append(AllToAll(Group.WORLD, send, recv, span))
         self.wide_bufs.add(OUT)
-        self.steps.append(JoinColumns(recv, Ref(OUT), R, X.minimum(R, span), span, W))
+        self.steps.append(JoinColumns(recv, Ref(OUT), R, count, span, W))
 
     def scatter_columns_adjoint(self) -> None:
         """The transpose of :meth:`scatter_columns`: the sharing ranks' rows summed and
