@@ -55,10 +55,12 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
         raise DpxTypeError(f"max_len_with_idle={max_len_with_idle!r} must be a bool")
     policy = policy if policy is Policy.SGLANG else Policy.parse(policy)
     forced = None if mode is None else PaddingMode.parse(mode)
-    if (max_len_with_idle or sum_len_allreduce_bytes is not None) \
-            and policy is not Policy.SGLANG:
-        raise DpxValueError(f"max_len_with_idle and sum_len_allreduce_bytes are options of "
-                            f"policy='sglang'; policy={policy.value!r} was given")
+    if policy is not Policy.SGLANG:
+        for name, on in (("max_len_with_idle=True", max_len_with_idle),
+                         ("sum_len_allreduce_bytes", sum_len_allreduce_bytes is not None)):
+            if on:
+                raise DpxValueError(f"{name} is an option of policy='sglang'; "
+                                    f"policy={policy.value!r} was given")
     if sum_len_allreduce_bytes is not None:
         check_int("sum_len_allreduce_bytes", sum_len_allreduce_bytes)
         check_int("row_bytes", row_bytes, minimum=1)
