@@ -46,3 +46,18 @@ def step_fn(plan: dpx.DpPlan, partial: bool, impl: str = "auto", with_counts: bo
     f = jax.shard_map(body, mesh=mesh, in_specs=(SPEC, SPEC, P()),
                       out_specs=(SPEC, SPEC, SPEC))
     return jax.jit(f)
+
+
+@functools.cache
+def columns_fn(plan: dpx.DpPlan, with_counts: bool):
+    """One jitted program per plan: ``scatter_columns`` and the gradient of its output's
+    inner product with ``w`` (float32)."""
+    sm = jax.shard_map(lambda x, c: dpx_jax.scatter_columns(x, plan, counts=c if with_counts
+                                                            else None),
+                       mesh=mesh_for(plan.layout), in_specs=(SPEC, P()), out_specs=SPEC)
+
+    @jax.jit
+    def f(x, c, w):
+        out = sm(x, c)
+        return out, jax.grad(lambda a: jnp.sum(sm(a, c).astype(jnp.float32) * w))(x)
+    return f

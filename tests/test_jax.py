@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import random
 
@@ -15,7 +14,7 @@ import jax.numpy as jnp  # noqa: E402
 import dpx  # noqa: E402
 import dpx_jax  # noqa: E402
 from conftest import jax_gpu_available  # noqa: E402
-from jax_harness import SPEC, mesh_for, shard, step_fn, unstack  # noqa: E402
+from jax_harness import SPEC, columns_fn, mesh_for, shard, step_fn, unstack  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from reference import (global_inputs, held, local_inputs, offsets_of, ref_gather,  # noqa: E402
                        ref_reduce_scatter_rank, ref_scatter_rank)
@@ -455,20 +454,6 @@ def test_context_parallel_gradients(sharded):
 
 
 # ---------------------------------------------------------------- the LM-head scatter
-@functools.cache
-def _columns_fn(plan: dpx.DpPlan, with_counts: bool):
-    """One jitted program: scatter_columns and the gradient of <scatter_columns(x), w>."""
-    sm = jax.shard_map(lambda x, c: dpx_jax.scatter_columns(x, plan, counts=c if with_counts
-                                                            else None),
-                       mesh=mesh_for(plan.layout), in_specs=(SPEC, P()), out_specs=SPEC)
-
-    @jax.jit
-    def f(x, c, w):
-        out = sm(x, c)
-        return out, jax.grad(lambda a: jnp.sum(sm(a, c).astype(jnp.float32) * w))(x)
-    return f
-
-
 def _check_columns(plan, *, counts=None, dtype="float32", seed=0):
     """Rank s holds columns s of random gathered rows (pad rows too): every device's
     output is the reference scatter of the full-width rows, its gradient every device's
@@ -482,7 +467,7 @@ def _check_columns(plan, *, counts=None, dtype="float32", seed=0):
     weights = rng.integers(-4, 5, (W, L, W * C)).astype(np.float64)
     x = shard(mesh_for(lay), [full[:, s * C:(s + 1) * C] for s in range(W)], DTYPES[dtype])
     c = jnp.asarray(plan.num_tokens if eff is None else eff, jnp.int32)
-    out, grad = _columns_fn(plan, counts is not None)(
+    out, grad = columns_fn(plan, counts is not None)(
         x, c, jnp.asarray(weights.reshape(W * L, W * C), jnp.float32))
     out, grad = unstack(out, W), unstack(grad, W)
     want_grad = np.zeros_like(full)
@@ -521,4 +506,4 @@ def test_scatter_columns(layout):
     for k in range(2):
         _check_columns(plan, counts=[rng.randint(0, min(8, cap // lay.dp_size))
                                      for _ in range(lay.dp_size)], seed=k)
-    assert _columns_fn(plan, True)._cache_size() == 1, "new counts must not recompile"
+    assert columns_fn(plan, True)._cache_size() == 1, "new counts must not recompile"

@@ -187,6 +187,15 @@ def outputs(ctx, layout_args, cases, *, rest=(5,)) -> list[dict]:
             rs = comm.reduce_scatter(gg, plan)
             (rs * _t(ws[ctx.rank][:rs.shape[0]], dtype)).sum().backward()
             out.update(grad_gather=xg.grad.double().numpy(), grad_rs=gg.grad.double().numpy())
+            # the LM-head scatter and its gradient (the JAX side's weights, this rank's rows)
+            W, L = layout.world_size, plan.max_slot_rows
+            wc = np.random.default_rng(case["seed"] + 2).integers(-4, 5, (W * L, W * rest[0]))
+            gc = _t(globs[ctx.rank], dtype).requires_grad_()
+            cols = comm.scatter_columns(gc, plan)
+            mine = wc[ctx.rank * L:ctx.rank * L + cols.shape[0]]
+            (cols * _t(mine, dtype)).sum().backward()
+            out.update(columns=cols.detach().double().numpy(),
+                       grad_columns=gc.grad.double().numpy())
         res.append(out)
     return res
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import dpx  # noqa: E402
 import dpx_jax  # noqa: E402
-from jax_harness import SPEC, mesh_for, shard, step_fn, unstack  # noqa: E402
+from jax_harness import SPEC, columns_fn, mesh_for, shard, step_fn, unstack  # noqa: E402
 from reference import global_inputs, local_inputs  # noqa: E402
 
 pytestmark = pytest.mark.multiproc
@@ -92,6 +92,12 @@ def _jax_outputs(layout, case):
 
         out["grad_gather"] = unstack(jax.jit(jax.grad(loss_g))(shard(mesh, locs, dt)), W)
         out["grad_rs"] = unstack(jax.jit(jax.grad(loss_rs))(shard(mesh, globs, dt)), W)
+        # the LM-head scatter of the same buffers, and its gradient for columns weights
+        wc = np.random.default_rng(case["seed"] + 2).integers(
+            -4, 5, (W * plan.max_slot_rows, W * REST[0]))
+        cols, grad = columns_fn(plan, False)(shard(mesh, globs, dt), c,
+                                             jnp.asarray(wc, jnp.float32))
+        out["columns"], out["grad_columns"] = unstack(cols, W), unstack(grad, W)
     return plan, out
 
 
@@ -129,6 +135,11 @@ def test_torch_and_jax_agree(gloo_worlds, layout_args):
             else:
                 np.testing.assert_array_equal(t["reduce_scatter"], jx["reduce_scatter"][r][:rows],
                                               err_msg="reduce_scatter " + where)
+            if "columns" in jx:
+                np.testing.assert_array_equal(t["columns"], jx["columns"][r][:rows],
+                                              err_msg="scatter_columns " + where)
+                np.testing.assert_array_equal(t["grad_columns"], jx["grad_columns"][r],
+                                              err_msg="scatter_columns grad " + where)
             if "grad_gather" in jx:
                 np.testing.assert_array_equal(t["grad_gather"], jx["grad_gather"][r],
                                               err_msg="grad gather " + where)
