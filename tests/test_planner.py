@@ -332,3 +332,27 @@ def test_every_test_module_is_ordered():
     stems = {p.stem for p in here.rglob("test_*.py")}
     assert stems == set(ORDER), (f"not ordered: {sorted(stems - set(ORDER))}; "
                                  f"stale: {sorted(set(ORDER) - stems)}")
+
+
+@pytest.mark.parametrize("layout", [(8, 8), (8, 2), (8, 1), (8, 2, 2), (6, 3)],
+                         ids=lambda t: "w{}dp{}".format(*t) + (f"cp{t[2]}" if len(t) > 2 else ""))
+def test_lm_head_scatter_moves_one_slot_a_rank(layout):
+    """The cost model's price of scatter_columns: each rank sends (world - 1) blocks of
+    max_slot_rows rows of its columns (the largest CP shard rounded up to attn_tp with CP
+    shards) -- max_slot_rows / global_rows of an all-gather of the columns, 1 / dp in
+    MAX_LEN; explain(plan, vocab=) prints both."""
+    from dpx import Op
+    from dpx.cost import estimate_op
+
+    lay = dpx.DpLayout(*layout)
+    W, rb = lay.world_size, 3 * 2
+    for counts in ([5, 0, 7, 1, 2, 9, 4, 3][:lay.dp_size], [6] * lay.dp_size):
+        for mode in ("max_len", "sum_len", "gatherv"):
+            plan = dpx.plan_step(counts, lay, mode=mode)
+            got = estimate_op(plan, Op.SCATTER_COLUMNS, row_bytes=rb,
+                              cost_model=CostModel()).moved
+            assert got == (W - 1) * plan.max_slot_rows * rb, (counts, mode)
+            if mode == "max_len":
+                assert got * lay.dp_size == (W - 1) * plan.global_rows * rb
+            text = dpx.explain(plan, vocab=3 * W)
+            assert "lm head: vocab" in text and "all-gather of the columns" in text
