@@ -77,18 +77,6 @@ def _hook_active(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-class _Spec:
-    """One specialisation's compiled kernel: its launcher, function and metadata."""
-
-    __slots__ = ("run", "function", "metadata", "consts")
-
-    def __init__(self, compiled, consts: tuple) -> None:
-        self.run = compiled.run
-        self.function = compiled.function
-        self.metadata = compiled.packed_metadata
-        self.consts = consts
-
-
 class Launcher:
     """Direct launches of compiled ``dpx.kernels`` (see the module docstring): one per
     communicator, at most ``max_entries`` kernel handles. ``direct``: the device types

@@ -33,7 +33,7 @@ tensors that are device data) left to call -- what a prepared call runs.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Union
+from typing import Callable, Union
 
 import torch
 
@@ -318,8 +318,6 @@ class TritonPasses(Passes):
 
 def _nothing(*args, **kwargs) -> None:
     return None
-
-
 
 
 def _split(v: Index) -> tuple[int | None, torch.Tensor | None]:

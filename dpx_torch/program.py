@@ -62,7 +62,6 @@ class Host(Protocol):
     def coalesced(self, group: Group, device: torch.device, *, collected: bool = False): ...
 
 
-
 class DeviceTables:
     """Device int32 copies of host tuples (index vectors, chunk tables), per device: least
     recently used first out beyond ``max_entries``. A tuple that a captured graph reads

@@ -172,8 +172,8 @@ class Runner:
                                  wire=wire, dequantize=dequantize, in_place=in_place)
         counts = plan.leaf_counts
         if compiling:
-            variant, values = ScheduleCache(max_templates=1).variant(tkey, counts, in_rows,
-                                                                      out, compiled=False)
+            variant, values = ScheduleCache(max_templates=1).variant(
+                tkey, counts, in_rows, out, compiled=False)
             program, passes, tables = Program(variant), OpPasses(), FreshTables()
         else:
             variant, values = self.schedules.variant(tkey, counts, in_rows, out)
