@@ -86,3 +86,18 @@ def test_host_count_gathers_compile_every_mode(comm1):
         x = torch.randn(5, 6)
         got = _compiled_equals_eager(lambda t: comm1.gather(t, plan, partial=False), x)
         assert torch.equal(got[:3], x[:3])
+
+
+@pytest.mark.parametrize("mode", ["max_len", "sum_len", "gatherv"])
+def test_lm_head_scatter_compiles(comm1, mode):
+    """scatter_columns under torch.compile(fullgraph=True): host counts and a capacity plan
+    with device counts, equal to eager and to the reference scatter."""
+    plan = dpx.plan_step([5], comm1.layout, mode=mode)
+    x = torch.randn(plan.global_rows, 6)
+    got = _compiled_equals_eager(lambda s: comm1.scatter_columns(torch.relu(s), plan), x)
+    assert torch.equal(got, comm1.scatter(torch.relu(x), plan))
+    cap = dpx.plan_step([0], comm1.layout, mode=mode, capacity=8)
+    ct = torch.tensor([3], dtype=torch.int32)
+    x = torch.randn(cap.global_rows, 6)
+    got = _compiled_equals_eager(lambda s, c: comm1.scatter_columns(s, cap, counts=c), x, ct)
+    assert torch.equal(got, comm1.scatter(x, cap, counts=ct))

@@ -86,8 +86,11 @@ def check_cases(ctx, layout_args, cases, *, rest=(5,)) -> int:
         _eq("reduce_scatter", rs, ref_reduce_scatter_rank(globs, plan, r, eff), dtype, case)
         if len(rest) == 1:  # the LM-head scatter: rank s holds columns s of the rows
             cols = comm.scatter_columns(g_in, plan, counts=counts_t)
-            _eq("scatter_columns", cols, ref_scatter_rank(np.concatenate(globs, axis=1), plan,
-                                                          r, eff), dtype, case)
+            want_cols = ref_scatter_rank(np.concatenate(globs, axis=1), plan, r, eff)
+            _eq("scatter_columns", cols, want_cols, dtype, case)
+            prepared = comm.prepare_scatter_columns(g_in, plan, counts=counts_t)
+            _eq("prepare_scatter_columns", prepared(g_in, counts=counts_t), want_cols, dtype,
+                case)
         assert torch.equal(g_in, g_copy), "reduce_scatter / scatter_columns modified its input"
         done += 4
     return done
