@@ -380,11 +380,17 @@ class DpAttention:
 
     def _combine_plan(self, rows: int) -> tuple[DpPlan, torch.Tensor | None]:
         """The plan of this forward's combine: the one its gather used (host or device
-        counts alike) when it has ``rows`` global rows; else from :meth:`set_dp_buffer_len`'s
-        device counts, or its host counts."""
+        counts alike; without its CP shards: the combine gives every CP rank the whole
+        slot, as sglang's does) when it has ``rows`` global rows; else from
+        :meth:`set_dp_buffer_len`'s device counts, or its host counts."""
         last = self._last
         if last is not None and last[3][0].global_rows == rows:
-            return last[3]
+            plan, counts = last[3]
+            if plan.sharded:
+                key = (plan.mode, plan.num_tokens)
+                plan = self._cached(key, lambda: dpx.plan_step(
+                    list(key[1]), self.layout, mode=key[0]))
+            return plan, counts
         if self._global_num_tokens is None and self._global_num_tokens_gpu is not None:
             return self._device_plan(self._mode(None), self._global_num_tokens_gpu)
         return self._scatter_plan(), None

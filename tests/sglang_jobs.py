@@ -293,6 +293,12 @@ def newer_surface(ctx, layout_args) -> dict:
         _same("dp_scatter with cp_shard_counts", res[:plan.slot_rows[d]],
               comm.scatter(glob, plan), (nums, shards))
         assert not res[plan.slot_rows[d]:].any()
+        # the combine gives every CP rank its replica's whole slot, as sglang's does
+        rs = _nan(plan.slot_rows[d])
+        sg.dp_reduce_scatter_tensor(rs, glob)
+        _same("dp_reduce_scatter_tensor after sharded gathers", rs,
+              comm.reduce_scatter(glob, dpx.plan_step(nums, layout, mode=mode.lower())),
+              (nums, shards))
         done += 1
     out["cp_cases"] = done
     nums = [4] * dp
