@@ -128,3 +128,26 @@ def import_jax_triton() -> object | None:
         else:
             os.environ["TRITON_CACHE_DIR"] = before
     return jax_triton
+
+
+def world_plot(lines: Sequence[tuple], path: Path, *, ylabel: str, title: str) -> None:
+    """A log-log plot against the world size: ``lines`` of ``(label, style, alpha, worlds,
+    values)``; a note instead where matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, style, alpha, xs, ys in lines:
+        ax.plot(xs, ys, style, alpha=alpha, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("world size")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

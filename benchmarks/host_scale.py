@@ -29,7 +29,7 @@ import time
 from typing import Callable
 
 import dpx
-from common import out_dir, print_table, write_csv
+from common import out_dir, print_table, world_plot, write_csv
 
 
 def _per_call(fn: Callable[[list[int]], object], steps: list[list[int]]) -> float:
@@ -85,30 +85,17 @@ def measure(world: int, dp: int, *, n: int, rounds: int = 5, seed: int = 0) -> d
 
 
 def _plot(rows: list[dict], path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
-        return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lines = []
     for key, label, style in (("plan_schedules_us", "plan + 2 schedules", "o-"),
                               ("capacity_us", "capacity plan + 2 schedules", "s-"),
                               ("sglang_us", "plan_step, sglang policy", "^--"),
                               ("cost_us", "plan_step, cost policy", "v--")):
         for dp_is_world, alpha in ((True, 1.0), (False, 0.5)):
             pts = [r for r in rows if (r["dp"] == r["world"]) == dp_is_world]
-            ax.plot([r["world"] for r in pts], [r[key] for r in pts], style, alpha=alpha,
-                    label=f"{label} ({'dp = world' if dp_is_world else 'dp = world/8'})")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("world size")
-    ax.set_ylabel("host µs per step (best of 5)")
-    ax.set_title("dpx planning cost per step, new counts every step")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+            lines.append((f"{label} ({'dp = world' if dp_is_world else 'dp = world/8'})",
+                          style, alpha, [r["world"] for r in pts], [r[key] for r in pts]))
+    world_plot(lines, path, ylabel="host µs per step (best of 5)",
+               title="dpx planning cost per step, new counts every step")
 
 
 def main() -> None:

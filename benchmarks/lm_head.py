@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 
 import dpx
-from common import out_dir, print_table, write_csv
+from common import out_dir, print_table, world_plot, write_csv
 from dpx.modes import Op
 
 ITEMSIZE = 2  # bf16
@@ -97,28 +97,15 @@ def gpu_rows(vocab: int, decode: int, prefill: int) -> list[dict]:
 
 
 def _plot(rows: list[dict], path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
-        return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lines = []
     for step, style in (("decode", "o-"), ("prefill", "s--")):
         for eq_world, alpha in ((True, 1.0), (False, 0.5)):
             pts = [r for r in rows if r["step"] == step and r["policy"] == "sglang"
                    and (r["dp"] == r["world"]) == eq_world]
-            ax.plot([r["world"] for r in pts], [r["ratio"] for r in pts], style, alpha=alpha,
-                    label=f"{step}, {'dp = world' if eq_world else 'dp = world/8'}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("world size")
-    ax.set_ylabel("bytes received: scatter_columns / all-gather path")
-    ax.set_title("LM-head scatter, sglang policy's plans")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+            lines.append((f"{step}, {'dp = world' if eq_world else 'dp = world/8'}", style,
+                          alpha, [r["world"] for r in pts], [r["ratio"] for r in pts]))
+    world_plot(lines, path, ylabel="bytes received: scatter_columns / all-gather path",
+               title="LM-head scatter, sglang policy's plans")
 
 
 def main() -> None:

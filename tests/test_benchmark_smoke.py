@@ -82,3 +82,20 @@ def test_serving_wire_bytes_table(tmp_path):
             assert idle == pytest.approx(bf16) if mode == "max_len" else idle < bf16
             if mode == "gatherv" and "attn_tp=1" in lay:
                 assert idle == pytest.approx(bf16 / 2)
+
+
+def test_lm_head_bytes_table(tmp_path):
+    """benchmarks/lm_head.py's bytes table: every row's ratio is the ratio of its two byte
+    counts, 1 / dp in MAX_LEN, and never above 1."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    res = subprocess.run([sys.executable, "lm_head.py", "--vocab", "1024", "--decode", "4",
+                          "--prefill", "64"], cwd=bench, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "OUT": str(tmp_path)})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "lm_head_bytes.csv").open()))
+    assert len(rows) == 4 * 2 * 2 * 2
+    for r in rows:
+        ag, sc = float(r["all_gather_MiB"]), float(r["scatter_columns_MiB"])
+        assert sc <= ag * (1 + 1e-6), r
+        if r["mode"] == "max_len":
+            assert float(r["ratio"]) == pytest.approx(1 / int(r["dp"]), abs=1e-4), r
