@@ -418,7 +418,8 @@ class DpComm:
         prepared = self._prepare_global(op, global_, plan, counts, out)
         if isinstance(prepared, PreparedOp):
             return prepared.run(global_, counts, out)
-        return self._dispatch(prepared, plan, op, counts, global_, out, "global_")
+        return self._dispatch(prepared, plan, op, counts, global_, out,
+                              "shard" if op is Op.SCATTER_COLUMNS else "global_")
 
     def _prepare_global(self, op: Op, global_, plan, counts, out, *,
                         explicit: bool = False) -> PreparedOp | PreparedCall:
@@ -431,7 +432,8 @@ class DpComm:
             prep = self._global_checks(op, global_, plan, counts, out)
         if global_.requires_grad and torch.is_grad_enabled():
             if explicit:
-                raise DpxValueError(f"prepare_{name}: global_ requires grad; a prepared call "
+                arg = "shard" if op is Op.SCATTER_COLUMNS else "global_"
+                raise DpxValueError(f"prepare_{name}: {arg} requires grad; a prepared call "
                                     f"records no autograd graph")
             return prep
         full = (getattr(self, name), plan, {})
