@@ -507,3 +507,27 @@ def test_scatter_columns(layout):
         _check_columns(plan, counts=[rng.randint(0, min(8, cap // lay.dp_size))
                                      for _ in range(lay.dp_size)], seed=k)
     assert columns_fn(plan, True)._cache_size() == 1, "new counts must not recompile"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not jax_gpu_available(), reason="needs a JAX GPU backend")
+@pytest.mark.parametrize("impl", ["triton", "xla"])
+def test_scatter_columns_on_gpu(impl):
+    """The LM-head scatter on the GPU's device (the ragged transport, the Triton pack
+    through jax-triton or its XLA form), host and device counts, every mode, bf16."""
+    lay = dpx.DpLayout(1, 1)
+    mesh = mesh_for(lay)
+    rng = np.random.default_rng(5)
+    for mode in MODES:
+        for cap in (None, 16):
+            plan = dpx.plan_step([5], lay, mode=mode, capacity=cap)
+            n = 3 if cap else 5
+            full = jnp.asarray(rng.standard_normal((plan.global_rows, 96)), jnp.bfloat16)
+            f = jax.jit(jax.shard_map(
+                lambda v, c, plan=plan, cap=cap: dpx_jax.scatter_columns(
+                    v, plan, counts=c if cap else None, impl=impl),
+                mesh=mesh, in_specs=(SPEC, P()), out_specs=SPEC))
+            got = np.asarray(f(full, jnp.asarray([n], jnp.int32)).astype(jnp.float32))
+            want = np.zeros((plan.max_slot_rows, 96), np.float32)
+            want[:n] = np.asarray(full[:n].astype(jnp.float32))
+            np.testing.assert_array_equal(got, want, err_msg=f"{mode} capacity={cap}")
