@@ -95,7 +95,10 @@ def test_validate_makes_every_rank_raise_the_same_error(gloo_worlds):
               "width": "ranks disagree on width: 7 on ranks [0]; 6 on ranks [1, 2, 3]",
               "partial": "ranks disagree on partial",
               "op": "ranks disagree on op: 'reduce_scatter' on ranks [0]; 'gather' on ranks [1, 2, 3]",
-              "replicated": "replica 0's attn-tp ranks [0, 1] hold different rows"}
+              "replicated": "replica 0's attn-tp ranks [0, 1] hold different rows",
+              "columns": "ranks disagree on width: 2 on ranks [0, 1, 3]; 3 on ranks [2]",
+              "columns_op": "ranks disagree on op: 'reduce_scatter' on ranks [0, 2, 3]; "
+                            "'scatter_columns' on ranks [1]"}
     for key, text in expect.items():
         msgs = {r[key] for r in res}
         assert len(msgs) == 1, f"{key}: ranks raised different errors: {msgs}"

@@ -232,9 +232,16 @@ def check_validate(ctx) -> dict:
     out["op"] = _raises(lambda: comm.reduce_scatter(g, plan) if r == 0 else
                         comm.gather(x, plan, partial=True))
     out["replicated"] = _raises(lambda: comm.gather(x + 1 if r == 1 else x, plan, partial=False))
-    # the world is still usable, and a consistent call passes validation
+    out["columns"] = _raises(lambda: comm.scatter_columns(
+        torch.zeros(plan.global_rows, 3 if r == 2 else 2), plan))
+    out["columns_op"] = _raises(lambda: comm.scatter_columns(g, plan) if r == 1 else
+                                comm.reduce_scatter(g, plan))
+    # the world is still usable, and consistent calls pass validation
     got = comm.gather(x, plan, partial=False)
-    out["ok"] = bool(torch.equal(got[:3], x[:3]) and torch.equal(got[4:6], x[:2]))
+    cols = comm.scatter_columns(got[:, r:r + 1].contiguous(), plan)  # rank r: column r
+    full = got[:, :4].contiguous()
+    out["ok"] = bool(torch.equal(got[:3], x[:3]) and torch.equal(got[4:6], x[:2])
+                     and torch.equal(cols, comm.scatter(full, plan)))
     return out
 
 
