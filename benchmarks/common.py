@@ -130,15 +130,24 @@ def import_jax_triton() -> object | None:
     return jax_triton
 
 
-def world_plot(lines: Sequence[tuple], path: Path, *, ylabel: str, title: str) -> None:
-    """A log-log plot against the world size: ``lines`` of ``(label, style, alpha, worlds,
-    values)``; a note instead where matplotlib is not installed."""
+def pyplot():
+    """matplotlib's ``pyplot`` on the file backend, or None (and a note) where matplotlib
+    is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed: no plot")
+        return None
+    return plt
+
+
+def world_plot(lines: Sequence[tuple], path: Path, *, ylabel: str, title: str) -> None:
+    """A log-log plot against the world size: ``lines`` of ``(label, style, alpha, worlds,
+    values)``; a note instead where matplotlib is not installed."""
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, style, alpha, xs, ys in lines:

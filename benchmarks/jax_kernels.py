@@ -54,7 +54,7 @@ import torch
 from jax import lax
 
 import dpx_jax
-from common import import_jax_triton, out_dir, print_table, profiled_us, write_csv
+from common import import_jax_triton, out_dir, print_table, profiled_us, pyplot, write_csv
 from dpx.kernels import launch
 from dpx.kernels import rows as kernels
 from dpx_torch import place_rows
@@ -212,13 +212,8 @@ def _compare_ptx(dump: str, src: torch.Tensor, start: torch.Tensor, count: torch
 
 
 def _plot(rows: list[dict], path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     keys = ["torch_int_us", "torch_dev_us", "jax_triton_us", "jax_xla_us", "jax_dus_us"]
     fig, ax = plt.subplots(figsize=(8, 4.5))

@@ -21,7 +21,7 @@ import argparse
 
 import torch
 
-from common import copy_us, cuda_time_us, out_dir, print_table, write_csv
+from common import copy_us, cuda_time_us, out_dir, print_table, pyplot, write_csv
 from dpx_torch import place_rows, take_rows
 
 
@@ -101,12 +101,8 @@ def main() -> None:
     print(f"CUDA kernel launches in one decode-size place_rows call (profiler): {launches}")
     od = out_dir()
     write_csv(od / "kernels.csv", rows_out)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is not None:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         x = [r["MiB"] for r in rows_out]
         for k in ("place_full", "place_slot", "two_pass", "take_slot"):
@@ -119,8 +115,6 @@ def main() -> None:
         ax.legend()
         fig.tight_layout()
         fig.savefig(od / "kernels.png", dpi=120)
-    except ImportError:
-        print("matplotlib missing: no plot")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import tempfile
 import time
 
 import dpx
-from common import copy_us, out_dir, print_table, write_csv
+from common import copy_us, out_dir, print_table, pyplot, write_csv
 from dpx.cost import CostModel, price
 from dpx.schedule import build_schedule
 from dpx.wire import wire_row_bytes
@@ -146,13 +146,8 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
 
 
 def _plot(quant: list[dict], path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 4.5))
     x = [r["MiB"] for r in quant]

@@ -184,13 +184,13 @@ class CallShape:
     the device, the device tables and the communicator's runner."""
 
     __slots__ = ("rest", "width", "dtype", "device", "out_wire", "out_width", "passes",
-                 "tables", "runner", "wide", "parts", "out_rest")
+                 "tables", "runner", "parts", "out_rest")
 
     def __init__(self, x: torch.Tensor, out_wire: bool, passes: Passes, tables,
                  runner: Host, wide: frozenset = frozenset(), parts: int = 1) -> None:
-        #: whether the input and output are wide (rows of ``parts`` narrow rows side by
-        #: side: the same for every variant of an op; scratch buffers are per variant)
-        self.wide = frozenset(wide & {IN, OUT})
+        #: ``wide``: the variant's wide buffers (rows of ``parts`` narrow rows side by
+        #: side); only whether the input and output are wide is kept here (the same for
+        #: every variant of an op: scratch buffers are per variant)
         self.parts = parts
         rest = tuple(x.shape[1:])
         if IN in wide:  # the narrow buffers' rows: the input's columns over the parts

@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 import dpx
 from dpx_torch import DpComm
+from harness import raised
 from torch_jobs import check_cases
 
 
@@ -77,21 +78,15 @@ def check_mismatched(ctx) -> dict:
     groups = [dist.new_group(r) for r in ([0, 1], [2, 3], [0, 2], [1, 3])]
     out = {}
 
-    def err(fn) -> str:
-        try:
-            fn()
-        except dpx.DpxError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        return "no error"
     foreign = groups[1] if ctx.rank < 2 else groups[0]
     other = groups[2] if ctx.rank % 2 == 0 else groups[3]
-    out["foreign"] = err(lambda: DpComm(lay, attn_tp_group=foreign))
-    out["other"] = err(lambda: DpComm(lay, attn_tp_group=other))
-    out["missing"] = err(lambda: DpComm(lay, cpu_group=dist.group.WORLD))
-    out["cpu"] = err(lambda: DpComm(lay, attn_tp_group=groups[ctx.rank // 2],
+    out["foreign"] = raised(lambda: DpComm(lay, attn_tp_group=foreign))
+    out["other"] = raised(lambda: DpComm(lay, attn_tp_group=other))
+    out["missing"] = raised(lambda: DpComm(lay, cpu_group=dist.group.WORLD))
+    out["cpu"] = raised(lambda: DpComm(lay, attn_tp_group=groups[ctx.rank // 2],
                                     cpu_group=groups[ctx.rank // 2]))
     mesh = init_device_mesh("cpu", (4, 1), mesh_dim_names=("a", "b"))
-    out["mesh"] = err(lambda: DpComm.from_mesh(lay, mesh))
+    out["mesh"] = raised(lambda: DpComm.from_mesh(lay, mesh))
     nccl_like = DpComm(lay, attn_tp_group=groups[ctx.rank // 2])
     out["ok_dp"] = nccl_like.dp_rank
     return out

@@ -137,3 +137,14 @@ class GlooWorld:
         for p in self.procs:
             p.join(timeout=30)
         self.kill()
+
+
+def raised(fn) -> str:
+    """``"<error type>: <message>"`` of the dpx error ``fn()`` raises, or ``"no error"``."""
+    import dpx
+
+    try:
+        fn()
+    except dpx.DpxError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"

@@ -11,6 +11,7 @@ import dpx
 import dpx_torch
 from reference import (dequantize_fp8, local_inputs, quantize_fp8, real_rows,
                        ref_gather)
+from harness import raised
 from torch_jobs import DTYPES, _eq, _plan_of, _t
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -24,14 +25,6 @@ def _bitwise(name: str, got: torch.Tensor, want: torch.Tensor, case) -> None:
         diff = (got.double() - want.double()).abs().max().item() if got.shape == want.shape \
             else "n/a"
         raise AssertionError(f"{name} differs bitwise for case {case}: max abs diff {diff}")
-
-
-def _raises(fn) -> str:
-    try:
-        fn()
-    except dpx.DpxError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"
 
 
 def fp8_reference(plan, locs, partial, dtype, eff):
@@ -89,7 +82,7 @@ def check_serving(ctx, layout_args, cases, *, width: int = 256, kernels: bool = 
             case)
         done += 5
         if plan.mode is dpx.PaddingMode.SUM_LEN:
-            err = _raises(lambda: comm.gather(x, plan, partial=partial, counts=counts_t,
+            err = raised(lambda: comm.gather(x, plan, partial=partial, counts=counts_t,
                                               wire="fp8"))
             assert "copy mode" in err, err
             continue
@@ -130,9 +123,9 @@ def check_exchange_counts(ctx, layout_args, count_sets, shard_sets) -> dict:
         assert got.tolist() == [list(row) for row in table], (got, table)
     checked = ctx.comm(layout, validate=True)
     bad = 5 + (ctx.rank == layout.world_size - 1)
-    errs = {"counts": _raises(lambda: checked.exchange_counts(
+    errs = {"counts": raised(lambda: checked.exchange_counts(
         torch.tensor([bad], dtype=torch.int32))),
-        "dtype": _raises(lambda: comm.exchange_counts(torch.tensor([1], dtype=torch.int64)))}
+        "dtype": raised(lambda: comm.exchange_counts(torch.tensor([1], dtype=torch.int64)))}
     good = checked.exchange_counts(torch.tensor([4], dtype=torch.int32))
     errs["good"] = good.tolist()
     return errs

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import dpx
 import dpx_torch
 import dpx_torch.sglang as sg
+from harness import raised
 from sglang_layer import ForwardBatch
 
 HID = 16
@@ -211,14 +212,6 @@ def layer_matches_dense(ctx, layout_args, steps) -> float:
     return worst
 
 
-def _raised(fn) -> str:
-    try:
-        fn()
-    except dpx.DpxError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"
-
-
 def newer_surface(ctx, layout_args) -> dict:
     """What sglang's module grew since the reference: ``cp_shard_counts`` on the gathers
     and the scatter (equal to the dpx-native calls on a plan with those CP shards; bad
@@ -304,9 +297,9 @@ def newer_surface(ctx, layout_args) -> dict:
     nums = [4] * dp
     fb = ForwardBatch(nums, torch.tensor(nums, dtype=torch.int32), P.SUM_LEN)
     bad = [4] + [0] * (cp - 1) if r == 0 else [0] * (cp - 1) + [4]  # rank 0 disagrees
-    out["disagree"] = _raised(lambda: sg.dp_gather_partial(
+    out["disagree"] = raised(lambda: sg.dp_gather_partial(
         _nan(4 * dp), _rows(1, 4), fb, cp_shard_counts=bad))
-    out["wrong_sum"] = _raised(lambda: sg.dp_scatter(
+    out["wrong_sum"] = raised(lambda: sg.dp_scatter(
         _nan(4), _rows(2, 4 * dp), fb, cp_shard_counts=[1] * cp))
     sg.teardown()
     return out
