@@ -13,7 +13,7 @@ import dpx
 import dpx_torch
 from graphs import capture
 from reference import held, local_inputs, ref_gather
-from serving_jobs import _raises
+from harness import raised
 import torch_jobs
 from torch_jobs import DTYPES, _plan_of, _t
 
@@ -37,11 +37,11 @@ def over_capacity(ctx, layout_args, cases) -> list[dict]:
         x = torch.ones(plan.slot_rows[d], 3, device=dev)
         sentinel = torch.full((plan.global_rows, 3), 7.0, device=dev)
         res = {"case": case}
-        res["gather"] = _raises(lambda: strict.gather(x, plan, partial=True, counts=bad,
+        res["gather"] = raised(lambda: strict.gather(x, plan, partial=True, counts=bad,
                                                        out=sentinel))
         res["untouched"] = bool((sentinel == 7).all())
         glob = torch.ones(plan.global_rows, 3, device=dev)
-        res["reduce_scatter"] = _raises(lambda: strict.reduce_scatter(glob, plan, counts=bad))
+        res["reduce_scatter"] = raised(lambda: strict.reduce_scatter(glob, plan, counts=bad))
         lax.reset_overflow()
         lax.gather(x, plan, partial=False, counts=good)
         lax.reduce_scatter(glob, plan, counts=good)
@@ -65,7 +65,7 @@ def exchange_checks(ctx, layout_args, mine: int, plan_args: dict) -> dict:
     layout = dpx.DpLayout(*layout_args)
     plan = dpx.plan_step(**plan_args, layout=layout)
     n = torch.tensor([mine], dtype=torch.int32)
-    res = {"strict": _raises(lambda: ctx.comm(layout, validate=True).exchange_counts(
+    res = {"strict": raised(lambda: ctx.comm(layout, validate=True).exchange_counts(
         n, plan=plan))}
     lax = ctx.comm(layout)
     lax.reset_overflow()
@@ -83,16 +83,16 @@ def destroyed(ctx) -> dict:
     plan = dpx.plan_step([1] * ctx.world_size, layout)
     ok = comm.gather(torch.ones(1, 2), plan, partial=True).shape[0] == plan.global_rows
     comm.destroy()
-    return dict(ok=ok, gather=_raises(lambda: comm.gather(torch.ones(1, 2), plan, partial=True)),
-                sync=_raises(lambda: comm.sync_counts(1)),
-                exchange=_raises(lambda: comm.exchange_counts(
+    return dict(ok=ok, gather=raised(lambda: comm.gather(torch.ones(1, 2), plan, partial=True)),
+                sync=raised(lambda: comm.sync_counts(1)),
+                exchange=raised(lambda: comm.exchange_counts(
                     torch.ones(1, dtype=torch.int32))))
 
 
 def sync_bad(ctx) -> str:
     """One rank passes a float count: every rank names that rank and its value."""
     comm = ctx.comm(dpx.DpLayout(ctx.world_size, ctx.world_size))
-    return _raises(lambda: comm.sync_counts(2.5 if ctx.rank == 1 else 3))
+    return raised(lambda: comm.sync_counts(2.5 if ctx.rank == 1 else 3))
 
 
 def in_place(ctx, layout_args, cases, *, rest=(4,)) -> int:
@@ -116,7 +116,7 @@ def in_place(ctx, layout_args, cases, *, rest=(4,)) -> int:
         want = comm.gather(x, plan, partial=partial, counts=counts_t)
         if case.get("refused"):
             o = torch.empty_like(want)
-            msg = _raises(lambda: comm.local_slot_for(o, plan, counts=counts_t))
+            msg = raised(lambda: comm.local_slot_for(o, plan, counts=counts_t))
             assert "lie at a place the device counts decide" in msg, msg
             done += 1
             continue
