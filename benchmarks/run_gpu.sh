@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU validation and benchmarks in one go (for a GPU machine with no network):
 #   bash benchmarks/run_gpu.sh [STAGE ...]      (default: every stage)
-# Stages: tests (the GPU-marked tests), sweep (launch sweep), probe (the slot place
-# against its write ceiling), kernels, jax_kernels,
+# Stages: tests (the GPU-marked tests), sweep (launch sweep), fp4 (the fp4 kernels' launch
+# sweep), probe (the slot place against its write ceiling), kernels, jax_kernels,
 # torch_step, serving, soak, rss (process memory per kind of call), lm_head (the LM-head
 # scatter against all-gather + scatter),
 # example (examples/torch_serving.py with CUDA graphs).
@@ -13,7 +13,7 @@ set -uo pipefail
 export OUT="${RESULTS:-benchmarks/out}" XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests kernels jax_kernels torch_step serving soak lm_head example)
+[ ${#stages[@]} -eq 0 ] && stages=(tests kernels jax_kernels torch_step serving fp4 soak lm_head example)
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -n 2
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -27,6 +27,7 @@ if want tests; then
 fi
 cd benchmarks
 want sweep && python3 launch_sweep.py 2>&1 | tee "$OUT/launch_sweep.log"
+want fp4 && python3 fp4_sweep.py 2>&1 | tee "$OUT/fp4_sweep.log"
 want probe && python3 place_probe.py 2>&1 | tee "$OUT/place_probe.log"
 want kernels && python3 kernels.py 2>&1 | tee "$OUT/kernels.log"
 want jax_kernels && python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"

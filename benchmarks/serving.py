@@ -1,16 +1,18 @@
-"""Serving features: bytes on the wire (bf16 vs fp8, from the schedules), and on a GPU the
-fused quantize-and-place kernel, pad-row masking, a three-tensor gather and the device
-count exchange, each against its baseline measured in the same run.
+"""Serving features: bytes on the wire (bf16 vs fp8, nvfp4 and mxfp4, from the schedules), and
+on a GPU the fused quantize-and-place kernels, pad-row masking, a three-tensor gather and the
+device count exchange, each against its baseline measured in the same run.
 
     python benchmarks/serving.py            # the wire-bytes table only (no GPU needed)
     python benchmarks/serving.py --gpu      # plus the GPU tables (one H200: world size 1)
 
 GPU tables (hidden 7168 bf16; device times from one CUDA graph of 50 calls, median of 7):
-  quantize : the fused quantize-and-place pass (reads ``n`` bf16 rows once, writes ``n``
-             fp8 wire rows) vs a device-to-device copy of as many bytes (read + written)
-             and vs two launches (quantize into a scratch, then place the wire rows);
-             and the dequantize of those wire rows back to bf16 vs a copy of its output
-             bytes (``n`` bf16 rows read and written);
+  quantize : per wire (fp8, nvfp4, mxfp4) the fused quantize-and-place pass (reads ``n``
+             bf16 rows once, writes ``n`` wire rows) vs a device-to-device copy of as many
+             bytes (read + written: ``vs_copy``), vs a copy of the input's bytes (``n``
+             bf16 rows read and written: ``vs_input_copy``) and vs two launches (quantize
+             into a scratch, then place the wire rows); and the dequantize of those wire
+             rows back to bf16 vs a copy of its output bytes (``n`` bf16 rows read and
+             written);
   decode   : mask_pad_rows at decode (8 replicas x 32 rows x 8 ids, device counts); a
              three-tensor gather (hidden, top-k ids, top-k weights) vs three gathers, and
              the NCCL collectives each issues (ProcessGroupNCCL's ``nccl:*`` profiler
@@ -37,9 +39,16 @@ H = 7168
 SIZES = (("decode", 32), ("mid", 512), ("prefill", 4096))
 
 
+#: The quantized wires of the tables
+WIRES = ("fp8", "nvfp4", "mxfp4")
+#: nvfp4's global scale in the GPU tables (rows of N(0, 1) values)
+NV_SCALE = 448 * 6 / 5.0
+
+
 def wire_table() -> list[dict]:
-    """Bytes each rank sends in one gather, per mode, bf16 vs fp8 (the slowest rank of the
-    schedules dpx_torch runs; attn-tp 1 and 2, every replica busy or half of them idle)."""
+    """Bytes each rank sends in one gather, per mode, bf16 vs each quantized wire (the
+    slowest rank of the schedules dpx_torch runs; attn-tp 1 and 2, every replica busy or
+    half of them idle)."""
     rows = []
     model = CostModel()
     for world, dp in ((8, 8), (8, 4)):
@@ -50,17 +59,21 @@ def wire_table() -> list[dict]:
                 for mode in ("max_len", "gatherv"):
                     plan = dpx.plan_step(counts, lay, mode=mode)
                     sent = {}
-                    for wire in ("native", "fp8"):
+                    for wire in ("native", *WIRES):
+                        w = dpx.Wire.parse(wire)
                         sent[wire] = max(
                             sum(s.moved for s in price(
-                                build_schedule(plan, "gather", rank=r, partial=True, wire=wire),
+                                build_schedule(plan, "gather", rank=r, partial=True, wire=w),
                                 row_bytes=2 * H, cost_model=model,
-                                wire_row_bytes=wire_row_bytes(H)))
+                                wire_row_bytes=None if wire == "native"
+                                else wire_row_bytes(H, w)))
                             for r in range(world))
-                    rows.append(dict(layout=lay.describe(), size=size, pattern=pattern,
-                                     mode=mode, bf16_MiB=sent["native"] / 2**20,
-                                     fp8_MiB=sent["fp8"] / 2**20,
-                                     fp8_vs_bf16=sent["fp8"] / sent["native"]))
+                    row = dict(layout=lay.describe(), size=size, pattern=pattern, mode=mode,
+                               bf16_MiB=sent["native"] / 2**20)
+                    for wire in WIRES:
+                        row[f"{wire}_MiB"] = sent[wire] / 2**20
+                        row[f"{wire}_vs_bf16"] = sent[wire] / sent["native"]
+                    rows.append(row)
     return rows
 
 
@@ -77,26 +90,32 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"file://{tempfile.mkdtemp()}/rdv", rank=0,
                             world_size=1)
-    wrb = wire_row_bytes(H)
     quant = []
-    for n in (256, 2048, 4096, 8192, 16384):
-        x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(n, wrb, device="cuda", dtype=torch.uint8)
-        tmp = torch.empty_like(out)
-        moved = n * H * 2 + n * wrb
-        t_copy = copy_us(moved)
-        t_fused = cuda_time_us(lambda: kernels.quantize(x, 0, n, out))
-        t_two = cuda_time_us(lambda: (kernels.quantize(x, 0, n, tmp),
-                                      kernels.move(tmp, 0, 0, n, out)))
-        back = torch.empty_like(x)
-        kernels.quantize(x, 0, n, out)
-        t_deq = cuda_time_us(lambda: kernels.dequantize(out, back))
-        t_deq_copy = copy_us(2 * n * H * 2)
-        quant.append(dict(rows=n, MiB=moved / 2**20, fused_us=t_fused, copy_us=t_copy,
-                          two_launch_us=t_two, vs_copy=t_copy / t_fused,
-                          vs_two_launch=t_two / t_fused,
-                          fused_GBs=moved / t_fused / 1e3, dequantize_us=t_deq,
-                          dequantize_vs_copy=t_deq_copy / t_deq))
+    copies: dict = {}
+    for wire in WIRES:
+        w = dpx.Wire.parse(wire)
+        g = NV_SCALE if w is dpx.Wire.NVFP4 else None
+        wrb = wire_row_bytes(H, w)
+        for n in (256, 2048, 3072, 4096, 8192, 16384):
+            x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(n, wrb, device="cuda", dtype=torch.uint8)
+            tmp = torch.empty_like(out)
+            moved = n * H * 2 + n * wrb
+            t_copy = copy_us(moved, copies)
+            t_in_copy = copy_us(2 * n * H * 2, copies)
+            t_fused = cuda_time_us(lambda: kernels.quantize(x, 0, n, out, w, g))
+            t_two = cuda_time_us(lambda: (kernels.quantize(x, 0, n, tmp, w, g),
+                                          kernels.move(tmp, 0, 0, n, out)))
+            back = torch.empty_like(x)
+            kernels.quantize(x, 0, n, out, w, g)
+            t_deq = cuda_time_us(lambda: kernels.dequantize(out, back, w, g))
+            quant.append(dict(wire=wire, rows=n, input_MiB=n * H * 2 / 2**20,
+                              MiB=moved / 2**20, fused_us=t_fused, copy_us=t_copy,
+                              two_launch_us=t_two, vs_copy=t_copy / t_fused,
+                              vs_input_copy=t_in_copy / t_fused,
+                              vs_two_launch=t_two / t_fused,
+                              fused_GBs=moved / t_fused / 1e3, dequantize_us=t_deq,
+                              dequantize_vs_copy=t_in_copy / t_deq))
     comm = DpComm(dpx.DpLayout(1, 1))
     dec = []
     lay8 = dpx.DpLayout(8, 8)
@@ -150,15 +169,20 @@ def _plot(quant: list[dict], path) -> None:
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    x = [r["MiB"] for r in quant]
-    ax.plot(x, [r["vs_copy"] for r in quant], "o-", label="fused / copy ceiling")
-    ax.plot(x, [r["vs_two_launch"] for r in quant], "s-", label="fused vs two launches")
+    for wire in WIRES:
+        rows = [r for r in quant if r["wire"] == wire]
+        x = [r["input_MiB"] for r in rows]
+        ax.plot(x, [r["vs_copy"] for r in rows], "o-", label=f"{wire} fused / copy ceiling")
+        ax.plot(x, [r["vs_two_launch"] for r in rows], "s--",
+                label=f"{wire} fused vs two launches")
+        ax.plot(x, [r["dequantize_vs_copy"] for r in rows], "^:",
+                label=f"{wire} dequantize / copy")
     ax.axhline(0.9, ls=":", c="gray")
     ax.axhline(1.5, ls="--", c="gray")
     ax.set_xscale("log")
-    ax.set_xlabel("MiB read + written")
+    ax.set_xlabel("MiB of bf16 input")
     ax.set_ylabel("speed ratio (same run)")
-    ax.set_title(f"fp8 quantize-and-place, hidden {H} bf16")
+    ax.set_title(f"quantize-and-place and dequantize, hidden {H} bf16")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -170,14 +194,15 @@ def main() -> None:
     args = ap.parse_args()
     od = out_dir()
     wire = wire_table()
-    print_table(wire, ["layout", "size", "pattern", "mode", "bf16_MiB", "fp8_MiB",
-                       "fp8_vs_bf16"])
+    print_table(wire, ["layout", "size", "pattern", "mode", "bf16_MiB",
+                       *(f"{w}_{k}" for w in WIRES for k in ("MiB", "vs_bf16"))])
     write_csv(od / "serving_wire.csv", wire)
     if not args.gpu:
         return
     quant, dec = gpu_tables()
-    print_table(quant, ["rows", "MiB", "fused_us", "copy_us", "two_launch_us", "vs_copy",
-                        "vs_two_launch", "fused_GBs"])
+    print_table(quant, ["wire", "rows", "input_MiB", "fused_us", "copy_us", "two_launch_us",
+                        "vs_copy", "vs_input_copy", "vs_two_launch", "dequantize_us",
+                        "dequantize_vs_copy"])
     print_table(dec, ["what", "us", "baseline", "baseline_us", "ratio"])
     write_csv(od / "serving_quantize.csv", quant)
     write_csv(od / "serving_decode.csv", dec)

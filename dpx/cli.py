@@ -13,6 +13,7 @@ from dpx.errors import DpxError
 from dpx.explain import explain
 from dpx.layout import DpLayout
 from dpx.modes import Wire
+from dpx.wire import FLOAT_DTYPES
 from dpx.planner import plan_step
 
 __all__ = ["build_parser", "main"]
@@ -53,9 +54,8 @@ def _check(args: argparse.Namespace) -> str | None:
     if args.device_counts and args.capacity is None:
         return ("--device-counts prints a capacity plan's schedules for device counts: give "
                 "--capacity N too")
-    floats = ("float32", "bfloat16", "float16")
-    if Wire.parse(args.wire) is Wire.FP8 and args.dtype not in floats:
-        return f"--wire fp8 quantizes float rows; --dtype {args.dtype} is not one"
+    if Wire.parse(args.wire) is not Wire.NATIVE and args.dtype not in FLOAT_DTYPES:
+        return f"--wire {args.wire} quantizes float rows; --dtype {args.dtype} is not one"
     return None
 
 
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-counts", action="store_true",
                    help="with --capacity: the schedules for counts passed as device data")
     p.add_argument("--wire", default="native",
-                   help="native | fp8: the format a gather's rows travel in")
+                   help="native | fp8 | nvfp4 | mxfp4: the format a gather's rows travel in")
     p.add_argument("--hidden", type=int, default=7168, help="elements of a row (pricing)")
     p.add_argument("--vocab", type=int, default=None,
                    help="also price the LM-head scatter of logits of this many columns")

@@ -160,7 +160,7 @@ PRICERS: dict[type[Step], Callable[[Any, _Pricing], StepCost]] = {
 def price(schedule: Schedule, *, row_bytes: int, cost_model: CostModel,
           counts: tuple[int, ...] | None = None,
           wire_row_bytes: int | None = None) -> tuple[StepCost, ...]:
-    """Every step of ``schedule`` priced for ``counts`` (default: the plan's); fp8 wire
+    """Every step of ``schedule`` priced for ``counts`` (default: the plan's); quantized wire
     buffers count ``wire_row_bytes`` a row (default ``row_bytes``)."""
     c = schedule.plan.leaf_counts if counts is None else tuple(counts)
     r = schedule.rank

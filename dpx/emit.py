@@ -19,7 +19,7 @@ from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, Broa
                        CheckCounts, Dequantize, JoinColumns, Move, Pack, Quantize,
                        ReduceScatter, ReduceScatterV, ReduceV, Ref, SplitColumns, Step,
                        Unpack, Zero)
-from dpx.wire import check_fp8_mode
+from dpx.wire import check_wire_mode
 
 __all__ = ["Emitter"]
 
@@ -93,8 +93,8 @@ class Emitter:
         if self.rule is not None:
             self.steps.append(CheckCounts(self.rule))
         op = self.op
-        if self.wire is Wire.FP8:
-            self._check_fp8()
+        if self.quantized:
+            self._check_wire()
         if op in (Op.GATHER, Op.GATHER_SUM):
             {Route.SUM_SLOTS: self.gather_sum_slots, Route.EQUAL_BLOCKS: self.gather_equal,
              Route.BLOCKS_UNPACK: self.gather_unpack, Route.RAGGED: self.gather_ragged,
@@ -116,15 +116,17 @@ class Emitter:
             self.move(Ref(IN), Ref(OUT), self.out_rows, 0, g.rows_start(r.dp, r.cp),
                       g.held(r.dp, r.cp))
 
-    def _check_fp8(self) -> None:
-        check_fp8_mode(self.geo.mode)
+    def _check_wire(self) -> None:
+        check_wire_mode(self.geo.mode, self.wire)
         if self.op is not Op.GATHER:
-            raise DpxValueError(f"wire='fp8' applies to gather, not {self.op.value}")
+            raise DpxValueError(f"wire='{self.wire.value}' applies to gather, not "
+                                f"{self.op.value}")
 
     # ------------------------------------------------------------ shared pieces
     @property
-    def fp8(self) -> bool:
-        return self.wire is Wire.FP8
+    def quantized(self) -> bool:
+        """Whether the rows travel quantized (a wire other than the input's dtype)."""
+        return self.wire is not Wire.NATIVE
 
     def sums_partials(self) -> bool:
         """Whether the rank's rows are partial sums its group must add first."""
@@ -140,7 +142,7 @@ class Emitter:
 
     def produce_chunk(self, dst: Ref | None, dst_rows: Any) -> Ref:
         """This rank's chunk (``B`` rows, ``dst_rows`` kept) written into ``dst`` (None: a
-        scratch chunk, or the input's own view when it is the chunk; fp8: quantized)."""
+        scratch chunk, or the input's own view when it is the chunk; quantized: wire rows)."""
         g, r = self.geo, self.rank
         B = g.block
         start, real = g.own_block(r.dp, r.cp, r.tp)
@@ -154,19 +156,19 @@ class Emitter:
             else:
                 padded = self.buffer("padded", span)
                 self.move(Ref(IN), padded, span, span_start, 0, count)
-            if not self.fp8 and dst is not None and self.known(self.eq(dst_rows, B)):
+            if not self.quantized and dst is not None and self.known(self.eq(dst_rows, B)):
                 self.steps.append(ReduceScatter(group, padded, dst, B))
                 return dst
             chunk = self.buffer("chunk", B)
             self.steps.append(ReduceScatter(group, padded, chunk, B))
-            if not self.fp8 and dst is None:
+            if not self.quantized and dst is None:
                 return chunk
             src, src_start = chunk, 0
-            if not self.fp8:
+            if not self.quantized:
                 if not self.known(self.eq(dst_rows, 0)):
                     self.move(chunk, dst, dst_rows, 0, 0, dst_rows)
                 return dst
-        if self.fp8:
+        if self.quantized:
             dst = dst or self.buffer("wire_chunk", B, wire=True)
             self.steps.append(Quantize(src, dst, dst_rows, src_start, real))
             return dst
@@ -181,14 +183,14 @@ class Emitter:
         return dst
 
     def gathered_out(self) -> Ref:
-        """Where an fp8 gather's world collective writes (``out`` when it keeps wire rows)."""
+        """Where a quantized gather's world collective writes (``out`` when it keeps wire rows)."""
         if self.dequantize:
             return self.buffer("wire_out", self.geo.global_rows, wire=True)
         self.wire_bufs.add(OUT)
         return Ref(OUT)
 
     def finish_gather(self, dst: Ref) -> None:
-        if self.fp8 and self.dequantize:
+        if self.quantized and self.dequantize:
             self.steps.append(Dequantize(dst, Ref(OUT), self.geo.global_rows))
 
     def finish_slot(self, mine: Ref, mine_rows: Any) -> None:
@@ -231,7 +233,7 @@ class Emitter:
     def gather_equal(self) -> None:
         g, r = self.geo, self.rank
         B = g.block
-        if self.fp8:
+        if self.quantized:
             dst = self.gathered_out()
             self.steps.append(AllGather(Group.WORLD, self.produce_chunk(None, B), dst, B))
             self.finish_gather(dst)
@@ -262,11 +264,11 @@ class Emitter:
                               "one pass moves the chunks to their rows (no variable-size "
                               "collective for these counts on this transport)")
         chunk = self.produce_chunk(None, B)
-        gathered = self.buffer("wire_gathered" if self.fp8 else "gathered", X.mul(W, B),
-                               wire=self.fp8)
+        gathered = self.buffer("wire_gathered" if self.quantized else "gathered", X.mul(W, B),
+                               wire=self.quantized)
         self.steps.append(AllGather(Group.WORLD, chunk, gathered, B))
         firsts, lens = g.chunk_table()
-        dst = self.gathered_out() if self.fp8 else Ref(OUT)
+        dst = self.gathered_out() if self.quantized else Ref(OUT)
         self.steps.append(Unpack(gathered, dst, g.global_rows, firsts, lens, B))
         self.finish_gather(dst)
 
@@ -275,7 +277,7 @@ class Emitter:
         B = g.block
         chunk = self.produce_chunk(None, B)
         firsts, lens = g.chunk_table()
-        dst = self.gathered_out() if self.fp8 else Ref(OUT)
+        dst = self.gathered_out() if self.quantized else Ref(OUT)
         self.steps.append(AllGatherV(Group.WORLD, g.global_rows, firsts, lens, B, chunk, dst))
         self.finish_gather(dst)
 
@@ -284,7 +286,7 @@ class Emitter:
         G, B = g.global_rows, g.block
         firsts, lens = g.chunk_table()
         first, length = g.chunk(r.dp, r.cp, r.tp)
-        dst = self.gathered_out() if self.fp8 else Ref(OUT)
+        dst = self.gathered_out() if self.quantized else Ref(OUT)
         # Without shards the chunks tile [0, end) (a capacity plan's buffer may go on past
         # it: a tail of zeros); shards leave gaps (each slot's pad past its shards) unless
         # every shard table fills its slot.

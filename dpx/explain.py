@@ -54,8 +54,8 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
     for op, partial, title in cases:
         in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
         w = wire if op is Op.GATHER else Wire.NATIVE
-        if w is Wire.FP8:
-            title = title.replace(")", ", wire='fp8')")
+        if w is not Wire.NATIVE:
+            title = title.replace(")", f", wire='{w.value}')")
         try:
             sched = build_schedule(plan, op, rank=rank, partial=partial, transport=transport,
                                    device_counts=device_counts, in_rows=in_rows, wire=w)
@@ -63,7 +63,7 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
             out.append(f"  rank {rank} {title}: {exc}")
             continue
         costs = price(sched, row_bytes=row_bytes, cost_model=cost_model,
-                      wire_row_bytes=wire_row_bytes(hidden))
+                      wire_row_bytes=None if w is Wire.NATIVE else wire_row_bytes(hidden, w))
         coll, local, _ = split_costs(costs)
         total = coll + local / cost_model.memory_bandwidth
         out.append(f"  rank {rank} {title}: {len(sched.steps)} steps, est "

@@ -92,7 +92,10 @@ class Transport(_ParsableEnum):
 
 
 class Wire(_ParsableEnum):
-    """The format a gather's rows travel in: the input's dtype, or fp8 (:mod:`dpx.wire`)."""
+    """The format a gather's rows travel in: the input's dtype, or a quantized format
+    (:mod:`dpx.wire`): fp8, NVFP4 or MXFP4."""
 
     NATIVE = "native"
     FP8 = "fp8"
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"

@@ -64,7 +64,7 @@ class Schedule:
         return tuple(sig)
 
     def is_wire(self, buf: str) -> bool:
-        """Whether buffer ``buf`` holds fp8 wire rows (else the input's dtype)."""
+        """Whether buffer ``buf`` holds quantized wire rows (else the input's dtype)."""
         return buf in self.wire_bufs
 
     def is_wide(self, buf: str) -> bool:
@@ -293,6 +293,6 @@ def check_call(plan: DpPlan, op: Op, *, rank: int | None, device_counts: bool, w
             raise DpxValueError("in_place applies to a gather on a known rank")
         if wire is not Wire.NATIVE:
             raise DpxValueError("in_place gathers move the rows in the input's dtype: "
-                                "wire='fp8' gathers from a separate input")
+                                f"wire='{wire.value}' gathers from a separate input")
     if rank is not None:
         check_int("rank", rank)

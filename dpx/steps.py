@@ -1,7 +1,7 @@
 """The step kinds of a schedule: local passes over buffers and collectives.
 
 Buffers: ``"in"`` (the caller's input), ``"out"`` (the result) and named scratch buffers,
-each with the input's trailing shape and dtype except the fp8 *wire* buffers a schedule
+each with the input's trailing shape and dtype except the quantized *wire* buffers a schedule
 names (``wire_row_bytes(H)`` bytes a row, :mod:`dpx.wire`) and, for the LM-head scatter,
 its *wide* buffers: rows of ``world_size`` times a narrow buffer's columns. Row numbers are ints or
 :mod:`dpx.expr` values; ``rows`` of a pass and ``block`` of a chunk table are host-known.
@@ -140,14 +140,14 @@ class Zero(Step):
 
 @dataclass(eq=False, slots=True)
 class Quantize(Step):
-    """``dst[j] = fp8_wire(src[start + j])`` for ``j < count``, zero bytes to ``rows``."""
+    """``dst[j] = wire(src[start + j])`` for ``j < count``, zero bytes to ``rows``."""
 
     src: Ref
     dst: Ref
     rows: Any
     start: Any
     count: Any
-    text = "quantize {src}[{start} : +{count}] -> {dst}[{rows} fp8 rows], zero rows after"
+    text = "quantize {src}[{start} : +{count}] -> {dst}[{rows} wire rows], zero rows after"
 
 
 @dataclass(eq=False, slots=True)
@@ -157,7 +157,7 @@ class Dequantize(Step):
     src: Ref
     dst: Ref
     rows: Any
-    text = "dequantize {src}[{rows} fp8 rows] -> {dst}"
+    text = "dequantize {src}[{rows} wire rows] -> {dst}"
 
 
 @dataclass(eq=False, slots=True)

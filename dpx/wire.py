@@ -1,57 +1,130 @@
-"""The fp8 wire format of ``gather(..., wire="fp8")``: one definition for both frontends
-(docs/semantics.md, "fp8 wire", says it in full).
+"""The quantized wire formats of ``gather(..., wire=...)``: one definition for both frontends
+(docs/semantics.md, "Quantized wires", says them in full).
 
-A row of ``H`` elements (``H % GROUP == 0``) travels as ``wire_row_bytes(H)`` bytes: ``H``
-float8_e4m3fn payload bytes, then one little-endian float32 scale per group of ``GROUP``::
+A row of ``H`` elements travels as ``wire_row_bytes(H, wire)`` bytes: the payload, then one
+scale per block of ``block(wire)`` elements.
+
+``fp8`` (``H % 128 == 0``): ``H`` float8_e4m3fn bytes, then one little-endian float32 scale
+per group of 128::
 
     scale   = max(amax(|finite x|), EPS) / FP8_MAX        (IEEE division)
     payload = float8_e4m3fn(clamp(x / scale, -FP8_MAX, FP8_MAX))   (nearest even)
     x'      = float32(payload) * scale, rounded to the output dtype
 
-A non-finite element travels as ``NAN_CODE`` and arrives as the dtype's quiet NaN; rows
-that are not real rows are zero bytes (exact zeros). Copy modes only (MAX_LEN, GATHERV).
+A non-finite element travels as ``NAN_CODE`` and arrives as the dtype's quiet NaN.
+
+``nvfp4`` (``H % 16 == 0``; a global scale ``g``, the caller's ``wire_scale``) and
+``mxfp4`` (``H % 32 == 0``): ``H / 2`` payload bytes of two e2m1 codes (element ``2k`` in
+the low nibble of byte ``k``), then one scale byte per block::
+
+    nvfp4:  s = e4m3(amax(|x|) * g / 6)            (IEEE, nearest even, saturating at 448)
+            code = e2m1((x * g) / s)  (all 0 when s == 0);   x' = e2m1 * s / g
+    mxfp4:  E = clamp(floor(log2(amax(|x|))) - 2, -127, 127);  byte E + 127
+            code = e2m1(x / 2**E);                            x' = e2m1 * 2**E
+
+e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7), nearest with ties to the even code,
+saturating at 6; bit 3 is the element's sign bit. A block holding a NaN travels as the scale
+byte ``FP4_NAN_SCALE[wire]`` and zero codes and arrives as NaN. Rows that are not real rows
+are zero bytes (exact zeros). Copy modes only (MAX_LEN, GATHERV).
 """
 
 from __future__ import annotations
 
-from dpx.errors import DpxTypeError, DpxValueError
-from dpx.modes import PaddingMode
+import math
+import struct
 
-__all__ = ["check_fp8", "check_fp8_mode", "EPS", "FLOAT_DTYPES", "FP8_MAX", "GROUP", "NAN_CODE",
-           "wire_row_bytes"]
+from dpx.errors import DpxTypeError, DpxValueError
+from dpx.modes import PaddingMode, Wire
+
+__all__ = ["block", "check_wire", "check_wire_mode", "check_wire_scale", "EPS", "FLOAT_DTYPES",
+           "FP4_NAN_SCALE", "FP8_MAX", "GROUP", "NAN_CODE", "payload_bytes", "SCALE_RANGE",
+           "width_of", "wire_row_bytes"]
 
 GROUP = 128
 FP8_MAX = 448.0
 EPS = 1e-10
 #: The e4m3fn NaN code (exponent and mantissa all ones) of every non-finite element.
 NAN_CODE = 0x7F
-#: Input dtypes the fp8 wire quantizes (by name, as both frontends spell them).
+#: Input dtypes the quantized wires take (by name, as both frontends spell them).
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+#: The scale byte of an fp4 block that holds a NaN (e4m3's NaN; E8M0's NaN).
+FP4_NAN_SCALE = {Wire.NVFP4: 0x7F, Wire.MXFP4: 0xFF}
+#: The nvfp4 global scale's range (both ends included): the dequantize's division by ``g``
+#: then neither overflows nor underflows, so every implementation gives the same bits.
+SCALE_RANGE = (2.0 ** -64, 2.0 ** 64)
+
+#: Elements per scale, by wire.
+_BLOCK = {Wire.FP8: GROUP, Wire.NVFP4: 16, Wire.MXFP4: 32}
 
 
-def wire_row_bytes(width: int) -> int:
-    """Bytes of one token row of ``width`` elements on the fp8 wire."""
-    return width + 4 * (width // GROUP)
+def block(wire: Wire) -> int:
+    """Elements per scale of a quantized ``wire``."""
+    return _BLOCK[wire]
 
 
-def check_fp8_mode(mode: PaddingMode) -> None:
-    """An fp8 gather needs a copy mode: a sum cannot run on fp8."""
+def payload_bytes(width: int, wire: Wire = Wire.FP8) -> int:
+    """Payload bytes of one row of ``width`` elements (the scales follow)."""
+    return width if wire is Wire.FP8 else width // 2
+
+
+def wire_row_bytes(width: int, wire: Wire = Wire.FP8) -> int:
+    """Bytes of one token row of ``width`` elements on ``wire``."""
+    scale = 4 if wire is Wire.FP8 else 1
+    return payload_bytes(width, wire) + scale * (width // _BLOCK[wire])
+
+
+def width_of(row_bytes: int, wire: Wire = Wire.FP8) -> int:
+    """The row width ``H`` whose wire rows are ``row_bytes`` bytes (the inverse of
+    :func:`wire_row_bytes`)."""
+    b = _BLOCK[wire]
+    return row_bytes * b // wire_row_bytes(b, wire)
+
+
+def check_wire_mode(mode: PaddingMode, wire: Wire = Wire.FP8) -> None:
+    """A quantized gather needs a copy mode: a sum cannot run on quantized rows."""
     if mode is PaddingMode.SUM_LEN:
-        raise DpxValueError("wire='fp8' needs a copy mode (max_len or gatherv): sum_len "
-                            "adds the slots in an all-reduce, and a sum cannot run on fp8")
+        raise DpxValueError(f"wire='{wire.value}' needs a copy mode (max_len or gatherv): "
+                            f"sum_len adds the slots in an all-reduce, and a sum cannot run "
+                            f"on {wire.value}")
 
 
-def check_fp8(mode: PaddingMode, shape: tuple, dtype_name: str, name: str = "local") -> None:
-    """The rules of an fp8 gather (raised before any collective, alike on every rank for
-    the shared ``mode``): a copy mode, a float input of shape ``[rows, H]``, ``H % 128 ==
-    0``."""
-    check_fp8_mode(mode)
+def check_wire_scale(wire: Wire, scale: object) -> float | None:
+    """The global scale of a ``wire`` gather, rounded to float32 (what every implementation
+    multiplies and divides by): nvfp4 needs a positive float whose float32 lies in
+    :data:`SCALE_RANGE`, the same on every rank; other wires take none (None)."""
+    if wire is not Wire.NVFP4:
+        if scale is not None:
+            raise DpxValueError(f"wire_scale applies to wire='nvfp4', not wire="
+                                f"'{wire.value}'")
+        return None
+    if scale is None:
+        raise DpxValueError("wire='nvfp4' needs wire_scale=: the global scale g (the "
+                            "checkpoint's input scale, a positive float, the same on every "
+                            "rank)")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise DpxTypeError(f"wire_scale must be a Python float, got {type(scale).__name__}")
+    lo, hi = SCALE_RANGE
+    g = struct.unpack("f", struct.pack("f", scale))[0] if 0 < scale < 2 * hi else scale
+    if not (math.isfinite(g) and lo <= g <= hi):
+        raise DpxValueError(f"wire_scale={scale!r}: nvfp4's global scale must be a positive "
+                            f"float in [2**-64, 2**64]")
+    return g
+
+
+def check_wire(wire: Wire, mode: PaddingMode, shape: tuple, dtype_name: str,
+               name: str = "local") -> None:
+    """The rules of a quantized gather (raised before any collective, alike on every rank
+    for the shared ``mode``): a copy mode, a float input of shape ``[rows, H]``, ``H`` a
+    positive multiple of the wire's block."""
+    check_wire_mode(mode, wire)
+    w = wire.value
     if dtype_name not in FLOAT_DTYPES:
-        raise DpxTypeError(f"wire='fp8' quantizes {', '.join(FLOAT_DTYPES)}; {name} has "
+        raise DpxTypeError(f"wire='{w}' quantizes {', '.join(FLOAT_DTYPES)}; {name} has "
                            f"dtype {dtype_name}")
     if len(shape) != 2:
-        raise DpxValueError(f"wire='fp8' needs {name} of shape [rows, H]; got "
+        raise DpxValueError(f"wire='{w}' needs {name} of shape [rows, H]; got "
                             f"{tuple(shape)}")
-    if shape[1] % GROUP or shape[1] == 0:
-        raise DpxValueError(f"wire='fp8' quantizes groups of {GROUP} elements: H="
-                            f"{shape[1]} must be a positive multiple of {GROUP}")
+    b = _BLOCK[wire]
+    if shape[1] % b or shape[1] == 0:
+        raise DpxValueError(f"wire='{w}' quantizes blocks of {b} elements: H="
+                            f"{shape[1]} must be a positive multiple of {b}")

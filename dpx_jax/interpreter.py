@@ -104,8 +104,9 @@ class _Run:
     """One program's buffers and evaluated values."""
 
     def __init__(self, sched: Schedule, x: jax.Array, counts: jax.Array | None, impl: Impl,
-                 axes: Axes = DEFAULT_AXES):
+                 axes: Axes = DEFAULT_AXES, wire_scale: float | None = None):
         self.sched, self.impl, self.axes = sched, impl, axes
+        self.wire, self.wire_scale = sched.wire, wire_scale
         self.rest, self.dtype = x.shape[1:], x.dtype
         self.parts = sched.plan.layout.world_size
         if sched.is_wide(IN):  # narrow rows: the input's columns over the parts
@@ -137,7 +138,7 @@ class _Run:
 
     def zeros(self, rows: int, buf: str = IN) -> jax.Array:
         if self.sched.is_wire(buf):
-            return jnp.zeros((rows, wire_row_bytes(self.rest[0])), jnp.uint8)
+            return jnp.zeros((rows, wire_row_bytes(self.rest[0], self.wire)), jnp.uint8)
         if self.sched.is_wide(buf):
             return jnp.zeros((rows, self.parts * self.rest[0]), self.dtype)
         return jnp.zeros((rows, *self.rest), self.dtype)
@@ -169,11 +170,12 @@ def _move(s: Move, run: _Run) -> None:
 
 def _quantize(s: Quantize, run: _Run) -> None:
     run.write(s.dst, quantize_take(run.read(s.src), run.value(s.start), run.value(s.count),
-                                   s.rows, run.impl))
+                                   s.rows, run.impl, run.wire, run.wire_scale))
 
 
 def _dequantize(s: Dequantize, run: _Run) -> None:
-    run.write(s.dst, dequantize(run.read(s.src), run.dtype, run.impl))
+    run.write(s.dst, dequantize(run.read(s.src), run.dtype, run.impl, run.wire,
+                                run.wire_scale))
 
 
 def _zero(s: Zero, run: _Run) -> None:
@@ -294,10 +296,11 @@ HANDLERS: dict[type[Step], Callable[[Any, _Run], None]] = {
 
 
 def run_schedule(sched: Schedule, x: jax.Array, counts: jax.Array | None,
-                 impl: Impl, axes: Axes = DEFAULT_AXES) -> jax.Array:
+                 impl: Impl, axes: Axes = DEFAULT_AXES,
+                 wire_scale: float | None = None) -> jax.Array:
     """``sched`` on this device's ``x`` (``"in"``); returns ``"out"``. ``axes`` names the
-    mesh axes of the layout's dimensions."""
-    run = _Run(sched, x, counts, impl, axes)
+    mesh axes of the layout's dimensions; ``wire_scale``: nvfp4's global scale."""
+    run = _Run(sched, x, counts, impl, axes, wire_scale)
     for step in sched.steps:
         handler = HANDLERS.get(type(step))
         if handler is None:

@@ -59,6 +59,7 @@ class _Spec:
     wire: Wire = Wire.NATIVE
     dequantize: bool = True
     axes: Axes = DEFAULT_AXES
+    wire_scale: float | None = None
 
     def schedule(self):
         return build_schedule(self.plan, self.op, rank=None, partial=self.partial,
@@ -68,8 +69,9 @@ class _Spec:
 
     def adjoint(self) -> "_Spec":
         if self.wire is not Wire.NATIVE:
-            raise DpxValueError("gather(wire='fp8') has no gradient (fp8 rounding); gather "
-                                "in the native dtype to differentiate")
+            raise DpxValueError(f"gather(wire='{self.wire.value}') has no gradient "
+                                f"({self.wire.value} rounding); gather in the native dtype to "
+                                f"differentiate")
         return _Spec(self.plan, self.op.adjoint, True, self.device_counts, self.transport,
                      self.impl, self.out_rows, self.in_rows, axes=self.axes)
 
@@ -79,8 +81,8 @@ def _run(x: jax.Array, counts: jax.Array | None, spec: _Spec) -> jax.Array:
     # Typed as varying over the whole world: each device's output has its own cotangent,
     # which is what the adjoint schedule expects (an invariant output's cotangent would
     # arrive already summed over the devices).
-    return vary_over(run_schedule(spec.schedule(), x, counts, spec.impl, spec.axes),
-                     spec.axes.world)
+    return vary_over(run_schedule(spec.schedule(), x, counts, spec.impl, spec.axes,
+                                  spec.wire_scale), spec.axes.world)
 
 
 def _run_fwd(x, counts, spec):
@@ -142,13 +144,13 @@ def _axes(axes: object) -> Axes:
 
 def _call(x, plan: DpPlan, op: Op, partial: bool, c: jax.Array | None, impl,
           out_rows: int, wire: Wire = Wire.NATIVE, dequantize: bool = True,
-          axes: Axes = DEFAULT_AXES) -> jax.Array:
+          axes: Axes = DEFAULT_AXES, wire_scale: float | None = None) -> jax.Array:
     impl = resolve_impl(impl)
     axes = _axes(axes)
     axes.check(plan.layout)
     transport = Transport.RAGGED if on_gpu() else Transport.EQUAL
     spec = _Spec(plan, op, partial, c is not None, transport, impl, x.shape[0], out_rows,
-                 wire, dequantize or wire is Wire.NATIVE, axes)
+                 wire, dequantize or wire is Wire.NATIVE, axes, wire_scale)
     return _run(x, c, spec)
 
 
@@ -158,7 +160,7 @@ def _is_array(x) -> bool:
 
 def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
            impl: Impl | str = Impl.AUTO, wire: Wire | str = Wire.NATIVE,
-           dequantize: bool = True, axes: Axes = DEFAULT_AXES):
+           dequantize: bool = True, axes: Axes = DEFAULT_AXES, wire_scale=None):
     """Per device ``local [>= rows, H...] -> [plan.global_rows, H...]`` (see module doc).
 
     Slot d row ``j < n_d`` holds the sum over replica d's attn-tp ranks of ``local[j]``
@@ -167,13 +169,16 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
     gradient (``reduce_scatter`` of the cotangent): the adjoint of the partial sum, and
     the gradient of the one replicated value.
 
-    ``wire="fp8"`` (MAX_LEN / GATHERV plans, float ``[rows, H]``, ``H % 128 == 0``): the
-    world collective moves fp8 wire rows (:mod:`dpx.wire`); the result is dequantized to
-    ``local``'s dtype, or with ``dequantize=False`` is ``(payload [global_rows, H]
-    float8_e4m3fn, scales [global_rows, H/128] float32)``. Not differentiable.
+    ``wire="fp8"`` / ``"nvfp4"`` / ``"mxfp4"`` (MAX_LEN / GATHERV plans, float ``[rows,
+    H]``, ``H`` a multiple of 128 / 16 / 32; nvfp4 takes the global scale ``wire_scale=g``,
+    a Python float): the world collective moves quantized wire rows (:mod:`dpx.wire`); the
+    result is dequantized to ``local``'s dtype, or with ``dequantize=False`` is ``(payload,
+    scales)``: fp8 ``(float8_e4m3fn [global_rows, H], float32 [global_rows, H/128])``, fp4
+    ``(uint8 [global_rows, H/2], uint8 [global_rows, H/16 or H/32])``. Not differentiable.
 
-    ``local`` may be any pytree of arrays: ``partial`` (and ``wire``) is then a matching
-    pytree of flags, or one flag for every leaf; the result has ``local``'s structure.
+    ``local`` may be any pytree of arrays: ``partial`` (and ``wire``, ``wire_scale``) is
+    then a matching pytree, or one value for every leaf (one ``wire_scale`` applies to the
+    nvfp4 leaves); the result has ``local``'s structure.
 
     ``axes`` (every op takes it) names the caller's mesh axes of the dp, cp and tp
     dimensions (:class:`dpx_jax.Axes`); other mesh axes are outside the DP-attention group.
@@ -182,22 +187,27 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
         leaves, tree = jax.tree.flatten(local)
         flags = [_per_leaf(name, v, tree, len(leaves))
                  for name, v in (("partial", partial), ("wire", wire))]
+        if wire_scale is None or isinstance(wire_scale, (int, float)):
+            scales = [wire_scale if Wire.parse(w) is Wire.NVFP4 else None for w in flags[1]]
+        else:
+            scales = _per_leaf("wire_scale", wire_scale, tree, len(leaves))
         return jax.tree.unflatten(tree, [
             gather(x, plan, partial=p, counts=counts, impl=impl, wire=w, dequantize=dequantize,
-                   axes=axes)
-            for x, p, w in zip(leaves, *flags)])
+                   axes=axes, wire_scale=g)
+            for x, p, w, g in zip(leaves, *flags, scales)])
     if not isinstance(partial, bool):
         raise DpxTypeError(f"partial={partial!r} must be a bool")
     wire = Wire.parse(wire)
     _check_plan(plan)
+    g = W.check_wire_scale(wire, wire_scale)
     if wire is not Wire.NATIVE:
-        W.check_fp8(plan.mode, tuple(local.shape), jnp.dtype(local.dtype).name)
+        W.check_wire(wire, plan.mode, tuple(local.shape), jnp.dtype(local.dtype).name)
     c = _counts(plan, counts)
     _check_rows("local", local, op_rows(plan, Op.GATHER, None, device_counts=c is not None).need,
                 exact=False)
     out = _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows, wire, dequantize,
-                axes)
-    return split_wire(out) if wire is not Wire.NATIVE and not dequantize else out
+                axes, g)
+    return split_wire(out, wire) if wire is not Wire.NATIVE and not dequantize else out
 
 
 def _per_leaf(name: str, value, tree, n: int) -> list:

@@ -1,21 +1,26 @@
-"""The fp8 wire format (:mod:`dpx.wire`) for JAX: quantize rows while taking them into wire
-rows, and dequantize wire rows. On GPU with jax-triton: the ``dpx.kernels.wire`` Triton
-kernels (the ones ``dpx_torch`` runs); elsewhere an XLA implementation of the same
-definition (IEEE-rounded divisions and round-to-nearest-even conversions, written with
-integer operations so that every XLA backend gives the kernels' bits).
+"""The quantized wire formats (:mod:`dpx.wire`) for JAX: quantize rows while taking them into
+wire rows, and dequantize wire rows. On GPU with jax-triton: the ``dpx.kernels.wire`` and
+``dpx.kernels.fp4`` Triton kernels (the ones ``dpx_torch`` runs); elsewhere an XLA
+implementation of the same definition (IEEE-rounded divisions and round-to-nearest-even
+conversions, written with integer operations so that every XLA backend gives the kernels'
+bits).
 
-``quantize_take(src [m, H], start, count, rows) -> uint8 [rows, wire_row_bytes(H)]``
-``dequantize(src uint8 [rows, wire_row_bytes(H)], dtype) -> [rows, H] dtype``
-``split_wire(buf) -> (payload float8_e4m3fn [rows, H], scales float32 [rows, H/128])``
+``quantize_take(src [m, H], start, count, rows, impl, wire, g) -> uint8 [rows,
+wire_row_bytes(H, wire)]``
+``dequantize(src uint8 [rows, wire_row_bytes(H, wire)], dtype, impl, wire, g) -> [rows, H]``
+``split_wire(buf, wire)``: fp8 ``(payload float8_e4m3fn [rows, H], scales float32 [rows,
+H/128])``; fp4 ``(payload uint8 [rows, H/2], scales uint8 [rows, H/16 or H/32])``.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from dpx import wire as W
+from dpx.modes import Wire
 from dpx_jax.rows import Impl, _index, _take_xla, vary_like
 
 __all__ = ["dequantize", "quantize_take", "split_wire"]
@@ -108,8 +113,11 @@ def _dequantize_xla(src, dtype):
     return lax.bitcast_convert_type(u, dtype)
 
 
-def quantize_take(src, start, count, rows: int, impl: Impl):
+def quantize_take(src, start, count, rows: int, impl: Impl, wire: Wire = Wire.FP8,
+                  g: float | None = None):
     start, count = _index("start", start), _index("count", count)
+    if wire is not Wire.FP8:
+        return _quantize_fp4(src, start, count, rows, impl, wire, g)
     h = src.shape[1]
     rb = W.wire_row_bytes(h)
     if impl is not Impl.TRITON or rows == 0:
@@ -127,7 +135,9 @@ def quantize_take(src, start, count, rows: int, impl: Impl):
     return vary_like(out, src, start, count)
 
 
-def dequantize(src, dtype, impl: Impl):
+def dequantize(src, dtype, impl: Impl, wire: Wire = Wire.FP8, g: float | None = None):
+    if wire is not Wire.FP8:
+        return _dequantize_fp4(src, dtype, impl, wire, g)
     rows, h = src.shape[0], _width_of(src.shape[1])
     if impl is not Impl.TRITON or rows == 0:
         return _dequantize_xla(src, dtype)
@@ -142,9 +152,170 @@ def dequantize(src, dtype, impl: Impl):
     return vary_like(out, src)
 
 
-def split_wire(buf):
-    """``(payload float8_e4m3fn [rows, H], scales float32 [rows, H/128])`` of wire rows."""
+def split_wire(buf, wire: Wire = Wire.FP8):
+    """``(payload, scales)`` of wire rows (see the module docstring)."""
+    if wire is not Wire.FP8:
+        p = W.payload_bytes(W.width_of(buf.shape[1], wire), wire)
+        return buf[:, :p], buf[:, p:]
     rows, h = buf.shape[0], _width_of(buf.shape[1])
     payload = lax.bitcast_convert_type(buf[:, :h], jnp.float8_e4m3fn)
     scales = lax.bitcast_convert_type(buf[:, h:].reshape(rows, -1, 4), jnp.float32)
     return payload, scales
+
+
+# ---------------------------------------------------------------- fp4 (nvfp4, mxfp4)
+def _u32(x):
+    return lax.bitcast_convert_type(x, jnp.int32)
+
+
+def _f32(bits):
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _scaled_bits(mant: int, e):
+    """float32 bits of ``(1 + mant / 2**23) * 2**e`` (int32 ``e``; ``mant`` with its low 21
+    bits zero): exact, subnormal by a shift, infinity past the range."""
+    b = e + 127
+    sub = jnp.right_shift(jnp.int32(0x800000 | mant), jnp.clip(1 - b, 0, 31))
+    return jnp.where(b >= 255, 0x7F800000, jnp.where(b >= 1, (b << 23) | mant, sub))
+
+
+def _e2m1_of_bits(qb):
+    """e2m1 magnitude codes of float32 magnitude bits ``qb`` (NaN counts as infinity)."""
+    qb = jnp.minimum(qb & 0x7FFFFFFF, 0x7F800000)
+    q = _f32(qb)
+    big = jnp.minimum(((qb + 0x1FFFFF + ((qb >> 22) & 1)) >> 22) - 252, 7)
+    small = (q > 0.25).astype(jnp.int32) + (q >= 0.75).astype(jnp.int32)
+    return jnp.where(qb < 0x3F800000, small, big)
+
+
+def _e4m3_scale(sv):
+    """e4m3 code (int32) and value of ``sv >= 0``: nearest even, saturating at 448."""
+    a = jnp.minimum(sv, jnp.float32(448))
+    u = _u32(a)
+    normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
+    sub = lax.round(a * 512.0, lax.RoundingMethod.TO_NEAREST_EVEN).astype(jnp.int32)
+    code = jnp.where(a < 0.015625, sub, normal)
+    return code, _e4m3_value(code)
+
+
+def _e4m3_value(code):
+    e, m = (code >> 3) & 15, code & 7
+    return jnp.where(e == 0, m.astype(jnp.float32) * jnp.float32(0.001953125),
+                     _f32(((e + 120) << 23) | (m << 20)))
+
+
+def _quantize_fp4_xla(src, start, count, rows: int, wire: Wire, g):
+    h = src.shape[1]
+    gs = W.block(wire)
+    x = _take_xla(src, start, count, rows).astype(jnp.float32).reshape(rows, h // gs, gs)
+    real = jnp.arange(rows, dtype=jnp.int32) < count
+    ux = _u32(x)
+    sign = (ux >> 31) & 1
+    ab = ux & 0x7FFFFFFF
+    isnan = ab > 0x7F800000
+    nan_blk = jnp.any(isnan, axis=-1)
+    amax_b = jnp.max(jnp.where(isnan, 0, ab), axis=-1)
+    if wire is Wire.NVFP4:
+        g32 = jnp.float32(g)
+        prod = _f32(amax_b) * g32
+        finite = prod < jnp.inf
+        sv = jnp.where(finite, _div_rn(jnp.where(finite, prod, 0), jnp.float32(6)), prod)
+        s_code, s = _e4m3_scale(sv)
+        s_safe = jnp.where(s_code == 0, jnp.float32(1), s)[..., None]
+        p = _f32(ab) * g32
+        pf = p < jnp.inf
+        q = jnp.where(pf, _div_rn(jnp.where(pf, p, 0), s_safe), jnp.inf)
+        mag = _e2m1_of_bits(_u32(q))
+        zero = (s_code == 0) | nan_blk
+        scale = jnp.where(nan_blk, W.FP4_NAN_SCALE[wire], s_code)
+    else:
+        ea = amax_b >> 23
+        e = jnp.where(ea == 255, 127, jnp.maximum(ea - 129, -127))[..., None]
+        mag = jnp.zeros(ab.shape, jnp.int32)
+        # (mantissa, exponent of t, at-or-above) of each threshold t: 0.25, 0.75, 1.25,
+        # 1.75, 2.5, 3.5, 5 (ties to the even code)
+        for mant, k, at in ((0, -2, False), (0x400000, -1, True), (0x200000, 0, False),
+                            (0x600000, 0, True), (0x200000, 1, False), (0x600000, 1, True),
+                            (0x200000, 2, False)):
+            t = _scaled_bits(mant, e + k)
+            mag += (ab >= t if at else ab > jnp.minimum(t, 0x7F7FFFFF)).astype(jnp.int32)
+        zero = nan_blk
+        scale = jnp.where(nan_blk, W.FP4_NAN_SCALE[wire], e[..., 0] + 127)
+    code = jnp.where(zero[..., None], 0, mag | (sign << 3)).reshape(rows, h // 2, 2)
+    payload = (code[..., 0] | (code[..., 1] << 4)).astype(jnp.uint8)
+    scale = jnp.where(real[:, None], scale, 0).astype(jnp.uint8)
+    return jnp.concatenate([payload, scale], axis=1)
+
+
+def _dequantize_fp4_xla(src, dtype, wire: Wire, g):
+    rows = src.shape[0]
+    h = W.width_of(src.shape[1], wire)
+    gs = W.block(wire)
+    byte = src[:, :h // 2].astype(jnp.int32)
+    c = jnp.stack([byte & 15, byte >> 4], axis=-1).reshape(rows, h // gs, gs)
+    sb = src[:, h // 2:].astype(jnp.int32)[..., None]
+    m, sign = c & 7, c >> 3
+    if wire is Wire.NVFP4:
+        nan = (sb & 0x7F) == 0x7F
+        em = jnp.where(m < 2, m.astype(jnp.float32) * 0.5,
+                       _f32((((m >> 1) + 126) << 23) | ((m & 1) << 22)))
+        yb = _u32(_div_rn(em * _e4m3_value(sb), jnp.float32(g)))
+    else:
+        nan = sb == 0xFF
+        mant = jnp.where(m >= 2, (m & 1) << 22, 0)
+        b = sb - 127 + (m >> 1) + 126
+        sub = jnp.right_shift(0x800000 | mant, jnp.clip(1 - b, 0, 31))
+        yb = jnp.where(b >= 255, 0x7F800000, jnp.where(b >= 1, (b << 23) | mant, sub))
+        yb = jnp.where(m == 0, 0, yb)
+    yb = (yb | (sign << 31)).reshape(rows, h)
+    nan = jnp.broadcast_to(nan, c.shape).reshape(rows, h)
+    dt = jnp.dtype(dtype)
+    if dt == jnp.float32:
+        return _f32(jnp.where(nan, 0x7FC00000, yb))
+    if dt == jnp.bfloat16:   # round to nearest even, by bits
+        u = yb & 0x7FFFFFFF
+        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) | ((yb >> 31 & 1) << 15)
+        r = jnp.where(nan, 0x7FC0, r).astype(jnp.uint16)
+        return lax.bitcast_convert_type(r, jnp.bfloat16)
+    h16 = lax.bitcast_convert_type(_f32(yb).astype(jnp.float16), jnp.uint16)
+    return lax.bitcast_convert_type(jnp.where(nan, jnp.uint16(0x7E00), h16), jnp.float16)
+
+
+def _quantize_fp4(src, start, count, rows: int, impl: Impl, wire: Wire, g):
+    h = src.shape[1]
+    rb = W.wire_row_bytes(h, wire)
+    if impl is not Impl.TRITON or rows == 0:
+        if rows == 0:
+            return jnp.zeros((0, rb), jnp.uint8)
+        return _quantize_fp4_xla(src, start, count, rows, wire, g)
+    from dpx.kernels import fp4 as kernels, launch
+    from dpx_jax.triton_shim import triton_call
+
+    f = launch.fp4_shape(rows, h, W.block(wire))
+    out = triton_call(
+        src, start.reshape(1), count.reshape(1), 0, 0, src.shape[0], rows,
+        np.float32(1.0 if g is None else g), kernel=kernels.quantize_fp4_kernel,
+        out=jax.ShapeDtypeStruct((rows, rb), jnp.uint8),
+        grid=(-(-rows * (h // W.block(wire)) // f.block_b),), num_warps=f.warps, H=h,
+        ROW_BYTES=rb, NV=wire is Wire.NVFP4, START_PTR=True, COUNT_PTR=True,
+        BLOCK_B=f.block_b, COMPILED=True, WIDE=launch.wide(src.size, rows * rb))
+    return vary_like(out, src, start, count)
+
+
+def _dequantize_fp4(src, dtype, impl: Impl, wire: Wire, g):
+    rows = src.shape[0]
+    h = W.width_of(src.shape[1], wire)
+    if impl is not Impl.TRITON or rows == 0:
+        return _dequantize_fp4_xla(src, dtype, wire, g)
+    from dpx.kernels import fp4 as kernels, launch
+    from dpx_jax.triton_shim import triton_call
+
+    f = launch.fp4_shape(rows, h, W.block(wire))
+    out = triton_call(
+        src, rows, np.float32(1.0 if g is None else g), kernel=kernels.dequantize_fp4_kernel,
+        out=jax.ShapeDtypeStruct((rows, h), dtype),
+        grid=(-(-rows * (h // W.block(wire)) // f.block_b),), num_warps=f.warps, H=h,
+        ROW_BYTES=src.shape[1], NV=wire is Wire.NVFP4, OUT_KIND=_OUT_KIND[jnp.dtype(dtype)],
+        BLOCK_B=f.block_b, COMPILED=True, WIDE=launch.wide(src.size, rows * h))
+    return vary_like(out, src)

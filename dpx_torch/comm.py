@@ -151,7 +151,7 @@ class DpComm:
     def gather(self, local: torch.Tensor | Sequence[torch.Tensor], plan: DpPlan, *,
                partial: bool | Sequence[bool], counts: torch.Tensor | None = None,
                out: torch.Tensor | None = None, wire: Wire | str | Sequence = Wire.NATIVE,
-               dequantize: bool = True):
+               dequantize: bool = True, wire_scale: float | Sequence | None = None):
         """``local [>= n_d, H...] -> [plan.global_rows, H...]`` on every rank.
 
         Slot ``d`` row ``j < n_d`` holds the sum over replica d's attn-tp ranks of their
@@ -170,28 +170,33 @@ class DpComm:
 
         Differentiable: the gradient is ``reduce_scatter`` of the output gradient.
 
-        ``wire="fp8"`` (``dpx.Wire.FP8``; MAX_LEN and GATHERV plans, float ``[rows, H]``
-        input, ``H % 128 == 0``): the world collective moves the rows as fp8 wire rows
-        (:mod:`dpx.wire`); the result is dequantized to ``local``'s dtype, or with
-        ``dequantize=False`` returned as ``(payload [global_rows, H] float8_e4m3fn, scales
-        [global_rows, H/128] float32)``, views of one uint8 buffer. Not differentiable.
+        ``wire="fp8"`` / ``"nvfp4"`` / ``"mxfp4"`` (``dpx.Wire``; MAX_LEN and GATHERV
+        plans, float ``[rows, H]`` input, ``H`` a multiple of 128 / 16 / 32): the world
+        collective moves the rows quantized (:mod:`dpx.wire`; nvfp4 takes the global scale
+        ``wire_scale=g``, a float, the same on every rank); the result is dequantized to
+        ``local``'s dtype, or with ``dequantize=False`` returned as ``(payload, scales)``,
+        views of one uint8 buffer: fp8 ``(float8_e4m3fn [global_rows, H], float32
+        [global_rows, H/128])``, fp4 ``(uint8 [global_rows, H/2], uint8 [global_rows,
+        H/16 or H/32])``. Not differentiable.
 
         Several tensors: ``gather((a, b, ...), plan, partial=(pa, pb, ...))`` (``partial``,
-        ``wire`` a flag each or one for all) returns a tuple, each result as if gathered
+        ``wire``, ``wire_scale`` one each or one for all) returns a tuple, each result as if gathered
         alone; the tensors' collectives go out batched (:mod:`dpx.batch`: one grouped launch
         per batch where the backend coalesces). When a tensor requires grad, each is
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
+        wkey = wire if wire_scale is None else (wire, wire_scale)
         if type(local) is torch.Tensor and type(partial) is bool and not _compiling():
-            res = self._run_prepared(_key(_GATHER, plan, partial, wire, dequantize, local,
+            res = self._run_prepared(_key(_GATHER, plan, partial, wkey, dequantize, local,
                                           counts, out), plan, local, counts, out)
             if res is not _MISS:
                 return res
         self._alive()
         if isinstance(local, (tuple, list)):
             return self._gather_many(tuple(local), plan, partial, counts, out, wire,
-                                     dequantize)
-        op = self._prepare_gather(local, plan, partial, counts, out, wire, dequantize)
+                                     dequantize, wire_scale)
+        op = self._prepare_gather(local, plan, partial, counts, out, wire, dequantize,
+                                  wire_scale)
         if isinstance(op, PreparedOp):
             return op.run(local, counts, out)
         prep: PreparedCall = op
@@ -206,23 +211,25 @@ class DpComm:
         hit = self._of_class(key, plan, x, counts, out)
         return _MISS if hit is None else hit.run(x, counts, out)
 
-    def _prepare_gather(self, local, plan, partial, counts, out, wire, dequantize
-                        ) -> PreparedOp | PreparedCall:
+    def _prepare_gather(self, local, plan, partial, counts, out, wire, dequantize,
+                        wire_scale=None) -> PreparedOp | PreparedCall:
         """The checked gather of one tensor: a :class:`PreparedOp` (kept for the next call
         of its plan, and its class for the next plan of its structure), or, for a call
         that records autograd (or is traced, or validated), its prepared program alone."""
         wire_in, wire = wire, Wire.parse(wire)
         in_place = self._in_place(local, out, plan, counts)
-        prep = self._checked("gather" if wire is Wire.NATIVE else "gather/fp8", plan, local,
-                             partial, counts, self._gather_checks, local, plan, partial,
-                             counts, out, wire, bool(dequantize), in_place)
+        prep = self._checked(_gather_label(wire, wire_scale), plan, local, partial, counts,
+                             self._gather_checks, local, plan, partial, counts, out, wire,
+                             bool(dequantize), in_place, "caller", wire_scale)
         if wire is Wire.NATIVE and local.requires_grad and torch.is_grad_enabled():
             return prep
-        full = (self.gather, plan, dict(partial=partial, wire=wire_in, dequantize=dequantize))
+        full = (self.gather, plan, dict(partial=partial, wire=wire_in, dequantize=dequantize,
+                                        wire_scale=wire_scale))
         split = wire is not Wire.NATIVE and not dequantize
         op = PreparedOp(prep, full, local, counts=counts, out=out, in_place=in_place,
                         split=split)
-        self._keep(_key(_GATHER, plan, partial, wire_in, dequantize, local, counts, out), op,
+        wkey = wire_in if wire_scale is None else (wire_in, wire_scale)
+        self._keep(_key(_GATHER, plan, partial, wkey, dequantize, local, counts, out), op,
                    Op.GATHER, plan, local, partial=partial, wire=wire,
                    dequantize=bool(dequantize), in_place=in_place)
         return op
@@ -265,16 +272,18 @@ class DpComm:
 
     def prepare_gather(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
                        counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                       wire: Wire | str = Wire.NATIVE, dequantize: bool = True) -> PreparedOp:
+                       wire: Wire | str = Wire.NATIVE, dequantize: bool = True,
+                       wire_scale: float | None = None) -> PreparedOp:
         """:meth:`gather` decided once for tensors like these (the explicit prepared
         call, :mod:`dpx_torch.prepared`): checks them (raising what :meth:`gather`
         raises), binds the program, and returns ``op`` with ``op(local, counts=...,
         out=...) == gather(local, plan, partial=..., counts=..., out=..., wire=...,
-        dequantize=...)``; a call guards only what can change (shapes, dtypes, devices,
+        dequantize=..., wire_scale=...)``; a call guards only what can change (shapes, dtypes, devices,
         contiguity, aliasing) and otherwise runs the bound steps. Runs nothing itself."""
         self._alive()
         self.checks.tensor("local", local)
-        op = self._prepare_gather(local, plan, partial, counts, out, wire, dequantize)
+        op = self._prepare_gather(local, plan, partial, counts, out, wire, dequantize,
+                                  wire_scale)
         if not isinstance(op, PreparedOp):
             raise DpxValueError("prepare_gather: local requires grad; a prepared call records "
                                 "no autograd graph (call gather, or pass a detached tensor)")
@@ -329,7 +338,7 @@ class DpComm:
         return x.new_empty((prep.out_rows, *prep.shape.out_rest))
 
     def _gather_many(self, tensors: Tensors, plan: DpPlan, partial, counts, out, wire,
-                     dequantize: bool) -> tuple:
+                     dequantize: bool, wire_scale=None) -> tuple:
         n = len(tensors)
         if n == 0:
             raise DpxValueError("gather of a tuple needs at least one tensor")
@@ -338,22 +347,26 @@ class DpComm:
                                 "results")
         partials = self._per_tensor("partial", partial, n)
         wires = tuple(Wire.parse(w) for w in self._per_tensor("wire", wire, n))
+        if isinstance(wire_scale, (tuple, list)):
+            scales = self._per_tensor("wire_scale", wire_scale, n)
+        else:  # one scale for the nvfp4 tensors
+            scales = tuple(wire_scale if w is Wire.NVFP4 else None for w in wires)
         if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors) \
                 and torch.is_grad_enabled():
             return tuple(self.gather(t, plan, partial=p, counts=counts, wire=w,
-                                     dequantize=dequantize)
-                         for t, p, w in zip(tensors, partials, wires))
+                                     dequantize=dequantize, wire_scale=g)
+                         for t, p, w, g in zip(tensors, partials, wires, scales))
         preps = []
-        for i, (t, p, w) in enumerate(zip(tensors, partials, wires)):
-            label = "gather" if w is Wire.NATIVE else "gather/fp8"
-            preps.append(self._checked(f"{label}#{i}", plan, t, p, counts,
+        for i, (t, p, w, g) in enumerate(zip(tensors, partials, wires, scales)):
+            preps.append(self._checked(f"{_gather_label(w, g)}#{i}", plan, t, p, counts,
                                        self._gather_checks, t, plan, p, counts, None, w,
-                                       bool(dequantize), False, f"caller#{i}"))
+                                       bool(dequantize), False, f"caller#{i}", g))
         batch = self.runner.batch(tuple(preps))
         c = _flat(counts)
         calls = [(t, self._new_out(p, t), c) for p, t in zip(preps, tensors)]
         res = batch(preps, calls)
-        return tuple(split_wire(r) if p.out_wire else r for r, p in zip(res, preps))
+        return tuple(split_wire(r, p.shape.wire) if p.out_wire else r
+                     for r, p in zip(res, preps))
 
     @staticmethod
     def _per_tensor(name: str, value, n: int) -> tuple:
@@ -659,8 +672,8 @@ class DpComm:
                                 "one to run collectives")
 
     def _gather_checks(self, local, plan, partial, counts, out, wire: Wire,
-                       dequantize: bool, in_place: bool,
-                       scratch_key: str = "caller") -> PreparedCall:
+                       dequantize: bool, in_place: bool, scratch_key: str = "caller",
+                       wire_scale: object = None) -> PreparedCall:
         c = self.checks
         if not isinstance(partial, bool):
             c.partial(partial)
@@ -668,10 +681,12 @@ class DpComm:
         if not isinstance(plan, DpPlan) or plan.layout != self.layout:
             c.plan(plan)
         compiling = torch.compiler.is_compiling()
+        g = W.check_wire_scale(wire, wire_scale)
         if wire is not Wire.NATIVE:
-            W.check_fp8(plan.mode, tuple(local.shape), str(local.dtype).replace("torch.", ""))
-            self._no_grad("gather(wire='fp8')", local, "fp8 rounding has no gradient; "
-                          "gather in the native dtype")
+            W.check_wire(wire, plan.mode, tuple(local.shape),
+                         str(local.dtype).replace("torch.", ""))
+            self._no_grad(f"gather(wire='{wire.value}')", local, f"{wire.value} rounding has "
+                          f"no gradient; gather in the native dtype")
             if out is not None and not dequantize:
                 raise DpxValueError("out= takes the dequantized result; with dequantize="
                                     "False the gather returns views of its own wire buffer")
@@ -689,7 +704,7 @@ class DpComm:
         # kept by the runner only where no prepared op keeps it
         return self.runner.prepare(plan, Op.GATHER, local, partial=partial,
                                    device_counts=counts is not None, wire=wire,
-                                   dequantize=dequantize, in_place=in_place,
+                                   dequantize=dequantize, wire_scale=g, in_place=in_place,
                                    scratch_key=scratch_key, rows=rows,
                                    cache=grad or scratch_key != "caller" or self.validate)
 
@@ -764,6 +779,14 @@ def _key(tag: int, plan: DpPlan, partial: bool, wire, dequantize, x: torch.Tenso
     device, and whether counts and out are given (indices 8, 9)."""
     return (tag, plan, partial, wire, dequantize, x.shape, x.dtype, x.device, counts is None,
             out is None)
+
+
+def _gather_label(wire: Wire, wire_scale: object) -> str:
+    """A gather's name in a ``validate=True`` exchange: its wire, and nvfp4's scale (so that
+    a wire or scale that differs between ranks raises on every rank)."""
+    if wire is Wire.NATIVE:
+        return "gather"
+    return f"gather/{wire.value}" + ("" if wire_scale is None else f" scale={wire_scale!r}")
 
 
 def _exit_hook(ref: "weakref.ref[DpComm]") -> Callable[[], None]:

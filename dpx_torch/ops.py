@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from dpx.kernels.launch import Tile
+from dpx.modes import Wire
 from dpx.plan import CountRule
 from dpx_torch.passes import Index, Passes, passes_for
 
@@ -156,22 +157,22 @@ torch.library.register_autograd(
 
 @torch.library.custom_op("dpx::quantize_rows_out", mutates_args=("out",))
 def quantize_rows_out(src: torch.Tensor, s_t: torch.Tensor | None, n_t: torch.Tensor | None,
-                      s: int, n: int, out: torch.Tensor) -> None:
-    passes_for(out.device).quantize(src, _ix(s_t, s), _ix(n_t, n), out)
+                      s: int, n: int, out: torch.Tensor, wire: str, g: float) -> None:
+    passes_for(out.device).quantize(src, _ix(s_t, s), _ix(n_t, n), out, Wire(wire), g)
 
 
 @torch.library.custom_op("dpx::dequantize_rows_out", mutates_args=("out",))
-def dequantize_rows_out(src: torch.Tensor, out: torch.Tensor) -> None:
-    passes_for(out.device).dequantize(src, out)
+def dequantize_rows_out(src: torch.Tensor, out: torch.Tensor, wire: str, g: float) -> None:
+    passes_for(out.device).dequantize(src, out, Wire(wire), g)
 
 
 @quantize_rows_out.register_fake
-def _(src, s_t, n_t, s, n, out) -> None:
+def _(src, s_t, n_t, s, n, out, wire, g) -> None:
     return None
 
 
 @dequantize_rows_out.register_fake
-def _(src, out) -> None:
+def _(src, out, wire, g) -> None:
     return None
 
 
@@ -226,13 +227,14 @@ class OpPasses(Passes):
         pack_rows_out(src, firsts, lens, block, out)
 
     @staticmethod
-    def quantize(src, start: Index, n: Index, out) -> None:
+    def quantize(src, start: Index, n: Index, out, wire: Wire = Wire.FP8,
+                 g: float | None = None) -> None:
         (s_t, s), (n_t, n) = _split(start), _split(n)
-        quantize_rows_out(src, s_t, n_t, s, n, out)
+        quantize_rows_out(src, s_t, n_t, s, n, out, wire.value, 1.0 if g is None else g)
 
     @staticmethod
-    def dequantize(src, out) -> None:
-        dequantize_rows_out(src, out)
+    def dequantize(src, out, wire: Wire = Wire.FP8, g: float | None = None) -> None:
+        dequantize_rows_out(src, out, wire.value, 1.0 if g is None else g)
 
     @staticmethod
     def mask(t, firsts, lens, fill) -> None:

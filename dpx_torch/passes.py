@@ -19,8 +19,9 @@ on the data's device:
 ``unpack(src, firsts, lens, block, out)``: ``out[firsts[r] + j] = src[r*block + j]`` for
 ``j < min(lens[r], block)``; other rows 0. ``pack``: its adjoint, ``out[r*block + j] =
 src[firsts[r] + j]``. ``firsts`` / ``lens``: int32 ``[n]`` tensors.
-``quantize(src, start, n, out)``: ``out[j]`` = the fp8 wire row (:mod:`dpx.wire`) of
-``src[start + j]`` for ``j < n``, zero bytes after. ``dequantize(src, out)``.
+``quantize(src, start, n, out, wire, g)``: ``out[j]`` = the ``wire`` row (:mod:`dpx.wire`;
+``g`` nvfp4's global scale) of ``src[start + j]`` for ``j < n``, zero bytes after.
+``dequantize(src, out, wire, g)``.
 ``mask(t, firsts, lens, fill)``: rows outside every range ``[firsts[k], firsts[k] +
 lens[k])`` become ``fill`` (in place). ``check(counts, flag, rule)``: ``flag |=`` the bits
 of the :class:`dpx.CountRule` ``rule`` that ``counts`` break.
@@ -39,10 +40,12 @@ import torch
 
 from dpx import wire as W
 from dpx.kernels import counts as _counts
+from dpx.kernels import fp4 as _fp4
 from dpx.kernels import launch as _tiles
 from dpx.kernels import mask as _mask
 from dpx.kernels import rows as _rows
 from dpx.kernels import wire as _wire
+from dpx.modes import Wire
 from dpx.plan import CountRule
 from dpx_torch.launch import JIT, BoundKernel, JitLauncher, Launcher
 from dpx_torch.wire import dequantize_rows, quantize_rows
@@ -106,18 +109,19 @@ class Passes:
         return lambda src, firsts, lens, out: self.pack(src, firsts, lens, block, out)
 
     def bind_quantize(self, src_rows: int, out_rows: int, hidden: int, dtype: torch.dtype,
-                      device: torch.device, start: int | None,
-                      n: int | None) -> Callable[..., None]:
+                      device: torch.device, start: int | None, n: int | None,
+                      wire: Wire = Wire.FP8, g: float | None = None) -> Callable[..., None]:
         """``go(src, out, start_t, n_t)``."""
         def go(src, out, start_t=None, n_t=None):
             self.quantize(src, start if start_t is None else start_t,
-                          n if n_t is None else n_t, out)
+                          n if n_t is None else n_t, out, wire, g)
         return go
 
     def bind_dequantize(self, rows: int, hidden: int, dtype: torch.dtype,
-                        device: torch.device | None = None) -> Callable[..., None]:
+                        device: torch.device | None = None, wire: Wire = Wire.FP8,
+                        g: float | None = None) -> Callable[..., None]:
         """``go(src, out)``."""
-        return self.dequantize
+        return lambda src, out: self.dequantize(src, out, wire, g)
 
 
 class TritonPasses(Passes):
@@ -230,9 +234,13 @@ class TritonPasses(Passes):
         return self._bind_chunks(_rows.pack_rows_kernel, src_rows, out_rows, width, n,
                                  dtype, block, device)
 
-    def bind_quantize(self, src_rows, out_rows, hidden, dtype, device, start, n):
+    def bind_quantize(self, src_rows, out_rows, hidden, dtype, device, start, n,
+                      wire=Wire.FP8, g=None):
         if out_rows == 0:
             return _nothing
+        if wire is not Wire.FP8:
+            return self._bind_quantize_fp4(src_rows, out_rows, hidden, dtype, device, start,
+                                           n, wire, g)
         q = _tiles.quantize_shape(out_rows, hidden, dtype.itemsize)
         grid = _tiles.quantize_grid(out_rows, hidden, q)
         rb = W.wire_row_bytes(hidden)
@@ -252,9 +260,42 @@ class TritonPasses(Passes):
                         sv, nv, src_rows, out_rows, out))
         return go
 
-    def bind_dequantize(self, rows, hidden, dtype, device=None):
+    def _bind_quantize_fp4(self, src_rows, out_rows, hidden, dtype, device, start, n, wire,
+                           g):
+        rb = W.wire_row_bytes(hidden, wire)
+        f = _tiles.fp4_shape(out_rows, hidden, W.block(wire))
+        consts = dict(H=hidden, ROW_BYTES=rb, NV=wire is Wire.NVFP4, START_PTR=start is None,
+                      COUNT_PTR=n is None, BLOCK_B=f.block_b,
+                      COMPILED=device.type == "cuda",
+                      WIDE=_tiles.wide(src_rows * hidden, out_rows * rb))
+        i32 = torch.int32
+        k = self.launcher.bind(_fp4.quantize_fp4_kernel, device, consts, f.warps,
+                               ((0, dtype), (1, dtype if start is not None else i32),
+                                (2, dtype if n is not None else i32), (8, torch.uint8)))
+        sv, nv, gv = start or 0, n or 0, 1.0 if g is None else g
+        go_t = k.tensors
+        grid = (-(-out_rows * (hidden // W.block(wire)) // f.block_b),)
+
+        def go(src, out, start_t=None, n_t=None):
+            go_t(grid, (src, src if start_t is None else start_t, src if n_t is None else n_t,
+                        sv, nv, src_rows, out_rows, gv, out))
+        return go
+
+    def bind_dequantize(self, rows, hidden, dtype, device=None, wire=Wire.FP8, g=None):
         if rows == 0:
             return _nothing
+        if wire is not Wire.FP8:
+            rb = W.wire_row_bytes(hidden, wire)
+            f = _tiles.fp4_shape(rows, hidden, W.block(wire))
+            consts = dict(H=hidden, ROW_BYTES=rb, NV=wire is Wire.NVFP4,
+                          OUT_KIND=_OUT_KIND[dtype], BLOCK_B=f.block_b,
+                          COMPILED=device.type == "cuda",
+                          WIDE=_tiles.wide(rows * rb, rows * hidden))
+            k = self.launcher.bind(_fp4.dequantize_fp4_kernel, device, consts, f.warps,
+                                   ((0, torch.uint8), (3, dtype)))
+            grid = (-(-rows * (hidden // W.block(wire)) // f.block_b),)
+            gv, go_fp4 = 1.0 if g is None else g, k.tensors
+            return lambda src, out: go_fp4(grid, (src, rows, gv, out))
         rb = W.wire_row_bytes(hidden)
         consts = dict(H=hidden, ROW_BYTES=rb, OUT_KIND=_OUT_KIND[dtype],
                       BLOCK_R=_DEQ_BLOCK_R, WIDE=_tiles.wide(rows * rb, rows * hidden))
@@ -287,14 +328,16 @@ class TritonPasses(Passes):
         self.bind_pack(src.shape[0], out.shape[0], width_of(out), firsts.shape[0],
                        out.dtype, block, out.device)(src, firsts, lens, out)
 
-    def quantize(self, src, start: Index, n: Index, out) -> None:
+    def quantize(self, src, start: Index, n: Index, out, wire: Wire = Wire.FP8,
+                 g: float | None = None) -> None:
         start, s_t = _split(start)
         n, n_t = _split(n)
         self.bind_quantize(src.shape[0], out.shape[0], src.shape[1], src.dtype, out.device,
-                           start, n)(src, out, s_t, n_t)
+                           start, n, wire, g)(src, out, s_t, n_t)
 
-    def dequantize(self, src, out) -> None:
-        self.bind_dequantize(out.shape[0], out.shape[1], out.dtype, out.device)(src, out)
+    def dequantize(self, src, out, wire: Wire = Wire.FP8, g: float | None = None) -> None:
+        self.bind_dequantize(out.shape[0], out.shape[1], out.dtype, out.device, wire,
+                             g)(src, out)
 
     def mask(self, t, firsts, lens, fill) -> None:
         width = width_of(t)
@@ -416,17 +459,18 @@ class TorchPasses(Passes):
             out[o].copy_(src[s])
 
     @staticmethod
-    def quantize(src, start: Index, n: Index, out) -> None:
+    def quantize(src, start: Index, n: Index, out, wire: Wire = Wire.FP8,
+                 g: float | None = None) -> None:
         start, n = _host(start), _host(n)
         lo, hi = _clip(start, start + max(n, 0), src.shape[0])
         k = min(hi - lo, out.shape[0])
         if k > 0:
-            quantize_rows(src[lo:lo + k], out[:k])
+            quantize_rows(src[lo:lo + k], out[:k], wire, g)
         out[max(k, 0):].zero_()
 
     @staticmethod
-    def dequantize(src, out) -> None:
-        dequantize_rows(src, out)
+    def dequantize(src, out, wire: Wire = Wire.FP8, g: float | None = None) -> None:
+        dequantize_rows(src, out, wire, g)
 
     @staticmethod
     def mask(t, firsts, lens, fill) -> None:

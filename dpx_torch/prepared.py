@@ -98,7 +98,7 @@ class PreparedOp:
         if counts is not None and counts.dim() == 2:
             counts = counts.reshape(-1)
         res = prep.run(x, out, counts)
-        return split_wire(res) if self.split else res
+        return split_wire(res, prep.shape.wire) if self.split else res
 
     def __call__(self, x: torch.Tensor, *, counts: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> Any:

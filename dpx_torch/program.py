@@ -28,7 +28,7 @@ from dpx import expr as X
 from dpx import values as V
 from dpx.batch import Stage, lockstep
 from dpx.errors import DpxValueError
-from dpx.modes import Group
+from dpx.modes import Group, Wire
 from dpx.schedule import Variant
 from dpx.steps import (IN, OUT, AllGather, AllReduce, AllToAll, BroadcastV, CheckCounts,
                        Dequantize, JoinColumns, Move, Pack, Quantize, ReduceScatter, ReduceV,
@@ -180,14 +180,16 @@ Buffer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 class CallShape:
     """What a class of prepared calls shares besides the host values and rows: the input's
-    trailing shape, dtype and device, whether the output is a wire buffer, the passes of
-    the device, the device tables and the communicator's runner."""
+    trailing shape, dtype and device, the wire (and nvfp4's global scale) and whether the
+    output is a wire buffer, the passes of the device, the device tables and the
+    communicator's runner."""
 
     __slots__ = ("rest", "width", "dtype", "device", "out_wire", "out_width", "passes",
-                 "tables", "runner", "parts", "out_rest")
+                 "tables", "runner", "parts", "out_rest", "wire", "wire_scale", "wire_width")
 
     def __init__(self, x: torch.Tensor, out_wire: bool, passes: Passes, tables,
-                 runner: Host, wide: frozenset = frozenset(), parts: int = 1) -> None:
+                 runner: Host, wide: frozenset = frozenset(), parts: int = 1,
+                 wire: Wire = Wire.NATIVE, wire_scale: float | None = None) -> None:
         #: ``wide``: the variant's wide buffers (rows of ``parts`` narrow rows side by
         #: side); only whether the input and output are wide is kept here (the same for
         #: every variant of an op: scratch buffers are per variant)
@@ -200,9 +202,10 @@ class CallShape:
         for s in self.rest:
             w *= s
         self.width, self.dtype, self.device = w, x.dtype, x.device
-        self.out_wire = out_wire
-        self.out_width = wire_row_bytes(self.rest[0]) if out_wire else \
-            w * (parts if OUT in wide else 1)
+        self.out_wire, self.wire, self.wire_scale = out_wire, wire, wire_scale
+        #: bytes of a wire row (quantized wires only)
+        self.wire_width = 0 if wire is Wire.NATIVE else wire_row_bytes(self.rest[0], wire)
+        self.out_width = self.wire_width if out_wire else w * (parts if OUT in wide else 1)
         #: the output's trailing shape (a wire buffer: one byte row)
         self.out_rest = (self.out_width,) if out_wire or OUT in wide else self.rest
         self.passes, self.tables, self.runner = passes, tables, runner
@@ -235,7 +238,7 @@ class _Bind:
         """The element dtype and row width of buffer ``name``: uint8 wire rows for the
         variant's wire buffers, else the input's."""
         if name in self.variant.wire_bufs:
-            return torch.uint8, wire_row_bytes(self.shape.rest[0])
+            return torch.uint8, self.shape.wire_width
         sh = self.shape
         return sh.dtype, sh.width * (sh.parts if name in self.variant.wide_bufs else 1)
 
@@ -332,7 +335,8 @@ def _quantize(s: Quantize, b: _Bind) -> StepFn:
     dst, rows = b.buffer(s.dst, s.rows)
     (st, gs), (n, gn) = b.index(s.start), b.index(s.count)
     sh = b.shape
-    go = sh.passes.bind_quantize(src_rows, rows, sh.width, sh.dtype, sh.device, st, n)
+    go = sh.passes.bind_quantize(src_rows, rows, sh.width, sh.dtype, sh.device, st, n,
+                                 sh.wire, sh.wire_scale)
     return _with_indices(go, src, dst, (gs, gn))
 
 
@@ -340,7 +344,8 @@ def _dequantize(s: Dequantize, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src, s.rows)
     dst, rows = b.buffer(s.dst, s.rows)
     sh = b.shape
-    go = sh.passes.bind_dequantize(rows, sh.width, sh.dtype, sh.device)
+    go = sh.passes.bind_dequantize(rows, sh.width, sh.dtype, sh.device, sh.wire,
+                                   sh.wire_scale)
     return lambda x, out, dv: go(src(x, out), dst(x, out))
 
 
@@ -516,8 +521,7 @@ class PreparedCall:
                 n = rows if type(rows) is int else hv[prog.variant.host_index[id(rows)]]
                 key = (name, self.scratch_key)
                 if wire:
-                    scratch[name] = pool.get(key, (n, wire_row_bytes(sh.rest[0])), torch.uint8,
-                                             sh.device)
+                    scratch[name] = pool.get(key, (n, sh.wire_width), torch.uint8, sh.device)
                     keys.append((key, torch.uint8))
                 else:
                     scratch[name] = pool.get(key, sh.buffer_shape(

@@ -148,7 +148,8 @@ class Runner:
     # ------------------------------------------------------------ preparing a call
     def prepare(self, plan: DpPlan, op: Op, x: torch.Tensor, *, partial: bool,
                 device_counts: bool, wire: Wire = Wire.NATIVE, dequantize: bool = True,
-                in_place: bool = False, out_rows: int | None = None,
+                wire_scale: float | None = None, in_place: bool = False,
+                out_rows: int | None = None,
                 scratch_key: str = "caller", rows: OpRows | None = None,
                 cache: bool = True) -> PreparedCall:
         """The call's prepared program for an input shaped like ``x`` (see the module
@@ -160,7 +161,7 @@ class Runner:
         cache = cache and not compiling
         if cache:
             key = (plan, op, partial, device_counts, x.shape, x.dtype, x.device, wire,
-                   dequantize, in_place, out_rows, scratch_key)
+                   dequantize, wire_scale, in_place, out_rows, scratch_key)
             hit = self._calls.hit(key)
             if hit is not None:
                 return hit
@@ -180,7 +181,7 @@ class Runner:
             program, passes, tables = self.program(variant), self.passes_for(x.device), \
                 self.tables
         shape = CallShape(x, OUT in variant.wire_bufs, passes, tables, self, variant.wide_bufs,
-                          plan.layout.world_size)
+                          plan.layout.world_size, wire, wire_scale)
         prep = program.prepare(values, (in_rows, out), shape, scratch_key, rows.need,
                                rows.exact)
         if cache:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 __all__ = [
-    "DEFAULT_TILE", "grid", "QUANTIZE_BY_BYTES", "quantize_grid", "quantize_shape",
+    "DEFAULT_TILE", "FP4_BY_BLOCK", "fp4_shape", "Fp4Shape", "grid", "QUANTIZE_BY_BYTES", "quantize_grid", "quantize_shape",
     "QuantizeShape", "row_blocks", "STREAM_BYTES", "Tile", "tile_for", "TILES_BY_BYTES",
     "wide"
 ]
@@ -94,6 +94,27 @@ def quantize_shape(rows: int, hidden: int, itemsize: int) -> QuantizeShape:
 def quantize_grid(rows: int, hidden: int, q: QuantizeShape) -> tuple[int, int]:
     """Programs of an fp8 quantize writing ``rows`` wire rows."""
     return -(-rows // q.block_r), -(-(hidden // 128) // q.block_g)
+
+
+@dataclass(frozen=True)
+class Fp4Shape:
+    """fp4 quantize's and dequantize's launch: blocks per program, and warps."""
+
+    block_b: int = 128
+    warps: int = 4
+
+
+#: fp4 quantize's and dequantize's launch by block size (16: nvfp4, 32: mxfp4): chosen by
+#: ``benchmarks/fp4_sweep.py`` on an H200, where nvfp4 ran fastest at 1,024 elements and 2
+#: warps a program (0.66 / 0.80 of a copy of the input's bytes, quantize / dequantize, at
+#: 42 and 224 MiB) and mxfp4 at 4,096 and 4 warps (0.64 / 0.73).
+FP4_BY_BLOCK = {16: Fp4Shape(64, 2), 32: Fp4Shape(128, 4)}
+
+
+def fp4_shape(rows: int, hidden: int, block: int) -> Fp4Shape:
+    """The launch of an fp4 quantize or dequantize of ``rows`` rows of ``hidden`` elements
+    in blocks of ``block`` (both frontends launch with it)."""
+    return FP4_BY_BLOCK.get(block) or Fp4Shape(max(2048 // block, 1), 4)
 
 
 def wide(*elements: int) -> bool:

@@ -203,6 +203,81 @@ def dequantize_fp8(payload: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return bits.astype(np.uint32).view(np.float32)
 
 
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def e2m1(q: np.ndarray) -> np.ndarray:
+    """e2m1 magnitude codes (0..7) of ``q >= 0`` (float64, infinity allowed): the nearest
+    magnitude, a tie to the even code, saturating at 6 -- by searching the table."""
+    d = np.abs(np.minimum(q, 6.0)[..., None] - E2M1)   # distance to each magnitude
+    best = d.min(axis=-1, keepdims=True)
+    ties = d == best                                   # one or two nearest codes
+    even = ties & (np.arange(8) % 2 == 0)
+    return np.where(even.any(-1), even.argmax(-1), ties.argmax(-1))
+
+
+def quantize_fp4(x: np.ndarray, real: np.ndarray, wire: str,
+                 g: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The fp4 wire rows of float32 ``x [rows, H]`` (dpx/wire.py, ``wire`` "nvfp4" with
+    global scale ``g``, or "mxfp4"): ``(payload uint8 [rows, H/2], scales uint8 [rows,
+    H/16 or H/32])``; rows where ``real`` is False are zeros."""
+    import ml_dtypes
+
+    rows, h = x.shape
+    gs = 16 if wire == "nvfp4" else 32
+    blk = x.astype(np.float32).reshape(rows, h // gs, gs)
+    nan_blk = np.isnan(blk).any(-1)
+    amax = np.where(np.isnan(blk), np.float32(0), np.abs(blk)).max(-1)
+    sign = np.signbit(blk)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if wire == "nvfp4":
+            g32 = np.float32(g)
+            sv = (amax * g32) / np.float32(6)                      # float32 ops, IEEE
+            s = np.minimum(sv, np.float32(448)).astype(ml_dtypes.float8_e4m3fn)
+            scale = s.view(np.uint8).copy()
+            s32 = s.astype(np.float32)
+            q = ((np.abs(blk) * g32) / np.where(s32 > 0, s32, 1)[..., None]).astype(np.float64)
+            zero = (s32 == 0) | nan_blk
+            scale[nan_blk] = 0x7F
+        else:
+            _, ex = np.frexp(amax.astype(np.float64))        # amax = m * 2**ex, m in [0.5, 1)
+            e = np.where(np.isinf(amax), 127, np.clip(ex - 1 - 2, -127, 127))
+            e = np.where(amax == 0, -127, e).astype(np.int64)
+            q = np.abs(blk).astype(np.float64) / np.exp2(e.astype(np.float64))[..., None]
+            zero = nan_blk
+            scale = np.where(nan_blk, 0xFF, e + 127).astype(np.uint8)
+    code = np.where(zero[..., None], 0, e2m1(np.nan_to_num(q, nan=0.0, posinf=np.inf))
+                    + 8 * sign).reshape(rows, h)
+    payload = (code[:, 0::2] | (code[:, 1::2] << 4)).astype(np.uint8)
+    payload[~real] = 0
+    scale = scale.reshape(rows, h // gs)
+    scale[~real] = 0
+    return payload, scale
+
+
+def dequantize_fp4(payload: np.ndarray, scales: np.ndarray, wire: str,
+                   g: float | None = None) -> np.ndarray:
+    """float32 values of fp4 wire rows (NaN blocks: the canonical quiet NaN)."""
+    import ml_dtypes
+
+    rows = payload.shape[0]
+    h = 2 * payload.shape[1]
+    code = np.stack([payload & 15, payload >> 4], -1).reshape(rows, h).astype(np.int64)
+    gs = 16 if wire == "nvfp4" else 32
+    mag = E2M1[code & 7].reshape(rows, h // gs, gs)
+    if wire == "nvfp4":
+        s = (scales & 0x7F).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        v = (mag.astype(np.float32) * s[..., None]) / np.float32(g)
+        nan = (scales & 0x7F) == 0x7F
+    else:
+        with np.errstate(over="ignore"):
+            v = (mag * np.exp2(scales.astype(np.float64) - 127)[..., None]).astype(np.float32)
+        nan = scales == 0xFF
+    v = np.where((code >> 3).reshape(v.shape) == 1, -v, v).astype(np.float32)
+    bits = np.where(nan[..., None], np.uint32(0x7FC00000), v.view(np.uint32))
+    return bits.astype(np.uint32).view(np.float32).reshape(rows, h)
+
+
 def as_dtype(v: np.ndarray, name: str) -> np.ndarray:
     """float32 ``v`` rounded to the dtype ``name`` (float32, bfloat16, float16) to nearest
     even, NaN to that dtype's canonical quiet NaN (what dequantize writes), as a NumPy

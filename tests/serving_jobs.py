@@ -1,6 +1,6 @@
 """Serving features on every rank of a gloo world (see harness.py), against reference.py:
-the fp8 wire gather, several tensors in one gather, pad-row masking and counts exchanged on
-the device."""
+the quantized wire gathers (fp8, nvfp4, mxfp4), several tensors in one gather, pad-row
+masking and counts exchanged on the device."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 
 import dpx
 import dpx_torch
-from reference import (dequantize_fp8, local_inputs, quantize_fp8, real_rows,
-                       ref_gather)
+from reference import (as_dtype, bits_of, dequantize_fp4, dequantize_fp8, local_inputs,
+                       quantize_fp4, quantize_fp8, real_rows, ref_gather)
 from harness import raised
 from torch_jobs import DTYPES, _eq, _plan_of, _t
 
@@ -35,12 +35,38 @@ def fp8_reference(plan, locs, partial, dtype, eff):
     return want, payload, scales, deq
 
 
+#: The fp4 wires a serving job gathers on, with nvfp4's global scale.
+FP4 = (("nvfp4", 0.75), ("mxfp4", None))
+
+
+def check_fp4(comm, x, ids, plan, partial, counts_t, want, real, dtype, case) -> int:
+    """nvfp4 and mxfp4 gathers of ``x`` (``want``: the gathered rows in float32): the wire
+    rows and the dequantized rows bit for bit against the NumPy reference, and an fp4 +
+    native pair in one call."""
+    for wire, g in FP4:
+        payload, scales = quantize_fp4(want, real, wire, g)
+        p_got, s_got = comm.gather(x, plan, partial=partial, counts=counts_t, wire=wire,
+                                   wire_scale=g, dequantize=False)
+        assert p_got.dtype == torch.uint8 and s_got.dtype == torch.uint8, case
+        assert np.array_equal(p_got.cpu().numpy(), payload), (wire, case)
+        assert np.array_equal(s_got.cpu().numpy(), scales), (wire, case)
+        deq = torch.from_numpy(dequantize_fp4(payload, scales, wire, g)).to(dtype)
+        g_out = comm.gather(x, plan, partial=partial, counts=counts_t, wire=wire,
+                            wire_scale=g)
+        _bitwise(f"gather(wire={wire})", g_out, deq, case)
+        pair = comm.gather((x, ids), plan, partial=(partial, False), counts=counts_t,
+                           wire=(wire, "native"), wire_scale=g)
+        _bitwise(f"gather(({wire}, native))[0]", pair[0], deq, case)
+    return 2 * len(FP4)
+
+
 def check_serving(ctx, layout_args, cases, *, width: int = 256, kernels: bool = False) -> int:
     """Each case (as torch_jobs.check_cases; float dtypes): the fp8 gather (wire rows and
-    dequantized, bitwise against the NumPy quantizer, SUM_LEN refused), a three-tensor
-    gather with a topk-ids and a topk-weights tensor (each as gathered alone), an fp8 +
-    native pair, and mask_pad_rows / pad_row_mask on the gathered ids. ``kernels``: through
-    the Triton kernels (Triton's interpreter) instead of the CPU's torch ops."""
+    dequantized, bitwise against the NumPy quantizer, SUM_LEN refused), the nvfp4 and mxfp4
+    gathers (:func:`check_fp4`), a three-tensor gather with a topk-ids and a topk-weights
+    tensor (each as gathered alone), an fp8 + native pair, and mask_pad_rows /
+    pad_row_mask on the gathered ids. ``kernels``: through the Triton kernels (Triton's
+    interpreter) instead of the CPU's torch ops."""
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.kernel_comm(layout) if kernels else ctx.comm(layout)
     r = ctx.rank
@@ -82,9 +108,11 @@ def check_serving(ctx, layout_args, cases, *, width: int = 256, kernels: bool = 
             case)
         done += 5
         if plan.mode is dpx.PaddingMode.SUM_LEN:
-            err = raised(lambda: comm.gather(x, plan, partial=partial, counts=counts_t,
-                                              wire="fp8"))
-            assert "copy mode" in err, err
+            for wire in ("fp8", "nvfp4", "mxfp4"):
+                err = raised(lambda: comm.gather(x, plan, partial=partial, counts=counts_t,
+                                                  wire=wire, wire_scale=1.0 if wire ==
+                                                  "nvfp4" else None))
+                assert "copy mode" in err, err
             continue
         want, payload, scales, deq = fp8_reference(plan, locs, partial, dtype, eff)
         p_got, s_got = comm.gather(x, plan, partial=partial, counts=counts_t, wire="fp8",
@@ -103,7 +131,7 @@ def check_serving(ctx, layout_args, cases, *, width: int = 256, kernels: bool = 
                            wire=("fp8", "native"))
         _bitwise("gather((fp8, native))[0]", pair[0], deq, case)
         _eq("gather((fp8, native))[1]", pair[1], want_ids, torch.int32, case)
-        done += 4
+        done += 4 + check_fp4(comm, x, ids, plan, partial, counts_t, want, real, dtype, case)
     return done
 
 
@@ -131,11 +159,12 @@ def check_exchange_counts(ctx, layout_args, count_sets, shard_sets) -> dict:
     return errs
 
 
-def check_fp8_nonfinite(ctx, layout_args, cases) -> int:
-    """fp8 gathers of rows holding NaN, infinities and huge values (reference.NONFINITE):
-    wire rows and dequantized rows bit for bit against the NumPy reference of the format's
-    non-finite rule, NaN wherever the gathered value is not finite."""
-    from reference import as_dtype, bits_of, with_nonfinite
+def check_wire_nonfinite(ctx, layout_args, cases) -> int:
+    """fp8, nvfp4 and mxfp4 gathers of rows holding NaN, infinities and huge values
+    (reference.NONFINITE): wire rows and dequantized rows bit for bit against the NumPy
+    reference of each format's non-finite rule; fp8: NaN wherever the gathered value is
+    not finite; fp4: NaN wherever it is NaN."""
+    from reference import with_nonfinite
 
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.comm(layout)
@@ -163,5 +192,18 @@ def check_fp8_nonfinite(ctx, layout_args, cases) -> int:
         gf = g.float().cpu().numpy()
         bad = ~np.isfinite(want)
         assert bad.any() and np.isnan(gf[bad]).all(), case
+        for wire, scale in FP4:
+            payload, scales = quantize_fp4(want, real_rows(plan, eff), wire, scale)
+            p_got, s_got = comm.gather(x, plan, partial=partial, counts=counts_t, wire=wire,
+                                       wire_scale=scale, dequantize=False)
+            assert np.array_equal(p_got.cpu().numpy(), payload), (wire, case)
+            assert np.array_equal(s_got.cpu().numpy(), scales), (wire, case)
+            g = comm.gather(x, plan, partial=partial, counts=counts_t, wire=wire,
+                            wire_scale=scale)
+            deq = bits_of(as_dtype(dequantize_fp4(payload, scales, wire, scale),
+                                   case["dtype"]))
+            got = g.cpu().view(_BITS.get(g.dtype, g.dtype)).numpy().view(deq.dtype)
+            assert np.array_equal(got, deq), (wire, case)
+            assert np.isnan(g.float().cpu().numpy()[np.isnan(want)]).all(), (wire, case)
         done += 1
     return done

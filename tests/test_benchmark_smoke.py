@@ -55,9 +55,11 @@ def test_collectives_benchmark_smoke(tmp_path):
 
 def test_serving_wire_bytes_table(tmp_path):
     """The bytes-on-the-wire table of ``benchmarks/serving.py`` (no GPU): with attn-tp 1
-    every byte sent is an fp8 wire row, so fp8/bf16 is exactly the row-size ratio; with
-    attn-tp 2 the bf16 reduce-scatter stays, so the ratio lies between that and 1; MAX_LEN
-    sends as much with idle replicas as without, GATHERV half as much with half of them."""
+    every byte sent is a wire row, so wire/bf16 is exactly the row-size ratio (fp8, nvfp4,
+    mxfp4); with attn-tp 2 the bf16 reduce-scatter stays, so the ratio lies between that
+    and 1; MAX_LEN sends as much with idle replicas as without, GATHERV half as much with
+    half of them."""
+    from dpx.modes import Wire
     from dpx.wire import wire_row_bytes
 
     bench = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -66,15 +68,17 @@ def test_serving_wire_bytes_table(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = list(csv.DictReader((tmp_path / "serving_wire.csv").open()))
     assert len(rows) == 2 * 3 * 2 * 2
-    row_ratio = wire_row_bytes(7168) / (2 * 7168)
     sent = {}
     for r in rows:
-        bf16, fp8, ratio = float(r["bf16_MiB"]), float(r["fp8_MiB"]), float(r["fp8_vs_bf16"])
-        assert bf16 > 0 and ratio == pytest.approx(fp8 / bf16)
-        if "attn_tp=1" in r["layout"]:
-            assert ratio == pytest.approx(row_ratio, rel=1e-12)
-        else:
-            assert row_ratio < ratio < 1
+        bf16 = float(r["bf16_MiB"])
+        for w in (Wire.FP8, Wire.NVFP4, Wire.MXFP4):
+            row_ratio = wire_row_bytes(7168, w) / (2 * 7168)
+            mib, ratio = float(r[f"{w.value}_MiB"]), float(r[f"{w.value}_vs_bf16"])
+            assert bf16 > 0 and ratio == pytest.approx(mib / bf16)
+            if "attn_tp=1" in r["layout"]:
+                assert ratio == pytest.approx(row_ratio, rel=1e-12)
+            else:
+                assert row_ratio < ratio < 1
         sent[r["layout"], r["size"], r["pattern"], r["mode"]] = bf16
     for (lay, size, pattern, mode), bf16 in sent.items():
         if pattern == "busy":

@@ -99,7 +99,29 @@ CASES = {
                    DpxTypeError, r"wire='fp8' quantizes float32, bfloat16, float16; local has "
                                  r"dtype int32"),
     "wire-name": (lambda c: c.gather(_x(6, 128), P5_MAX, partial=True, wire="fp4"),
-                  DpxValueError, r"unknown Wire 'fp4': expected one of 'native', 'fp8'"),
+                  DpxValueError, r"unknown Wire 'fp4': expected one of 'native', 'fp8', "
+                                 r"'nvfp4', 'mxfp4'"),
+    "wire-fp4-sum-len": (lambda c: c.gather(_x(6, 64), P5_SUM, partial=True, wire="mxfp4"),
+                         DpxValueError, r"wire='mxfp4' needs a copy mode \(max_len or "
+                                        r"gatherv\)"),
+    "wire-fp4-width": (lambda c: c.gather(_x(6, 40), P5_MAX, partial=True, wire="nvfp4",
+                                          wire_scale=1.0),
+                       DpxValueError, r"wire='nvfp4' quantizes blocks of 16 elements: H=40 "
+                                      r"must be a positive multiple of 16"),
+    "wire-scale-missing": (lambda c: c.gather(_x(6, 64), P5_MAX, partial=True, wire="nvfp4"),
+                           DpxValueError, r"wire='nvfp4' needs wire_scale=: the global "
+                                          r"scale g"),
+    "wire-scale-range": (lambda c: c.gather(_x(6, 64), P5_MAX, partial=True, wire="nvfp4",
+                                            wire_scale=-2.0),
+                         DpxValueError, r"wire_scale=-2.0: nvfp4's global scale must be a "
+                                        r"positive float in \[2\*\*-64, 2\*\*64\]"),
+    "wire-scale-type": (lambda c: c.gather(_x(6, 64), P5_MAX, partial=True, wire="nvfp4",
+                                           wire_scale=torch.tensor(1.0)),
+                        DpxTypeError, r"wire_scale must be a Python float, got Tensor"),
+    "wire-scale-unused": (lambda c: c.gather(_x(6, 64), P5_MAX, partial=True, wire="mxfp4",
+                                             wire_scale=1.0),
+                          DpxValueError, r"wire_scale applies to wire='nvfp4', not "
+                                         r"wire='mxfp4'"),
     "wire-grad": (lambda c: c.gather(_x(6, 128).requires_grad_(), P5_MAX, partial=True,
                                      wire="fp8"),
                   DpxValueError, r"gather\(wire='fp8'\) records no autograd graph"),

@@ -1,5 +1,6 @@
 """Serving features of dpx_jax on 8 simulated CPU devices, against the NumPy reference (the
-one dpx_torch is checked against, bitwise): fp8 wire gather (wire rows and dequantized),
+one dpx_torch is checked against, bitwise): fp8, nvfp4 and mxfp4 wire gathers (wire rows and
+dequantized),
 pytrees of tensors in one gather, pad-row masking, counts exchanged on the device; capacity
 plans compile once for new counts."""
 
@@ -17,18 +18,21 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import dpx  # noqa: E402
 import dpx_jax  # noqa: E402
 from jax_harness import SPEC, mesh_for, shard  # noqa: E402
-from reference import (dequantize_fp8, local_inputs, quantize_fp8, real_rows,  # noqa: E402
-                       ref_gather)
+from reference import (dequantize_fp4, dequantize_fp8, local_inputs,  # noqa: E402
+                       quantize_fp4, quantize_fp8, real_rows, ref_gather)
 
 DT = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 BITS = {"float32": np.int32, "bfloat16": np.int16, "float16": np.int16}
 H = 256
+#: The fp4 wires, with nvfp4's global scale.
+FP4 = (("nvfp4", 0.75), ("mxfp4", None))
 
 
 @functools.cache
 def serving_fn(plan: dpx.DpPlan, partial: bool, with_counts: bool):
-    """One jitted shard_map: fp8 gather (wire rows and dequantized), a dict of three tensors
-    in one gather, the masked ids, the pad mask, and the exchanged counts."""
+    """One jitted shard_map: fp8, nvfp4 and mxfp4 gathers (wire rows and dequantized; fp4
+    dequantized in a pytree with the ids), a dict of three tensors in one gather, the
+    masked ids, the pad mask, and the exchanged counts."""
     mesh = mesh_for(plan.layout)
     sharded = plan.sharded
 
@@ -39,6 +43,14 @@ def serving_fn(plan: dpx.DpPlan, partial: bool, with_counts: bool):
             out["payload"], out["scales"] = dpx_jax.gather(x, plan, partial=partial, counts=c,
                                                            wire="fp8", dequantize=False)
             out["deq"] = dpx_jax.gather(x, plan, partial=partial, counts=c, wire=dpx.Wire.FP8)
+            for wire, g in FP4 if partial else ():  # (compile time: partial calls only)
+                out[f"{wire}_p"], out[f"{wire}_s"] = dpx_jax.gather(
+                    x, plan, partial=partial, counts=c, wire=wire, wire_scale=g,
+                    dequantize=False)
+                pair = dpx_jax.gather({"h": x, "ids": ids}, plan, counts=c,
+                                      partial={"h": partial, "ids": False},
+                                      wire={"h": wire, "ids": "native"}, wire_scale=g)
+                out[f"{wire}_deq"], out[f"{wire}_ids"] = pair["h"], pair["ids"]
         tree = dpx_jax.gather({"h": x, "ids": ids, "w": w}, plan, counts=c,
                               partial={"h": partial, "ids": False, "w": False})
         out.update(tree)
@@ -95,6 +107,15 @@ def run_serving(plan, partial, dtype="bfloat16", seed=0, counts=None):
             np.testing.assert_array_equal(blk["scales"].view(np.int32), scales.view(np.int32))
             deq = np.asarray(jnp.asarray(dequantize_fp8(payload, scales)).astype(DT[dtype]))
             np.testing.assert_array_equal(blk["deq"].view(BITS[dtype]), deq.view(BITS[dtype]))
+            for wire, g in FP4 if partial else ():
+                payload, scales = quantize_fp4(want_x, real, wire, g)
+                np.testing.assert_array_equal(blk[f"{wire}_p"], payload)
+                np.testing.assert_array_equal(blk[f"{wire}_s"], scales)
+                deq = np.asarray(jnp.asarray(dequantize_fp4(payload, scales, wire, g))
+                                 .astype(DT[dtype]))
+                np.testing.assert_array_equal(blk[f"{wire}_deq"].view(BITS[dtype]),
+                                              deq.view(BITS[dtype]))
+                np.testing.assert_array_equal(blk[f"{wire}_ids"], want_ids)
     return f
 
 

@@ -131,25 +131,84 @@ def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
 
 
 # ---------------------------------------------------------------- serving features
-@pytest.mark.parametrize("mode", ["max_len", "gatherv"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_nccl_world1_fp8_gather_matches_reference(nccl1, mode, dtype):
+#: (wire, wire_scale) of each quantized wire
+WIRES = [("fp8", None), ("nvfp4", 0.75), ("mxfp4", None)]
+
+
+def _wire_reference(want, real, wire, g):
+    """(payload bytes, scale bytes, float32 dequantized) of the reference quantizer."""
     import numpy as np
 
-    from reference import dequantize_fp8, quantize_fp8, real_rows
+    from reference import dequantize_fp4, dequantize_fp8, quantize_fp4, quantize_fp8
+
+    if wire == "fp8":
+        p, s = quantize_fp8(want, real)
+        return p, s.view(np.uint8), dequantize_fp8(p, s)
+    p, s = quantize_fp4(want, real, wire, g)
+    return p, s, dequantize_fp4(p, s, wire, g)
+
+
+def _bytes(t: torch.Tensor):
+    return t.contiguous().view(torch.uint8).cpu().numpy()
+
+
+@pytest.mark.parametrize("wire,g", WIRES, ids=[w for w, _ in WIRES])
+@pytest.mark.parametrize("mode", ["max_len", "gatherv"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_nccl_world1_wire_gather_matches_reference(nccl1, mode, dtype, wire, g):
+    import numpy as np
+
+    from reference import real_rows
 
     plan = dpx.plan_step([37], nccl1.layout, mode=mode)
     locs = local_inputs(5, plan, (512,), partial=False, floats=True)
     x = _t(locs[0], dtype)
-    payload, scales = nccl1.gather(x, plan, partial=True, wire="fp8", dequantize=False)
+    payload, scales = nccl1.gather(x, plan, partial=True, wire=wire, wire_scale=g,
+                                   dequantize=False)
     want = torch.from_numpy(ref_gather(locs, plan, partial=False)).to(dtype).float().numpy()
-    rp, rs = quantize_fp8(want, real_rows(plan))
-    assert np.array_equal(payload.view(torch.uint8).cpu().numpy(), rp)
-    assert np.array_equal(scales.cpu().numpy().view(np.int32), rs.view(np.int32))
-    deq = nccl1.gather(x, plan, partial=True, wire="fp8")
+    rp, rs, rdeq = _wire_reference(want, real_rows(plan), wire, g)
+    assert np.array_equal(_bytes(payload), rp)
+    assert np.array_equal(_bytes(scales), rs)
+    deq = nccl1.gather(x, plan, partial=True, wire=wire, wire_scale=g)
     bits = torch.int32 if dtype == torch.float32 else torch.int16
-    ref = torch.from_numpy(dequantize_fp8(rp, rs)).to(dtype)
+    ref = torch.from_numpy(rdeq).to(dtype)
     assert torch.equal(deq.cpu().view(bits), ref.view(bits))
+
+
+@pytest.mark.parametrize("wire,g", WIRES, ids=[w for w, _ in WIRES])
+@pytest.mark.parametrize("mode", ["max_len", "gatherv"])
+def test_wire_gather_replays_under_cuda_graphs_with_new_counts(nccl1, mode, wire, g):
+    """A capacity plan's quantized gather with device counts, wire rows and dequantized,
+    captured once and replayed with new counts: bit for bit the reference every time."""
+    import numpy as np
+
+    from reference import real_rows
+
+    H, cap = 512, 48
+    plan = dpx.plan_step([1], nccl1.layout, capacity=cap, mode=mode)
+    counts = torch.tensor([cap], dtype=torch.int32, device="cuda")
+    x = (torch.randn(plan.slot_rows[0], H, device="cuda") * 5).to(torch.bfloat16)
+    res = {}
+
+    def step():
+        res["wire"] = nccl1.gather(x, plan, partial=True, counts=counts, wire=wire,
+                                   wire_scale=g, dequantize=False)
+        res["deq"] = nccl1.gather(x, plan, partial=True, counts=counts, wire=wire,
+                                  wire_scale=g)
+
+    graph, _ = capture(step)
+    for n in (0, 5, cap, 17):
+        counts.fill_(n)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = np.zeros((plan.global_rows, H), np.float32)
+        want[:n] = x[:n].float().cpu().numpy()
+        real = real_rows(plan, (n,))
+        rp, rs, rdeq = _wire_reference(want, real, wire, g)
+        assert np.array_equal(_bytes(res["wire"][0]), rp), n
+        assert np.array_equal(_bytes(res["wire"][1]), rs), n
+        ref = torch.from_numpy(rdeq).to(torch.bfloat16)
+        assert torch.equal(res["deq"].cpu().view(torch.int16), ref.view(torch.int16)), n
 
 
 def test_captured_step_exchanges_counts_masks_and_gathers(nccl1):
@@ -230,8 +289,9 @@ def test_mixed_dtype_batches_on_nccl(nccl1, mode):
 
 
 @pytest.mark.skipif(not __import__("conftest").jax_gpu_available(), reason="needs JAX on GPU")
+@pytest.mark.parametrize("wire,g", WIRES, ids=[w for w, _ in WIRES])
 @pytest.mark.parametrize("impl", ["triton", "xla"])
-def test_jax_fp8_wire_rows_equal_torch_bitwise_on_gpu(nccl1, impl):
+def test_jax_wire_rows_equal_torch_bitwise_on_gpu(nccl1, impl, wire, g):
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -246,17 +306,17 @@ def test_jax_fp8_wire_rows_equal_torch_bitwise_on_gpu(nccl1, impl):
             pytest.skip("needs jax-triton")
     plan = dpx.plan_step([37], nccl1.layout, mode="max_len")
     x = torch.randn(plan.max_slot_rows, 384, device="cuda", dtype=torch.bfloat16) * 7
-    tp, ts = nccl1.gather(x, plan, partial=True, wire="fp8", dequantize=False)
-    tdeq = nccl1.gather(x, plan, partial=True, wire="fp8")
+    tp, ts = nccl1.gather(x, plan, partial=True, wire=wire, wire_scale=g, dequantize=False)
+    tdeq = nccl1.gather(x, plan, partial=True, wire=wire, wire_scale=g)
     mesh = dpx_jax.make_mesh(plan.layout, jax.devices("gpu"))
     f = jax.jit(jax.shard_map(
-        lambda v: (*dpx_jax.gather(v, plan, partial=True, wire="fp8", dequantize=False,
-                                   impl=impl),
-                   dpx_jax.gather(v, plan, partial=True, wire="fp8", impl=impl)),
+        lambda v: (*dpx_jax.gather(v, plan, partial=True, wire=wire, wire_scale=g,
+                                   dequantize=False, impl=impl),
+                   dpx_jax.gather(v, plan, partial=True, wire=wire, wire_scale=g, impl=impl)),
         mesh=mesh, in_specs=P(dpx_jax.AXES), out_specs=P(dpx_jax.AXES)))
     jp, js, jdeq = f(jnp.asarray(x.float().cpu().numpy(), jnp.bfloat16))
-    assert np.array_equal(np.asarray(jp).view(np.uint8), tp.view(torch.uint8).cpu().numpy())
-    assert np.array_equal(np.asarray(js).view(np.int32), ts.cpu().numpy().view(np.int32))
+    assert np.array_equal(np.asarray(jp).view(np.uint8), _bytes(tp))
+    assert np.array_equal(np.asarray(js).view(np.uint8), _bytes(ts))
     assert np.array_equal(np.asarray(jdeq).view(np.int16), tdeq.view(torch.int16).cpu().numpy())
 
 

@@ -63,7 +63,7 @@ def test_serving_features_through_the_kernels(gloo_worlds, layout):
 
 @pytest.mark.parametrize("layout", [(1, 1), (4, 2), (4, 4), (4, 2, 2)],
                          ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
-def test_fp8_wire_carries_nan_and_inf_by_its_rule(gloo_worlds, layout):
+def test_quantized_wires_carry_nan_and_inf_by_their_rules(gloo_worlds, layout):
     """NaN, +-inf and huge finite values in the rows of an fp8 gather, every copy mode,
     host and device counts, partial and replicated, every float dtype: bit for bit the
     format's rule (a group's scale from its finite values, non-finite as NaN)."""
@@ -81,7 +81,7 @@ def test_fp8_wire_carries_nan_and_inf_by_its_rule(gloo_worlds, layout):
     if cp > 1:
         cases.append(dict(counts=[6] * dp, shards=[[6] + [0] * (cp - 1)] * dp,
                           mode="gatherv", partial=False, dtype="bfloat16", seed=50))
-    done = gloo_worlds(layout[0]).run("serving_jobs:check_fp8_nonfinite", layout, cases)
+    done = gloo_worlds(layout[0]).run("serving_jobs:check_wire_nonfinite", layout, cases)
     assert done == [len(cases)] * layout[0]
 
 

@@ -1,0 +1,252 @@
+"""The fp4 wire formats (nvfp4, mxfp4: dpx/wire.py) in every implementation -- torch ops and
+Triton's interpreter on CPU, the compiled kernels on GPU, JAX's XLA path -- bit for bit
+against the NumPy reference (tests/reference.py, written from the definition): e2m1 ties at
+every threshold, saturation, zero and negative-zero blocks, float32 and e4m3 subnormals,
+NaN and infinities, pad rows, device start/count, every float dtype; and each format's
+stated error bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import device_params, passes_params
+from dpx.modes import Wire
+from dpx.wire import block, check_wire_scale, wire_row_bytes
+from dpx_torch.passes import TorchPasses, TritonPasses
+from dpx_torch.wire import split_wire
+from reference import as_dtype, bits_of, dequantize_fp4, quantize_fp4
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+#: (wire, global scale): nvfp4 at an ordinary scale, at the ends of its range and at 1
+FORMATS = [(Wire.MXFP4, None), (Wire.NVFP4, 1.0), (Wire.NVFP4, 0.37), (Wire.NVFP4, 2.0 ** 60),
+           (Wire.NVFP4, 2.0 ** -60)]
+_IDS = [f"{w.value}" + ("" if g is None else f"-g{g:g}") for w, g in FORMATS]
+#: e2m1 magnitudes and the midpoints between them (the ties)
+_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
+_TIES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
+
+
+def hard_rows(h: int, seed: int = 0) -> np.ndarray:
+    """float32 rows: e2m1 grid points and ties at power-of-two block scales (block amax 6
+    * 2**k, so every tie is exact), values just off each tie, saturation (amax / 2**E up
+    to 8), magnitudes from float32 subnormals to near its maximum, zero and -0 blocks, and
+    NaN / +-inf at the first, a middle and the last element of a block."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in (-130, -126, -20, -3, 0, 5, 60, 120):
+        r = rng.choice(np.concatenate([_GRID, _TIES, -_GRID, -_TIES]), h).astype(np.float64)
+        r[::16] = 6.0                                   # every nvfp4 block's amax: 6 * 2**k
+        rows.append(r * 2.0 ** k)
+        off = np.nextafter(r.astype(np.float32), np.float32(np.inf)).astype(np.float64)
+        off[::16] = 6.0
+        rows.append(off * 2.0 ** k)
+    for lo, hi in ((-149, -120), (-40, 40), (100, 127)):
+        rows.append(rng.standard_normal(h) * 2.0 ** rng.integers(lo, hi, h))
+    rows.append(np.linspace(7.5, 8.0, h) * rng.choice([-1, 1], h))   # mxfp4 saturation
+    rows.append(np.zeros(h))
+    rows.append(np.full(h, -0.0))
+    for v in (np.nan, np.inf, -np.inf):
+        for pos in (0, 7, 15, h - 1):
+            r = rng.standard_normal(h)
+            r[pos] = v
+            rows.append(r)
+    x = np.stack(rows)
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32)
+
+
+def _wire_bytes(x: np.ndarray, real: np.ndarray, wire: Wire, g) -> np.ndarray:
+    p, s = quantize_fp4(x, real, wire.value, g)
+    return np.concatenate([p, s], axis=1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=_IDS)
+@pytest.mark.parametrize("impl", passes_params())
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fp4_quantize_take_and_dequantize_match_the_reference(impl, dtype, fmt):
+    """quantize rows ``start .. start + count`` into a longer wire buffer (pad rows zero
+    bytes), then dequantize: every byte and every output bit is the reference's."""
+    device, passes = impl
+    wire, g = fmt
+    g = None if g is None else check_wire_scale(wire, g)
+    h = 128  # wire rows of a multiple of 4 bytes: the kernels store int32 words
+    xf = hard_rows(h)
+    x = torch.from_numpy(xf).to(dtype)
+    xr = x.float().numpy()                      # the values the wire sees
+    rows = x.shape[0]
+    start, count, out_rows = 1, rows - 2, rows + 1
+    out = torch.full((out_rows, wire_row_bytes(h, wire)), 0x5A, dtype=torch.uint8,
+                     device=device)
+    passes.quantize(x.to(device), start, count, out, wire, g)
+    src = np.zeros((out_rows, h), np.float32)
+    src[:count] = xr[start:start + count]
+    real = np.arange(out_rows) < count
+    want = _wire_bytes(src, real, wire, g)
+    got = out.cpu().numpy()
+    bad = np.nonzero((got != want).any(1))[0]
+    assert bad.size == 0, (bad[:5], src[bad[:1]])
+    y = torch.full((out_rows, h), 3, dtype=dtype, device=device)
+    passes.dequantize(out, y, wire, g)
+    p, s = split_wire(out.cpu(), wire)
+    ref = bits_of(as_dtype(dequantize_fp4(p.numpy(), s.numpy(), wire.value, g),
+                           str(dtype).replace("torch.", "")))
+    got = y.cpu().view(BITS[dtype]).numpy().view(ref.dtype)
+    bad = np.nonzero((got != ref).any(1))[0]
+    assert bad.size == 0, bad[:5]
+    assert not got[count:].any()                 # pad rows: exact (positive) zeros
+
+
+@pytest.mark.parametrize("wire", [Wire.NVFP4, Wire.MXFP4], ids=lambda w: w.value)
+@pytest.mark.parametrize("impl", passes_params())
+def test_fp4_reads_device_start_and_count(impl, wire):
+    device, passes = impl
+    h, g = 64, (0.5 if wire is Wire.NVFP4 else None)
+    x = torch.randn(9, h, device=device)
+    out_a = torch.empty(6, wire_row_bytes(h, wire), dtype=torch.uint8, device=device)
+    out_b = torch.empty_like(out_a)
+    passes.quantize(x, 3, 4, out_a, wire, g)
+    passes.quantize(x, torch.tensor([3], dtype=torch.int32, device=device),
+                    torch.tensor([4], dtype=torch.int32, device=device), out_b, wire, g)
+    assert torch.equal(out_a, out_b) and (out_a[4:] == 0).all() and out_a[:4].any()
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_every_fp4_block_count_gives_the_same_bytes(device):
+    """Programs of 1 to 256 blocks (rows split across programs, a partial last program)
+    write the same bytes, and dequantize to the same bits, as the launch the frontends
+    use; rows of 96 elements make wire rows of an odd size, which the kernels store byte
+    by byte."""
+    from dpx.kernels import fp4 as K
+    from dpx_torch.launch import kernel_for
+
+    h, rows = 96, 13
+    x = torch.from_numpy(hard_rows(h, seed=3)[:rows]).to(torch.bfloat16).to(device)
+    for wire, g in ((Wire.NVFP4, 0.75), (Wire.MXFP4, None)):
+        rb = wire_row_bytes(h, wire)
+        want = torch.empty(rows + 2, rb, dtype=torch.uint8, device=device)
+        TritonPasses().quantize(x, 0, rows, want, wire, g)
+        nb = h // block(wire)
+        for bb in (1, 4, 32, 256):
+            out = torch.full_like(want, 0x5A)
+            kernel_for(K.quantize_fp4_kernel, out.device)[(-(-(rows + 2) * nb // bb),)](
+                x, x, x, 0, rows, rows, rows + 2, 1.0 if g is None else g, out, H=h,
+                ROW_BYTES=rb, NV=wire is Wire.NVFP4, START_PTR=False, COUNT_PTR=False,
+                BLOCK_B=bb, COMPILED=out.device.type == "cuda", WIDE=False)
+            assert torch.equal(out, want), (wire, bb)
+            # dequantize: tiles of every size, so some hold only normal blocks and some a
+            # block whose values are subnormal or infinite
+            y_want = torch.empty(rows + 2, h, dtype=torch.float32, device=device)
+            TritonPasses().dequantize(want, y_want, wire, g)
+            y = torch.full_like(y_want, 7.0)
+            kernel_for(K.dequantize_fp4_kernel, out.device)[(-(-(rows + 2) * nb // bb),)](
+                want, rows + 2, 1.0 if g is None else g, y, H=h, ROW_BYTES=rb,
+                NV=wire is Wire.NVFP4, OUT_KIND=0, BLOCK_B=bb,
+                COMPILED=out.device.type == "cuda", WIDE=False)
+            assert torch.equal(y.view(torch.int32), y_want.view(torch.int32)), (wire, bb)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=_IDS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_fp4_xla_path_matches_the_reference(dtype, fmt):
+    """JAX's XLA implementation (what runs off the GPU), bit for bit."""
+    import jax.numpy as jnp
+
+    from dpx_jax.rows import Impl
+    from dpx_jax.wire import dequantize, quantize_take
+
+    wire, g = fmt
+    g = None if g is None else check_wire_scale(wire, g)
+    h = 64
+    x = torch.from_numpy(hard_rows(h)).to(getattr(torch, dtype))
+    xr = x.float().numpy()
+    rows = x.shape[0]
+    jdt = getattr(jnp, dtype)
+    got = quantize_take(jnp.asarray(xr).astype(jdt), 2, rows - 3, rows, Impl.XLA, wire, g)
+    src = np.zeros((rows, h), np.float32)
+    src[:rows - 3] = xr[2:rows - 1]
+    want = _wire_bytes(src, np.arange(rows) < rows - 3, wire, g)
+    assert np.array_equal(np.asarray(got), want)
+    y = dequantize(got, jdt, Impl.XLA, wire, g)
+    p, s = want[:, :h // 2], want[:, h // 2:]
+    ref = bits_of(as_dtype(dequantize_fp4(p, s, wire.value, g), dtype))
+    assert np.array_equal(bits_of(np.asarray(y)), ref)
+
+
+def error_bound(x: np.ndarray, wire: Wire, g, p: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The bound docs/semantics.md states, per element of finite ``x``: ``|x' - x| <=
+    max(|x|, u) / 4 + max(0, |x| - 6u)`` with ``u`` the block's unit (nvfp4 ``s / g``,
+    mxfp4 ``2**E``), times ``1 + 2**-20`` for the float32 arithmetic."""
+    import ml_dtypes
+
+    gs = block(wire)
+    if wire is Wire.NVFP4:
+        u = s.view(ml_dtypes.float8_e4m3fn).astype(np.float64) / np.float32(g)
+    else:
+        u = np.exp2(s.astype(np.float64) - 127)
+    u = np.repeat(u, gs, axis=1)
+    a = np.abs(x.astype(np.float64))
+    return (np.maximum(a, u) / 4 + np.maximum(0, a - 6 * u)) * (1 + 2.0 ** -20)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=_IDS)
+def test_fp4_error_bound(fmt):
+    """Every finite element of the hard rows and of random rows over 80 binades is within
+    the stated bound (and for mxfp4 the saturation term is never needed); the bound is
+    tight: some element comes within 1% of it."""
+    wire, g = fmt
+    g = None if g is None else check_wire_scale(wire, g)
+    rng = np.random.default_rng(5)
+    h = 256
+    x = np.concatenate([hard_rows(h), (rng.standard_normal((64, h))
+                                       * 2.0 ** rng.integers(-40, 40, (64, 1)))]).astype(
+        np.float32)
+    x = x[np.isfinite(x).all(1)]
+    p, s = quantize_fp4(x, np.ones(x.shape[0], bool), wire.value, g)
+    y = dequantize_fp4(p, s, wire.value, g).astype(np.float64)
+    fin = np.isfinite(y)
+    err = np.abs(y - x)[fin]
+    bound = error_bound(x, wire, g, p, s)[fin]
+    assert (err <= bound).all(), np.max(err - bound)
+    assert (err >= 0.99 * bound).any()
+    if wire is Wire.MXFP4:  # |x| / 2**E < 8: within a quarter of max(|x|, 2**E)
+        u = np.repeat(np.exp2(s.astype(np.float64) - 127), 32, axis=1)[fin]
+        assert (err <= np.maximum(np.abs(x[fin]), u) / 4 * (1 + 2.0 ** -20)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", [(Wire.NVFP4, 0.37), (Wire.NVFP4, 1.0), (Wire.MXFP4, None)],
+                         ids=["nvfp4-g0.37", "nvfp4-g1", "mxfp4"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compiled_fp4_matches_the_torch_ops_on_many_rows(dtype, fmt):
+    """The compiled kernels (nvfp4: a reciprocal and two fused corrections) against the CPU
+    torch ops (tested against the reference above), over many blocks spanning the dtype's
+    range, e2m1 ties at power-of-two scales and signed zeros; both ways."""
+    wire, g = fmt
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    rows, h = 4096, 1024
+    lo, hi = {torch.float16: (-14, 12)}.get(dtype, (-100, 100))
+    x = torch.randn(rows, h, device="cuda", generator=gen)
+    x *= torch.exp2(torch.randint(lo, hi, (rows, h // 16, 1), device="cuda",
+                                  generator=gen).float()).repeat_interleave(16, 1)[..., 0]
+    grid = torch.from_numpy(np.concatenate([_GRID, _TIES, -_GRID, -_TIES])).cuda()
+    ties = grid[torch.randint(0, grid.numel(), (1024, h), device="cuda", generator=gen)]
+    k = torch.randint(lo // 2, hi // 2, (1024, 1), device="cuda", generator=gen).float()
+    ties[:, ::16] = 6.0
+    x[:1024] = ties * torch.exp2(k)
+    x[1024:1100] = -0.0
+    x = x.to(dtype)
+    out = torch.empty(rows, wire_row_bytes(h, wire), dtype=torch.uint8, device="cuda")
+    TritonPasses().quantize(x, 0, rows, out, wire, g)
+    want = torch.empty(rows, out.shape[1], dtype=torch.uint8)
+    TorchPasses().quantize(x.cpu(), 0, rows, want, wire, g)
+    bad = (out.cpu() != want).any(1).nonzero()
+    assert bad.numel() == 0, bad[:5]
+    y = torch.empty(rows, h, dtype=dtype, device="cuda")
+    TritonPasses().dequantize(out, y, wire, g)
+    yw = torch.empty(rows, h, dtype=dtype)
+    TorchPasses().dequantize(want, yw, wire, g)
+    assert torch.equal(y.cpu().view(BITS[dtype]), yw.view(BITS[dtype]))
