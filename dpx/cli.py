@@ -13,8 +13,8 @@ from dpx.errors import DpxError
 from dpx.explain import explain
 from dpx.layout import DpLayout
 from dpx.modes import Wire
-from dpx.wire import FLOAT_DTYPES
 from dpx.planner import plan_step
+from dpx.wire import FLOAT_DTYPES
 
 __all__ = ["build_parser", "main"]
 

@@ -1,5 +1,5 @@
 """The quantized wire formats of ``gather(..., wire=...)``: one definition for both frontends
-(docs/semantics.md, "Quantized wires", says them in full).
+(docs/semantics.md, "Serving features", says them in full).
 
 A row of ``H`` elements travels as ``wire_row_bytes(H, wire)`` bytes: the payload, then one
 scale per block of ``block(wire)`` elements.

@@ -180,13 +180,15 @@ class DpComm:
         H/16 or H/32])``. Not differentiable.
 
         Several tensors: ``gather((a, b, ...), plan, partial=(pa, pb, ...))`` (``partial``,
-        ``wire``, ``wire_scale`` one each or one for all) returns a tuple, each result as if gathered
+        ``wire``, ``wire_scale`` one each or one for all; one ``wire_scale`` applies to the
+        nvfp4 tensors) returns a tuple, each result as if gathered
         alone; the tensors' collectives go out batched (:mod:`dpx.batch`: one grouped launch
         per batch where the backend coalesces). When a tensor requires grad, each is
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
         wkey = wire if wire_scale is None else (wire, wire_scale)
-        if type(local) is torch.Tensor and type(partial) is bool and not _compiling():
+        if type(local) is torch.Tensor and type(partial) is bool and not _compiling() \
+                and (wire_scale is None or type(wire_scale) is float):
             res = self._run_prepared(_key(_GATHER, plan, partial, wkey, dequantize, local,
                                           counts, out), plan, local, counts, out)
             if res is not _MISS:
@@ -278,8 +280,9 @@ class DpComm:
         call, :mod:`dpx_torch.prepared`): checks them (raising what :meth:`gather`
         raises), binds the program, and returns ``op`` with ``op(local, counts=...,
         out=...) == gather(local, plan, partial=..., counts=..., out=..., wire=...,
-        dequantize=..., wire_scale=...)``; a call guards only what can change (shapes, dtypes, devices,
-        contiguity, aliasing) and otherwise runs the bound steps. Runs nothing itself."""
+        dequantize=..., wire_scale=...)``; a call guards only what can change (shapes,
+        dtypes, devices, contiguity, aliasing) and otherwise runs the bound steps. Runs
+        nothing itself."""
         self._alive()
         self.checks.tensor("local", local)
         op = self._prepare_gather(local, plan, partial, counts, out, wire, dequantize,

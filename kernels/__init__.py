@@ -1,5 +1,6 @@
 """Triton kernels of dpx (installed as ``dpx.kernels``): row passes (:mod:`.rows`), the fp8
-wire (:mod:`.wire`), the fp4 wires (:mod:`.fp4`), pad-row masking (:mod:`.mask`) and the device check of a step's counts
+wire (:mod:`.wire`), the fp4 wires (:mod:`.fp4`), pad-row masking (:mod:`.mask`) and the
+device check of a step's counts
 (:mod:`.counts`); :mod:`.launch` holds the launch shapes both frontends use."""
 
 import sys

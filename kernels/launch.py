@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 __all__ = [
-    "DEFAULT_TILE", "FP4_BY_BLOCK", "fp4_shape", "Fp4Shape", "grid", "QUANTIZE_BY_BYTES", "quantize_grid", "quantize_shape",
+    "DEFAULT_TILE", "FP4_BY_BLOCK", "fp4_shape", "Fp4Shape", "grid", "QUANTIZE_BY_BYTES",
+    "quantize_grid", "quantize_shape",
     "QuantizeShape", "row_blocks", "STREAM_BYTES", "Tile", "tile_for", "TILES_BY_BYTES",
     "wide"
 ]

@@ -98,7 +98,11 @@ def test_validate_makes_every_rank_raise_the_same_error(gloo_worlds):
               "replicated": "replica 0's attn-tp ranks [0, 1] hold different rows",
               "columns": "ranks disagree on width: 2 on ranks [0, 1, 3]; 3 on ranks [2]",
               "columns_op": "ranks disagree on op: 'reduce_scatter' on ranks [0, 2, 3]; "
-                            "'scatter_columns' on ranks [1]"}
+                            "'scatter_columns' on ranks [1]",
+              "wire_scale": "ranks disagree on op: 'gather/nvfp4 scale=1.0' on ranks [0, 1, "
+                            "2]; 'gather/nvfp4 scale=2.0' on ranks [3]",
+              "wire": "ranks disagree on op: 'gather/mxfp4' on ranks [0]; 'gather/nvfp4 "
+                      "scale=1.0' on ranks [1, 2, 3]"}
     for key, text in expect.items():
         msgs = {r[key] for r in res}
         assert len(msgs) == 1, f"{key}: ranks raised different errors: {msgs}"

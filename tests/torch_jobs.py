@@ -236,6 +236,12 @@ def check_validate(ctx) -> dict:
         torch.zeros(plan.global_rows, 3 if r == 2 else 2), plan))
     out["columns_op"] = _raises(lambda: comm.scatter_columns(g, plan) if r == 1 else
                                 comm.reduce_scatter(g, plan))
+    wx = torch.randn(4, 32)
+    out["wire_scale"] = _raises(lambda: comm.gather(wx, plan, partial=True, wire="nvfp4",
+                                                    wire_scale=2.0 if r == 3 else 1.0))
+    out["wire"] = _raises(lambda: comm.gather(wx, plan, partial=True,
+                                              wire="mxfp4" if r == 0 else "nvfp4",
+                                              wire_scale=None if r == 0 else 1.0))
     # the world is still usable, and consistent calls pass validation
     got = comm.gather(x, plan, partial=False)
     cols = comm.scatter_columns(got[:, r:r + 1].contiguous(), plan)  # rank r: column r
