@@ -320,6 +320,61 @@ def test_jax_wire_rows_equal_torch_bitwise_on_gpu(nccl1, impl, wire, g):
     assert np.array_equal(np.asarray(jdeq).view(np.int16), tdeq.view(torch.int16).cpu().numpy())
 
 
+@pytest.mark.skipif(not __import__("conftest").jax_gpu_available(), reason="needs JAX on GPU")
+def test_fp4_kernels_compile_to_the_same_ptx_under_torch_and_jax(tmp_path, monkeypatch):
+    """The fp4 quantize-and-place and dequantize kernels that jax-triton compiles for a
+    gather are, PTX for PTX, the ones the torch launch compiles for the same shapes
+    (jax-triton makes a scalar argument equal to 1 a constant, so mxfp4 passes 0.0 for the
+    global scale it does not read, and these shapes have no size 1)."""
+    import glob
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import dpx_jax
+    from dpx.kernels import fp4 as K
+    from dpx.kernels import launch
+    from dpx.modes import Wire
+    from dpx.wire import block, wire_row_bytes
+    from dpx_jax.triton_shim import jax_triton
+
+    if jax_triton() is None:
+        pytest.skip("needs jax-triton")
+    import jax_triton.triton_lib as lib
+
+    monkeypatch.setattr(lib, "_JAX_TRITON_DUMP_DIR", str(tmp_path))
+    plan = dpx.plan_step([45], dpx.DpLayout(1, 1), mode="max_len")
+    rows, h = plan.max_slot_rows, 1088
+    x = torch.randn(rows, h, device="cuda", dtype=torch.bfloat16)
+    mesh = dpx_jax.make_mesh(plan.layout, jax.devices("gpu")[:1])
+    for wire, g in (("nvfp4", 0.75), ("mxfp4", None)):
+        f = jax.jit(jax.shard_map(
+            lambda v: dpx_jax.gather(v, plan, partial=True, wire=wire, wire_scale=g,
+                                     impl="triton"),
+            mesh=mesh, in_specs=P(dpx_jax.AXES), out_specs=P(dpx_jax.AXES)))
+        f(jnp.asarray(x.float().cpu().numpy(), jnp.bfloat16)).block_until_ready()
+        w = Wire.parse(wire)
+        rb, shape = wire_row_bytes(h, w), launch.fp4_shape(rows, h, block(w))
+        grid = (-(-rows * (h // block(w)) // shape.block_b),)
+        out = torch.empty(rows, rb, dtype=torch.uint8, device="cuda")
+        y = torch.empty_like(x)
+        cnt = torch.tensor([rows], dtype=torch.int32, device="cuda")
+        common = dict(H=h, ROW_BYTES=rb, NV=w is Wire.NVFP4, BLOCK_B=shape.block_b,
+                      COMPILED=True, WIDE=False, num_warps=shape.warps)
+        gv = 0.0 if g is None else g
+        q = K.quantize_fp4_kernel[grid](x, cnt, cnt, 0, 0, rows, rows, gv, out,
+                                        START_PTR=True, COUNT_PTR=True, **common)
+        d = K.dequantize_fp4_kernel[grid](out, rows, gv, y, OUT_KIND=1, **common)
+        for name, compiled in (("quantize_fp4_kernel", q), ("dequantize_fp4_kernel", d)):
+            jax_ptx = {open(p).read() for p in glob.glob(f"{tmp_path}/*/{name}.ptx")}
+            mine = compiled.asm["ptx"]
+            near = min(jax_ptx, key=lambda p: len(set(p.splitlines()) ^ set(mine.splitlines())))
+            diff = list(__import__("difflib").unified_diff(mine.splitlines(), near.splitlines(),
+                                                           "torch", "jax", n=0, lineterm=""))
+            assert mine in jax_ptx, (wire, name, len(jax_ptx), "\n".join(diff[:30]))
+
+
 # ---------------------------------------------------------------- several ranks, one GPU
 @pytest.mark.multiproc
 @pytest.mark.parametrize("layout", [(2, 2), (2, 1), (4, 2), (4, 1, 2), (4, 2, 2)],
