@@ -295,9 +295,9 @@ def _quantize_fp4(src, start, count, rows: int, impl: Impl, wire: Wire, g):
     f = launch.fp4_shape(rows, h, W.block(wire))
     out = triton_call(
         src, start.reshape(1), count.reshape(1), 0, 0, src.shape[0], rows,
-        np.float32(0.0 if g is None else g), kernel=kernels.quantize_fp4_kernel,
+        np.float32(launch.fp4_scale(g)), kernel=kernels.quantize_fp4_kernel,
         out=jax.ShapeDtypeStruct((rows, rb), jnp.uint8),
-        grid=(-(-rows * (h // W.block(wire)) // f.block_b),), num_warps=f.warps, H=h,
+        grid=launch.fp4_grid(rows, h, W.block(wire), f), num_warps=f.warps, H=h,
         ROW_BYTES=rb, NV=wire is Wire.NVFP4, START_PTR=True, COUNT_PTR=True,
         BLOCK_B=f.block_b, COMPILED=True, WIDE=launch.wide(src.size, rows * rb))
     return vary_like(out, src, start, count)
@@ -313,9 +313,9 @@ def _dequantize_fp4(src, dtype, impl: Impl, wire: Wire, g):
 
     f = launch.fp4_shape(rows, h, W.block(wire))
     out = triton_call(
-        src, rows, np.float32(0.0 if g is None else g), kernel=kernels.dequantize_fp4_kernel,
+        src, rows, np.float32(launch.fp4_scale(g)), kernel=kernels.dequantize_fp4_kernel,
         out=jax.ShapeDtypeStruct((rows, h), dtype),
-        grid=(-(-rows * (h // W.block(wire)) // f.block_b),), num_warps=f.warps, H=h,
+        grid=launch.fp4_grid(rows, h, W.block(wire), f), num_warps=f.warps, H=h,
         ROW_BYTES=src.shape[1], NV=wire is Wire.NVFP4, OUT_KIND=_OUT_KIND[jnp.dtype(dtype)],
         BLOCK_B=f.block_b, COMPILED=True, WIDE=launch.wide(src.size, rows * h))
     return vary_like(out, src)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from dpx.kernels.launch import Tile
+from dpx.kernels.launch import Tile, fp4_scale
 from dpx.modes import Wire
 from dpx.plan import CountRule
 from dpx_torch.passes import Index, Passes, passes_for
@@ -230,11 +230,11 @@ class OpPasses(Passes):
     def quantize(src, start: Index, n: Index, out, wire: Wire = Wire.FP8,
                  g: float | None = None) -> None:
         (s_t, s), (n_t, n) = _split(start), _split(n)
-        quantize_rows_out(src, s_t, n_t, s, n, out, wire.value, 0.0 if g is None else g)
+        quantize_rows_out(src, s_t, n_t, s, n, out, wire.value, fp4_scale(g))
 
     @staticmethod
     def dequantize(src, out, wire: Wire = Wire.FP8, g: float | None = None) -> None:
-        dequantize_rows_out(src, out, wire.value, 0.0 if g is None else g)
+        dequantize_rows_out(src, out, wire.value, fp4_scale(g))
 
     @staticmethod
     def mask(t, firsts, lens, fill) -> None:

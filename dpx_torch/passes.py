@@ -272,9 +272,9 @@ class TritonPasses(Passes):
         k = self.launcher.bind(_fp4.quantize_fp4_kernel, device, consts, f.warps,
                                ((0, dtype), (1, dtype if start is not None else i32),
                                 (2, dtype if n is not None else i32), (8, torch.uint8)))
-        sv, nv, gv = start or 0, n or 0, 0.0 if g is None else g
+        sv, nv, gv = start or 0, n or 0, _tiles.fp4_scale(g)
         go_t = k.tensors
-        grid = (-(-out_rows * (hidden // W.block(wire)) // f.block_b),)
+        grid = _tiles.fp4_grid(out_rows, hidden, W.block(wire), f)
 
         def go(src, out, start_t=None, n_t=None):
             go_t(grid, (src, src if start_t is None else start_t, src if n_t is None else n_t,
@@ -293,8 +293,8 @@ class TritonPasses(Passes):
                           WIDE=_tiles.wide(rows * rb, rows * hidden))
             k = self.launcher.bind(_fp4.dequantize_fp4_kernel, device, consts, f.warps,
                                    ((0, torch.uint8), (3, dtype)))
-            grid = (-(-rows * (hidden // W.block(wire)) // f.block_b),)
-            gv, go_fp4 = 0.0 if g is None else g, k.tensors
+            grid = _tiles.fp4_grid(rows, hidden, W.block(wire), f)
+            gv, go_fp4 = _tiles.fp4_scale(g), k.tensors
             return lambda src, out: go_fp4(grid, (src, rows, gv, out))
         rb = W.wire_row_bytes(hidden)
         consts = dict(H=hidden, ROW_BYTES=rb, OUT_KIND=_OUT_KIND[dtype],

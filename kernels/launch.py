@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 __all__ = [
-    "DEFAULT_TILE", "FP4_BY_BLOCK", "fp4_shape", "Fp4Shape", "grid", "QUANTIZE_BY_BYTES",
+    "DEFAULT_TILE", "FP4_BY_BLOCK", "fp4_grid", "fp4_scale", "fp4_shape", "Fp4Shape", "grid", "QUANTIZE_BY_BYTES",
     "quantize_grid", "quantize_shape",
     "QuantizeShape", "row_blocks", "STREAM_BYTES", "Tile", "tile_for", "TILES_BY_BYTES",
     "wide"
@@ -116,6 +116,17 @@ def fp4_shape(rows: int, hidden: int, block: int) -> Fp4Shape:
     """The launch of an fp4 quantize or dequantize of ``rows`` rows of ``hidden`` elements
     in blocks of ``block`` (both frontends launch with it)."""
     return FP4_BY_BLOCK.get(block) or Fp4Shape(max(2048 // block, 1), 4)
+
+
+def fp4_grid(rows: int, hidden: int, block: int, shape: Fp4Shape) -> tuple[int]:
+    """Programs of an fp4 quantize or dequantize of ``rows`` rows of ``hidden`` elements."""
+    return (-(-rows * (hidden // block) // shape.block_b),)
+
+
+def fp4_scale(g: float | None) -> float:
+    """The kernels' global-scale argument: nvfp4's ``g``, else 0.0 (mxfp4 reads none; not
+    1.0, which jax-triton would compile as a constant, other PTX than torch's launch)."""
+    return 0.0 if g is None else g
 
 
 def wide(*elements: int) -> bool:

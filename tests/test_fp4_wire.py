@@ -120,6 +120,7 @@ def test_every_fp4_block_count_gives_the_same_bytes(device):
     use; rows of 96 elements make wire rows of an odd size, which the kernels store byte
     by byte."""
     from dpx.kernels import fp4 as K
+    from dpx.kernels.launch import fp4_scale
     from dpx_torch.launch import kernel_for
 
     h, rows = 96, 13
@@ -132,7 +133,7 @@ def test_every_fp4_block_count_gives_the_same_bytes(device):
         for bb in (1, 4, 32, 256):
             out = torch.full_like(want, 0x5A)
             kernel_for(K.quantize_fp4_kernel, out.device)[(-(-(rows + 2) * nb // bb),)](
-                x, x, x, 0, rows, rows, rows + 2, 0.0 if g is None else g, out, H=h,
+                x, x, x, 0, rows, rows, rows + 2, fp4_scale(g), out, H=h,
                 ROW_BYTES=rb, NV=wire is Wire.NVFP4, START_PTR=False, COUNT_PTR=False,
                 BLOCK_B=bb, COMPILED=out.device.type == "cuda", WIDE=False)
             assert torch.equal(out, want), (wire, bb)
@@ -142,7 +143,7 @@ def test_every_fp4_block_count_gives_the_same_bytes(device):
             TritonPasses().dequantize(want, y_want, wire, g)
             y = torch.full_like(y_want, 7.0)
             kernel_for(K.dequantize_fp4_kernel, out.device)[(-(-(rows + 2) * nb // bb),)](
-                want, rows + 2, 0.0 if g is None else g, y, H=h, ROW_BYTES=rb,
+                want, rows + 2, fp4_scale(g), y, H=h, ROW_BYTES=rb,
                 NV=wire is Wire.NVFP4, OUT_KIND=0, BLOCK_B=bb,
                 COMPILED=out.device.type == "cuda", WIDE=False)
             assert torch.equal(y.view(torch.int32), y_want.view(torch.int32)), (wire, bb)

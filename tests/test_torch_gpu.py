@@ -356,13 +356,13 @@ def test_fp4_kernels_compile_to_the_same_ptx_under_torch_and_jax(tmp_path, monke
         f(jnp.asarray(x.float().cpu().numpy(), jnp.bfloat16)).block_until_ready()
         w = Wire.parse(wire)
         rb, shape = wire_row_bytes(h, w), launch.fp4_shape(rows, h, block(w))
-        grid = (-(-rows * (h // block(w)) // shape.block_b),)
+        grid = launch.fp4_grid(rows, h, block(w), shape)
         out = torch.empty(rows, rb, dtype=torch.uint8, device="cuda")
         y = torch.empty_like(x)
         cnt = torch.tensor([rows], dtype=torch.int32, device="cuda")
         common = dict(H=h, ROW_BYTES=rb, NV=w is Wire.NVFP4, BLOCK_B=shape.block_b,
                       COMPILED=True, WIDE=False, num_warps=shape.warps)
-        gv = 0.0 if g is None else g
+        gv = launch.fp4_scale(g)
         q = K.quantize_fp4_kernel[grid](x, cnt, cnt, 0, 0, rows, rows, gv, out,
                                         START_PTR=True, COUNT_PTR=True, **common)
         d = K.dequantize_fp4_kernel[grid](out, rows, gv, y, OUT_KIND=1, **common)
