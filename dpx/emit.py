@@ -10,11 +10,10 @@ from typing import Any
 
 from dpx import expr as X
 from dpx import values as V
-from dpx.errors import DpxValueError
 from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
 from dpx.plan import CountRule
-from dpx.routes import RankRef, Route, choose_route
+from dpx.routes import RankRef, choose_route
 from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, BroadcastV,
                        CheckCounts, Dequantize, JoinColumns, Move, Pack, Quantize,
                        ReduceScatter, ReduceScatterV, ReduceV, Ref, SplitColumns, Step,
@@ -36,15 +35,16 @@ class Emitter:
         self.partial = partial or op is Op.GATHER_SUM
         self.device_counts, self.transport = device_counts, transport
         self.wire, self.dequantize, self.in_place = wire, dequantize, in_place
-        self.rule = rule
-        self.example = example
+        #: whether the rows travel quantized (a wire other than the input's dtype)
+        self.quantized = wire is not Wire.NATIVE
+        self.rule, self.example = rule, example
         self.in_rows: Any = X.param("in_rows") if in_rows_known else None
         self.out_rows: Any = X.param("out_rows")
         # gather_sum over CP copies: every rank of a replica adds its rows
         self.sum_replica = (op is Op.GATHER_SUM and geo.cp > 1 and not geo.sharded)
         self.steps: list[Step] = []
-        self.scratch: dict[str, Any] = {}
-        self.wire_bufs: set[str] = set()
+        self.scratch: dict[str, Any] = {}  # scratch buffers' rows, by name
+        self.wire_bufs: set[str] = set()  # buffers of wire rows; of wide rows
         self.wide_bufs: set[str] = set()
         self.notes: list[str] = []
         self.guards: dict[tuple, tuple[Any, int]] = {}
@@ -90,44 +90,26 @@ class Emitter:
 
     # ------------------------------------------------------------ the op
     def emit(self) -> None:
+        """The steps: the device count check, then the method named ``<op>_<route>``
+        (gather_sum runs gather's, reduce_scatter's are ``rs_<route>``)."""
         if self.rule is not None:
             self.steps.append(CheckCounts(self.rule))
-        op = self.op
         if self.quantized:
-            self._check_wire()
-        if op in (Op.GATHER, Op.GATHER_SUM):
-            {Route.SUM_SLOTS: self.gather_sum_slots, Route.EQUAL_BLOCKS: self.gather_equal,
-             Route.BLOCKS_UNPACK: self.gather_unpack, Route.RAGGED: self.gather_ragged,
-             Route.PER_ROOT: self.gather_per_root}[self.route]()
-        elif op is Op.REDUCE_SCATTER:
-            {Route.SUM_SLOTS: self.rs_sum_slots, Route.EQUAL_BLOCKS: self.rs_equal,
-             Route.BLOCKS_UNPACK: self.rs_unpack, Route.RAGGED: self.rs_ragged,
-             Route.PER_ROOT: self.rs_per_root}[self.route]()
-        elif op is Op.SCATTER_COLUMNS:
-            self.scatter_columns()
-        elif op is Op.SCATTER_COLUMNS_ADJOINT:
-            self.scatter_columns_adjoint()
-        elif op is Op.SCATTER:
-            g, r = self.geo, self.rank
-            self.move(Ref(IN), Ref(OUT), self.out_rows, g.rows_start(r.dp, r.cp), 0,
-                      g.held(r.dp, r.cp))
-        else:  # scatter's adjoint
-            g, r = self.geo, self.rank
-            self.move(Ref(IN), Ref(OUT), self.out_rows, 0, g.rows_start(r.dp, r.cp),
-                      g.held(r.dp, r.cp))
+            check_wire_mode(self.geo.mode, self.wire, self.op)
+        family = {Op.GATHER_SUM: "gather", Op.REDUCE_SCATTER: "rs"}.get(self.op, self.op.value)
+        getattr(self, f"{family}_{self.route.value}")()
 
-    def _check_wire(self) -> None:
-        check_wire_mode(self.geo.mode, self.wire)
-        if self.op is not Op.GATHER:
-            raise DpxValueError(f"wire='{self.wire.value}' applies to gather, not "
-                                f"{self.op.value}")
+    def scatter_local(self, src: Ref = Ref(IN)) -> None:
+        """``out``: this rank's rows of the global buffer ``src``."""
+        g, r = self.geo, self.rank
+        self.move(src, Ref(OUT), self.out_rows, g.rows_start(r.dp, r.cp), 0, g.held(r.dp, r.cp))
+
+    def scatter_adjoint_local(self) -> None:
+        g, r = self.geo, self.rank
+        self.move(Ref(IN), Ref(OUT), self.out_rows, 0, g.rows_start(r.dp, r.cp),
+                  g.held(r.dp, r.cp))
 
     # ------------------------------------------------------------ shared pieces
-    @property
-    def quantized(self) -> bool:
-        """Whether the rows travel quantized (a wire other than the input's dtype)."""
-        return self.wire is not Wire.NATIVE
-
     def sums_partials(self) -> bool:
         """Whether the rank's rows are partial sums its group must add first."""
         return self.partial and (self.geo.tp > 1 or self.sum_replica)
@@ -183,7 +165,10 @@ class Emitter:
         return dst
 
     def gathered_out(self) -> Ref:
-        """Where a quantized gather's world collective writes (``out`` when it keeps wire rows)."""
+        """Where a gather's world collective writes: ``out`` (holding wire rows when a
+        quantized gather keeps them), or the wire buffer it dequantizes from."""
+        if not self.quantized:
+            return Ref(OUT)
         if self.dequantize:
             return self.buffer("wire_out", self.geo.global_rows, wire=True)
         self.wire_bufs.add(OUT)
@@ -198,7 +183,7 @@ class Emitter:
         its rows all-gathered, then its real rows."""
         g, r, R = self.geo, self.rank, self.out_rows
         B = g.block
-        group, size = (Group.ATTN_TP, g.tp) if g.sharded else (Group.REPLICA, g.m)
+        group, size = self.geo.sharing_group()
         held = g.held(r.dp, r.cp)
         if size > 1:
             if not self.known(self.eq(mine_rows, B)):  # a per-root chunk view: a full block
@@ -230,20 +215,16 @@ class Emitter:
             self.move(Ref(IN), Ref(OUT), G, 0, start, count)
         self.steps.append(AllReduce(Group.WORLD, Ref(OUT), G))
 
-    def gather_equal(self) -> None:
+    def gather_equal_blocks(self) -> None:
         g, r = self.geo, self.rank
         B = g.block
-        if self.quantized:
+        if not self.in_place:
             dst = self.gathered_out()
             self.steps.append(AllGather(Group.WORLD, self.produce_chunk(None, B), dst, B))
             self.finish_gather(dst)
             return
-        if not self.in_place:
-            self.steps.append(AllGather(Group.WORLD, self.produce_chunk(None, B), Ref(OUT), B))
-            return
         # in place: the caller's rows are the rank's slot; the collectives read them there
-        q = g.block_index(r.cp, r.tp)
-        own = Ref(IN, X.mul(q, B), B)
+        own = Ref(IN, X.mul(g.block_index(r.cp, r.tp), B), B)
         if self.sums_partials():
             group, k, base, _, count = self.partial_group()
             span = Ref(IN, X.mul(base, B), X.mul(k, B))
@@ -256,7 +237,7 @@ class Emitter:
                 self.steps.append(Zero(own, B, 0, real))
         self.steps.append(AllGather(Group.WORLD, own, Ref(OUT), B))
 
-    def gather_unpack(self) -> None:
+    def gather_blocks_unpack(self) -> None:
         g = self.geo
         B, W = g.block, g.layout.world_size
         if g.mode is PaddingMode.GATHERV:
@@ -268,17 +249,15 @@ class Emitter:
                                wire=self.quantized)
         self.steps.append(AllGather(Group.WORLD, chunk, gathered, B))
         firsts, lens = g.chunk_table()
-        dst = self.gathered_out() if self.quantized else Ref(OUT)
+        dst = self.gathered_out()
         self.steps.append(Unpack(gathered, dst, g.global_rows, firsts, lens, B))
         self.finish_gather(dst)
 
     def gather_ragged(self) -> None:
         g = self.geo
-        B = g.block
-        chunk = self.produce_chunk(None, B)
-        firsts, lens = g.chunk_table()
-        dst = self.gathered_out() if self.quantized else Ref(OUT)
-        self.steps.append(AllGatherV(Group.WORLD, g.global_rows, firsts, lens, B, chunk, dst))
+        chunk, dst = self.produce_chunk(None, g.block), self.gathered_out()
+        self.steps.append(AllGatherV(Group.WORLD, g.global_rows, *g.chunk_table(), g.block,
+                                     chunk, dst))
         self.finish_gather(dst)
 
     def gather_per_root(self) -> None:
@@ -286,10 +265,9 @@ class Emitter:
         G, B = g.global_rows, g.block
         firsts, lens = g.chunk_table()
         first, length = g.chunk(r.dp, r.cp, r.tp)
-        dst = self.gathered_out() if self.quantized else Ref(OUT)
-        # Without shards the chunks tile [0, end) (a capacity plan's buffer may go on past
-        # it: a tail of zeros); shards leave gaps (each slot's pad past its shards) unless
-        # every shard table fills its slot.
+        dst = self.gathered_out()
+        # the chunks tile [0, end), then a capacity plan's tail of zeros; shards leave gaps
+        # (each slot's pad past its shards) unless every shard table fills its slot
         end = X.vsum(g.aligned)
         if g.sharded:
             gaps = not self.known(X.land(X.vall(X.eq(g.n, g.aligned)), self.eq(end, G)))
@@ -313,23 +291,26 @@ class Emitter:
         else:  # the input is read before any write (it may be a view of out)
             self.produce_chunk(mine, length)
             if gaps:
-                self.steps.append(Zero(Ref(dst.buf), G, first, length))
+                self.steps.append(Zero(dst, G, first, length))
             elif tail:
-                self.steps.append(Zero(Ref(dst.buf), G, 0, end))
-        self.steps.append(BroadcastV(Group.WORLD, G, firsts, lens, B, Ref(dst.buf)))
-        self.finish_gather(Ref(dst.buf))
+                self.steps.append(Zero(dst, G, 0, end))
+        self.steps.append(BroadcastV(Group.WORLD, G, firsts, lens, B, dst))
+        self.finish_gather(dst)
 
     # ------------------------------------------------------------ reduce_scatter routes
-    def rs_sum_slots(self) -> None:
-        g, r = self.geo, self.rank
-        G = g.global_rows
-        staged = self.buffer("staged", G)
-        self.move(Ref(IN), staged, G, 0, 0, G)  # the all-reduce works in place
-        self.steps.append(AllReduce(Group.WORLD, staged, G))
-        self.move(staged, Ref(OUT), self.out_rows, g.rows_start(r.dp, r.cp), 0,
-                  g.held(r.dp, r.cp))
+    def staged(self) -> Ref:
+        """A copy of the input, for a collective that works in place."""
+        G = self.geo.global_rows
+        self.move(Ref(IN), self.buffer("staged", G), G, 0, 0, G)
+        return Ref("staged")
 
-    def rs_equal(self) -> None:
+    def rs_sum_slots(self) -> None:
+        g = self.geo
+        staged = self.staged()
+        self.steps.append(AllReduce(Group.WORLD, staged, g.global_rows))
+        self.scatter_local(staged)
+
+    def rs_equal_blocks(self) -> None:
         g, r, R = self.geo, self.rank, self.out_rows
         B = g.block
         if g.m == 1 and self.known(self.eq(R, B)):
@@ -342,7 +323,7 @@ class Emitter:
         self.steps.append(ReduceScatter(Group.WORLD, Ref(IN), chunk, B))
         self.finish_slot(chunk, B)
 
-    def rs_unpack(self) -> None:
+    def rs_blocks_unpack(self) -> None:
         g = self.geo
         B, W = g.block, g.layout.world_size
         firsts, lens = g.chunk_table()
@@ -354,35 +335,27 @@ class Emitter:
 
     def rs_ragged(self) -> None:
         g = self.geo
-        firsts, lens = g.chunk_table()
         chunk = self.buffer("chunk", g.block)
-        self.steps.append(ReduceScatterV(Group.WORLD, g.global_rows, firsts, lens, g.block,
+        self.steps.append(ReduceScatterV(Group.WORLD, g.global_rows, *g.chunk_table(), g.block,
                                          Ref(IN), chunk))
         self.finish_slot(chunk, g.block)
 
     def rs_per_root(self) -> None:
         g, r = self.geo, self.rank
-        G = g.global_rows
         firsts, lens = g.chunk_table()
-        staged = self.buffer("staged", G)
-        self.move(Ref(IN), staged, G, 0, 0, G)  # per-root reduces work in place
-        self.steps.append(ReduceV(Group.WORLD, G, firsts, lens, g.block, staged))
+        staged = self.staged()
+        self.steps.append(ReduceV(Group.WORLD, g.global_rows, firsts, lens, g.block, staged))
         first, length = g.chunk(r.dp, r.cp, r.tp)
         self.finish_slot(Ref("staged", first, length), length)
 
     # ------------------------------------------------------------ the LM-head scatter
-    def columns_group(self) -> tuple[Group, int]:
-        """The group whose ranks share this rank's rows (each holds one chunk of them)."""
-        g = self.geo
-        return (Group.ATTN_TP, g.tp) if g.sharded else (Group.REPLICA, g.m)
-
-    def scatter_columns(self) -> None:
+    def scatter_columns_all_to_all(self) -> None:
         """Every rank's real rows packed per destination (``k * B`` rows a block: ``k``
         ranks share them), one world all-to-all, the column parts joined side by side
         (docs/semantics.md, "The LM-head scatter")."""
         g, R, r = self.geo, self.out_rows, self.rank
         W = g.layout.world_size
-        k = self.columns_group()[1]
+        k = self.geo.sharing_group()[1]
         span = X.mul(k, g.block)
         count = X.minimum(R, span)
         recv = self.buffer("recv", X.mul(W, span))
@@ -399,14 +372,14 @@ class Emitter:
         self.wide_bufs.add(OUT)
         self.steps.append(JoinColumns(recv, Ref(OUT), R, count, span, W))
 
-    def scatter_columns_adjoint(self) -> None:
-        """The transpose of :meth:`scatter_columns`: the sharing ranks' rows summed and
+    def scatter_columns_adjoint_all_to_all(self) -> None:
+        """The transpose of :meth:`scatter_columns_all_to_all`: the sharing ranks' rows summed and
         reduce-scattered, the column parts split into blocks, one world all-to-all, every
         chunk's real rows moved to its rows of ``out``."""
         g, R = self.geo, self.in_rows
         B, W = g.block, g.layout.world_size
         self.wide_bufs.add(IN)
-        group, size = self.columns_group()
+        group, size = self.geo.sharing_group()
         send = self.buffer("send", X.mul(W, B))
         if size == 1:
             self.steps.append(SplitColumns(Ref(IN), send, X.minimum(R, B), B, W))

@@ -1,5 +1,6 @@
-"""The rows of each op's input and output, and where a rank's own rows lie in the gathered
-buffer: one definition that both frontends, the cost model and ``explain`` use.
+"""The rows of each op's input and output, where a rank's own rows lie in the gathered
+buffer, and which of its rows are real: one definition that both frontends, the cost model
+and ``explain`` use (from the plan's geometry, :mod:`dpx.geometry`).
 
 For rank ``r`` of replica ``d`` (CP rank ``c``), ``n_d`` real rows, ``s_dc`` its shard::
 
@@ -15,13 +16,14 @@ by their largest over the ranks.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from dpx.errors import DpxValueError
 from dpx.modes import Op, PaddingMode
 from dpx.plan import DpPlan
+from dpx.routes import symbolic_geometry
 
-__all__ = ["held_rows", "local_rows", "op_rows", "OpRows"]
+__all__ = ["held_rows", "local_rows", "op_rows", "OpRows", "real_ranges"]
 
 
 class OpRows(NamedTuple):
@@ -37,9 +39,7 @@ def held_rows(plan: DpPlan, rank: int) -> int:
     """Real rows of ``rank``'s input under the plan's host counts: its replica's count, or
     its CP rank's shard."""
     c = plan.layout.coords(rank)
-    if plan.cp_shards is not None:
-        return plan.cp_shards[c.attn_dp_rank][c.attn_cp_rank]
-    return plan.num_tokens[c.attn_dp_rank]
+    return plan.host_geometry.held(c.attn_dp_rank, c.attn_cp_rank)
 
 
 def op_rows(plan: DpPlan, op: Op, rank: int | None, *, device_counts: bool) -> OpRows:
@@ -79,10 +79,16 @@ def local_rows(plan: DpPlan, rank: int, *, device_counts: bool) -> tuple[int, in
             + (" and CP shards" if plan.cp_shards is not None else "")
             + " this rank's rows lie at a place the device counts decide; gather from a "
               "separate input (in-place gathers need MAX_LEN, or host counts)")
-    first = plan.offsets[d]  # of the plan's host counts (static for MAX_LEN)
-    if plan.cp_shards is None:
-        rows = (plan.slot_rows[d] if plan.mode is PaddingMode.MAX_LEN
-                else plan.aligned_tokens[d])
-        return first, rows
-    shards = plan.cp_shards[d]
-    return first + sum(shards[:c.attn_cp_rank]), shards[c.attn_cp_rank]
+    g = plan.host_geometry  # of the plan's host counts (static for MAX_LEN)
+    return (g.rows_start(d, c.attn_cp_rank),
+            g.shard(d, c.attn_cp_rank) if g.sharded else g.slot(d))
+
+
+def real_ranges(plan: DpPlan, *, device_counts: bool) -> tuple[Any, Any]:
+    """``(firsts, lens)``, one entry per replica: the global rows ``[firsts[d], firsts[d] +
+    lens[d])`` are replica d's real rows; every other row of ``[0, global_rows)`` is a pad
+    row (``mask_pad_rows`` in both frontends). Tuples of ints for the plan's host counts;
+    :mod:`dpx.expr` vectors over the device counts (a ``[dp]`` vector, or a ``[dp, cp]``
+    shard table row by row) when ``device_counts`` (capacity plans)."""
+    g = symbolic_geometry(plan.structure) if device_counts else plan.host_geometry
+    return g.offsets, g.n

@@ -24,7 +24,7 @@ from itertools import accumulate, repeat
 from typing import Any, Callable, NamedTuple
 
 from dpx.layout import DpLayout
-from dpx.modes import PaddingMode
+from dpx.modes import Group, PaddingMode
 
 __all__ = ["Geometry", "geometry", "INTS", "Ints", "slots", "Structure"]
 
@@ -175,6 +175,11 @@ class Geometry:
         """Index of the first block of the rank's attn-tp group: ``c*tp`` when CP ranks
         hold the same rows (block ``q = c*tp + t`` is rank ``(c, t)``'s), 0 in a shard."""
         return 0 if self.sharded else self.ops.mul(c, self.tp)
+
+    def sharing_group(self) -> tuple[Group, int]:
+        """The group whose ranks share a rank's rows, each holding one chunk of them (its
+        attn-tp group in a shard, else its replica), and its size."""
+        return (Group.ATTN_TP, self.tp) if self.sharded else (Group.REPLICA, self.m)
 
     def block_index(self, c: Any, t: Any) -> Any:
         """The rank's block among the blocks of its rows (``q``, or ``t`` in a shard)."""

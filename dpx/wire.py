@@ -1,31 +1,11 @@
-"""The quantized wire formats of ``gather(..., wire=...)``: one definition for both frontends
-(docs/semantics.md, "Serving features", says them in full).
+"""The quantized wire formats of ``gather(..., wire=...)``: their constants, sizes and rules,
+one definition for both frontends. docs/semantics.md ("Serving features": fp8, "fp4 wires")
+states each format in full: the scales, the rounding, non-finite values, error bounds.
 
-A row of ``H`` elements travels as ``wire_row_bytes(H, wire)`` bytes: the payload, then one
-scale per block of ``block(wire)`` elements.
-
-``fp8`` (``H % 128 == 0``): ``H`` float8_e4m3fn bytes, then one little-endian float32 scale
-per group of 128::
-
-    scale   = max(amax(|finite x|), EPS) / FP8_MAX        (IEEE division)
-    payload = float8_e4m3fn(clamp(x / scale, -FP8_MAX, FP8_MAX))   (nearest even)
-    x'      = float32(payload) * scale, rounded to the output dtype
-
-A non-finite element travels as ``NAN_CODE`` and arrives as the dtype's quiet NaN.
-
-``nvfp4`` (``H % 16 == 0``; a global scale ``g``, the caller's ``wire_scale``) and
-``mxfp4`` (``H % 32 == 0``): ``H / 2`` payload bytes of two e2m1 codes (element ``2k`` in
-the low nibble of byte ``k``), then one scale byte per block::
-
-    nvfp4:  s = e4m3(amax(|x|) * g / 6)            (IEEE, nearest even, saturating at 448)
-            code = e2m1((x * g) / s)  (all 0 when s == 0);   x' = e2m1 * s / g
-    mxfp4:  E = clamp(floor(log2(amax(|x|))) - 2, -127, 127);  byte E + 127
-            code = e2m1(x / 2**E);                            x' = e2m1 * 2**E
-
-e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7), nearest with ties to the even code,
-saturating at 6; bit 3 is the element's sign bit. A block holding a NaN travels as the scale
-byte ``FP4_NAN_SCALE[wire]`` and zero codes and arrives as NaN. Rows that are not real rows
-are zero bytes (exact zeros). Copy modes only (MAX_LEN, GATHERV).
+A row of ``H`` elements travels as ``wire_row_bytes(H, wire)`` bytes: the payload (``H``
+e4m3 bytes for fp8; ``H / 2`` bytes of two e2m1 codes for nvfp4 and mxfp4), then one scale
+per block of ``block(wire)`` elements (a float32 for fp8; a byte for nvfp4 and mxfp4).
+Rows that are not real rows are zero bytes. Gathers only, in copy modes (MAX_LEN, GATHERV).
 """
 
 from __future__ import annotations
@@ -34,7 +14,7 @@ import math
 import struct
 
 from dpx.errors import DpxTypeError, DpxValueError
-from dpx.modes import PaddingMode, Wire
+from dpx.modes import Op, PaddingMode, Wire
 
 __all__ = ["block", "check_wire", "check_wire_mode", "check_wire_scale", "EPS", "FLOAT_DTYPES",
            "FP4_NAN_SCALE", "FP8_MAX", "GROUP", "NAN_CODE", "payload_bytes", "SCALE_RANGE",
@@ -80,12 +60,14 @@ def width_of(row_bytes: int, wire: Wire = Wire.FP8) -> int:
     return row_bytes * b // wire_row_bytes(b, wire)
 
 
-def check_wire_mode(mode: PaddingMode, wire: Wire = Wire.FP8) -> None:
-    """A quantized gather needs a copy mode: a sum cannot run on quantized rows."""
+def check_wire_mode(mode: PaddingMode, wire: Wire = Wire.FP8, op: Op = Op.GATHER) -> None:
+    """A quantized wire carries a gather in a copy mode: a sum cannot run on quantized rows."""
     if mode is PaddingMode.SUM_LEN:
         raise DpxValueError(f"wire='{wire.value}' needs a copy mode (max_len or gatherv): "
                             f"sum_len adds the slots in an all-reduce, and a sum cannot run "
                             f"on {wire.value}")
+    if op is not Op.GATHER:
+        raise DpxValueError(f"wire='{wire.value}' applies to gather, not {op.value}")
 
 
 def check_wire_scale(wire: Wire, scale: object) -> float | None:

@@ -1,4 +1,4 @@
-"""Pad rows for JAX (:mod:`dpx.padrows`). Of a gathered buffer: ``mask_pad_rows`` returns
+"""Pad rows for JAX (:func:`dpx.extents.real_ranges`). Of a gathered buffer: ``mask_pad_rows`` returns
 it with every row that is not a real token row set to ``fill``; ``pad_row_mask`` the
 boolean mask (inside or outside ``shard_map``). Of a device's own rows (its ``local`` input
 of a gather, its scatter / reduce_scatter output): ``local_count`` is how many are real
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from dpx import values as V
 from dpx.errors import DpxValueError
-from dpx.padrows import real_ranges
+from dpx.extents import real_ranges
 from dpx.plan import DpPlan
 from dpx.routes import symbolic_geometry, symbolic_rank
 from dpx_jax.interpreter import JaxValues

@@ -1,4 +1,4 @@
-"""Pad rows of a gathered buffer (rows that are not real token rows, :mod:`dpx.padrows`):
+"""Pad rows of a gathered buffer (rows that are not real token rows, :func:`dpx.extents.real_ranges`):
 ``mask_pad_rows`` fills them in place in one kernel launch, ``pad_row_mask`` returns the
 boolean mask.
 
@@ -18,7 +18,7 @@ import torch
 
 from dpx import values as V
 from dpx.errors import DpxTypeError, DpxValueError
-from dpx.padrows import real_ranges
+from dpx.extents import real_ranges
 from dpx.plan import DpPlan
 from dpx_torch.checks import check_counts
 from dpx_torch.ops import OpPasses
@@ -87,7 +87,7 @@ def real_rows(plan: DpPlan, *, counts: torch.Tensor | None = None,
               device: torch.device | str | None = None,
               tables: DeviceTables | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(firsts, lens)``, int32 ``[dp]`` tensors: replica d's real rows are global rows
-    ``[firsts[d], firsts[d] + lens[d])`` (:func:`dpx.padrows.real_ranges` on ``counts``'
+    ``[firsts[d], firsts[d] + lens[d])`` (:func:`dpx.extents.real_ranges` on ``counts``'
     device, else ``device``, default CPU)."""
     dev = counts.device if isinstance(counts, torch.Tensor) else torch.device(device or "cpu")
     _check(plan, counts, dev)
