@@ -373,9 +373,9 @@ class Emitter:
         self.steps.append(JoinColumns(recv, Ref(OUT), R, count, span, W))
 
     def scatter_columns_adjoint_all_to_all(self) -> None:
-        """The transpose of :meth:`scatter_columns_all_to_all`: the sharing ranks' rows summed and
-        reduce-scattered, the column parts split into blocks, one world all-to-all, every
-        chunk's real rows moved to its rows of ``out``."""
+        """The transpose of :meth:`scatter_columns_all_to_all`: the sharing ranks' rows
+        summed and reduce-scattered, the column parts split into blocks, one world
+        all-to-all, every chunk's real rows moved to its rows of ``out``."""
         g, R = self.geo, self.in_rows
         B, W = g.block, g.layout.world_size
         self.wide_bufs.add(IN)

@@ -1,6 +1,6 @@
 """The rows of each op's input and output, where a rank's own rows lie in the gathered
 buffer, and which of its rows are real: one definition that both frontends, the cost model
-and ``explain`` use (from the plan's geometry, :mod:`dpx.geometry`).
+and ``explain`` use.
 
 For rank ``r`` of replica ``d`` (CP rank ``c``), ``n_d`` real rows, ``s_dc`` its shard::
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from dpx.errors import DpxValueError
+from dpx.geometry import INTS, geometry
 from dpx.modes import Op, PaddingMode
 from dpx.plan import DpPlan
 from dpx.routes import symbolic_geometry
@@ -39,7 +40,9 @@ def held_rows(plan: DpPlan, rank: int) -> int:
     """Real rows of ``rank``'s input under the plan's host counts: its replica's count, or
     its CP rank's shard."""
     c = plan.layout.coords(rank)
-    return plan.host_geometry.held(c.attn_dp_rank, c.attn_cp_rank)
+    if plan.cp_shards is not None:
+        return plan.cp_shards[c.attn_dp_rank][c.attn_cp_rank]
+    return plan.num_tokens[c.attn_dp_rank]
 
 
 def op_rows(plan: DpPlan, op: Op, rank: int | None, *, device_counts: bool) -> OpRows:
@@ -79,9 +82,13 @@ def local_rows(plan: DpPlan, rank: int, *, device_counts: bool) -> tuple[int, in
             + (" and CP shards" if plan.cp_shards is not None else "")
             + " this rank's rows lie at a place the device counts decide; gather from a "
               "separate input (in-place gathers need MAX_LEN, or host counts)")
-    g = plan.host_geometry  # of the plan's host counts (static for MAX_LEN)
-    return (g.rows_start(d, c.attn_cp_rank),
-            g.shard(d, c.attn_cp_rank) if g.sharded else g.slot(d))
+    first = plan.offsets[d]  # of the plan's host counts (static for MAX_LEN)
+    if plan.cp_shards is None:
+        rows = (plan.slot_rows[d] if plan.mode is PaddingMode.MAX_LEN
+                else plan.aligned_tokens[d])
+        return first, rows
+    shards = plan.cp_shards[d]
+    return first + sum(shards[:c.attn_cp_rank]), shards[c.attn_cp_rank]
 
 
 def real_ranges(plan: DpPlan, *, device_counts: bool) -> tuple[Any, Any]:
@@ -90,5 +97,8 @@ def real_ranges(plan: DpPlan, *, device_counts: bool) -> tuple[Any, Any]:
     row (``mask_pad_rows`` in both frontends). Tuples of ints for the plan's host counts;
     :mod:`dpx.expr` vectors over the device counts (a ``[dp]`` vector, or a ``[dp, cp]``
     shard table row by row) when ``device_counts`` (capacity plans)."""
-    g = symbolic_geometry(plan.structure) if device_counts else plan.host_geometry
+    if device_counts:
+        g = symbolic_geometry(plan.structure)
+    else:
+        g = geometry(plan.structure, INTS, plan.leaf_counts)
     return g.offsets, g.n

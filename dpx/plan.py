@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError, check_int
-from dpx.geometry import INTS, Geometry, Structure, geometry, slots
+from dpx.geometry import INTS, Structure, slots
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 
@@ -204,14 +204,6 @@ class DpPlan:
         if c is None:
             c = self.__dict__["_leaf_counts"] = tuple(x for row in self.cp_shards for x in row)
         return c
-
-    @property
-    def host_geometry(self) -> Geometry:
-        """The geometry of the plan's host counts (made once per object)."""
-        g = self.__dict__.get("_geometry")
-        if g is None:
-            g = self.__dict__["_geometry"] = geometry(self.structure, INTS, self.leaf_counts)
-        return g
 
     @property
     def count_rule(self) -> CountRule:

@@ -1,9 +1,9 @@
-"""Pad rows for JAX (:func:`dpx.extents.real_ranges`). Of a gathered buffer: ``mask_pad_rows`` returns
-it with every row that is not a real token row set to ``fill``; ``pad_row_mask`` the
-boolean mask (inside or outside ``shard_map``). Of a device's own rows (its ``local`` input
-of a gather, its scatter / reduce_scatter output): ``local_count`` is how many are real
-(its replica's count, or its CP shard) and ``local_row_mask`` marks them (inside
-``shard_map``). ``counts`` (int32 ``[dp_size]``, or a ``[dp_size, cp_size]`` shard table;
+"""Pad rows for JAX (:func:`dpx.extents.real_ranges`). Of a gathered buffer:
+``mask_pad_rows`` returns it with every row that is not a real token row set to
+``fill``; ``pad_row_mask`` the boolean mask (inside or outside ``shard_map``). Of a
+device's own rows (its ``local`` input of a gather, its scatter / reduce_scatter output):
+``local_count`` is how many are real (its replica's count, or its CP shard) and
+``local_row_mask`` marks them (inside ``shard_map``). ``counts`` (int32 ``[dp_size]``, or a ``[dp_size, cp_size]`` shard table;
 capacity plans only) are data, so new counts never recompile."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Pad rows of a gathered buffer (rows that are not real token rows, :func:`dpx.extents.real_ranges`):
-``mask_pad_rows`` fills them in place in one kernel launch, ``pad_row_mask`` returns the
-boolean mask.
+"""Pad rows of a gathered buffer (rows that are not real token rows,
+:func:`dpx.extents.real_ranges`): ``mask_pad_rows`` fills them in place in one kernel
+launch, ``pad_row_mask`` returns the boolean mask.
 
 ``counts`` (int32 ``[dp_size]`` on the buffer's device, or the ``[dp_size, cp_size]`` shard
 table of a sharded plan; capacity plans only) makes the real rows device data: no host
