@@ -44,8 +44,8 @@ class Emitter:
         self.sum_replica = (op is Op.GATHER_SUM and geo.cp > 1 and not geo.sharded)
         self.steps: list[Step] = []
         self.scratch: dict[str, Any] = {}  # scratch buffers' rows, by name
-        self.wire_bufs: set[str] = set()  # buffers of wire rows; of wide rows
-        self.wide_bufs: set[str] = set()
+        self.wire_bufs: set[str] = set()  # buffers holding wire rows
+        self.wide_bufs: set[str] = set()  # buffers holding wide rows
         self.notes: list[str] = []
         self.guards: dict[tuple, tuple[Any, int]] = {}
         self.route = choose_route(geo, op, transport, device_counts=device_counts,
@@ -105,6 +105,7 @@ class Emitter:
         self.move(src, Ref(OUT), self.out_rows, g.rows_start(r.dp, r.cp), 0, g.held(r.dp, r.cp))
 
     def scatter_adjoint_local(self) -> None:
+        """``out``: zeros, with ``in`` placed at this rank's rows."""
         g, r = self.geo, self.rank
         self.move(Ref(IN), Ref(OUT), self.out_rows, 0, g.rows_start(r.dp, r.cp),
                   g.held(r.dp, r.cp))
@@ -305,9 +306,8 @@ class Emitter:
         return Ref("staged")
 
     def rs_sum_slots(self) -> None:
-        g = self.geo
         staged = self.staged()
-        self.steps.append(AllReduce(Group.WORLD, staged, g.global_rows))
+        self.steps.append(AllReduce(Group.WORLD, staged, self.geo.global_rows))
         self.scatter_local(staged)
 
     def rs_equal_blocks(self) -> None:
