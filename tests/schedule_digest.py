@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import random
-from typing import Any
+from typing import Any, Iterator
 
 import dpx
 from dpx import DpLayout, Op, ScheduleCache, Transport, Wire, build_schedule, plan_step
@@ -90,29 +91,32 @@ def _plan_records(plan: dpx.DpPlan, dc: bool, rng: random.Random, cache: Schedul
             rec("local", local_rows(plan, r, device_counts=dc))
         except dpx.DpxError as e:
             rec("local error", str(e))
+    for op, rank, kw in _requests(lay.world_size):
+        for known in (False, True):
+            need = op_rows(plan, op, rank, device_counts=dc).need
+            in_rows = need + rng.choice([0, 0, 1]) if known else None
+            try:
+                s = build_schedule(plan, op, rank=rank, device_counts=dc, in_rows=in_rows,
+                                   cache=cache, **kw)
+                rec("schedule", _text(s))
+            except dpx.DpxError as e:
+                rec("schedule error", str(e))
+
+
+def _requests(world: int) -> Iterator[tuple[Op, int | None, dict]]:
+    """Every op x transport x rank (and the symbolic one) x partial x wire x dequantize x
+    in-place a schedule can be asked for, in a fixed order."""
     for op in Op:
-        wires = (Wire.NATIVE, Wire.FP8, Wire.NVFP4) if op is Op.GATHER else (Wire.NATIVE,)
-        for transport in Transport:
-            for rank in (None, *range(lay.world_size)):
-                for partial in (True, False) if op is Op.GATHER else (True,):
-                    for wire in wires:
-                        native = wire is Wire.NATIVE
-                        for deq in (True,) if native else (True, False):
-                            in_places = (False, True) if (op is Op.GATHER and native
-                                                          and rank is not None) else (False,)
-                            for in_place in in_places:
-                                for known in (False, True):
-                                    need = op_rows(plan, op, rank, device_counts=dc).need
-                                    in_rows = need + rng.choice([0, 0, 1]) if known else None
-                                    try:
-                                        s = build_schedule(
-                                            plan, op, rank=rank, partial=partial,
-                                            device_counts=dc, transport=transport,
-                                            in_rows=in_rows, wire=wire, dequantize=deq,
-                                            in_place=in_place, cache=cache)
-                                        rec("schedule", _text(s))
-                                    except dpx.DpxError as e:
-                                        rec("schedule error", str(e))
+        gather = op is Op.GATHER
+        for transport, rank, partial, wire in itertools.product(
+                Transport, (None, *range(world)), (True, False) if gather else (True,),
+                (Wire.NATIVE, Wire.FP8, Wire.NVFP4) if gather else (Wire.NATIVE,)):
+            native = wire is Wire.NATIVE
+            for deq, in_place in itertools.product(
+                    (True,) if native else (True, False),
+                    (False, True) if gather and native and rank is not None else (False,)):
+                yield op, rank, dict(partial=partial, transport=transport, wire=wire,
+                                     dequantize=deq, in_place=in_place)
 
 
 def main() -> None:
