@@ -7,8 +7,9 @@ live in ``dpx.kernels``; the frontends are ``dpx_torch`` and ``dpx_jax``. A plan
 """
 
 from dpx.cost import CostModel, ModeEstimate, OpEstimate, StepCost, estimate
-from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchError, DpxTypeError,
-                        DpxValueError)
+from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchCapacityError,
+                        DpxMismatchError, DpxMismatchInputError, DpxMismatchTypeError,
+                        DpxMismatchValueError, DpxTypeError, DpxValueError)
 from dpx.explain import explain
 from dpx.extents import OpRows, local_rows, op_rows
 from dpx.geometry import INTS
@@ -27,7 +28,8 @@ __version__ = "0.3.0"
 
 __all__ = [
     "CostModel", "CountRule", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError",
-    "DpxMismatchError", "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op",
+    "DpxMismatchCapacityError", "DpxMismatchError", "DpxMismatchInputError",
+    "DpxMismatchTypeError", "DpxMismatchValueError", "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op",
     "OpEstimate", "OpRows", "PaddingMode", "Policy", "RankCoords", "Route", "Schedule",
     "ScheduleCache", "StepCost", "Transport", "Wire", "build_schedule", "ceil_align",
     "compare_modes", "estimate", "explain", "local_rows", "op_rows", "plan_step", "sglang_mode",

@@ -8,8 +8,9 @@ that already catch the built-in kinds keep working.
 from __future__ import annotations
 
 __all__ = [
-    "check_int", "DpxCapacityError", "DpxError", "DpxMismatchError", "DpxTypeError",
-    "DpxValueError"
+    "check_int", "DpxCapacityError", "DpxError", "DpxMismatchCapacityError",
+    "DpxMismatchError", "DpxMismatchInputError", "DpxMismatchTypeError",
+    "DpxMismatchValueError", "DpxTypeError", "DpxValueError", "error_kind", "mismatch_error"
 ]
 
 
@@ -31,6 +32,53 @@ class DpxCapacityError(DpxValueError):
 
 class DpxMismatchError(DpxError):
     """Ranks disagree on something they must share (a plan, an op, a dtype, counts)."""
+
+
+class DpxMismatchValueError(DpxMismatchError, DpxValueError):
+    """Ranks disagree, and the ranks that rejected their input raised value errors."""
+
+
+class DpxMismatchTypeError(DpxMismatchError, DpxTypeError):
+    """Ranks disagree, and the ranks that rejected their input raised type errors."""
+
+
+class DpxMismatchInputError(DpxMismatchError, DpxTypeError, DpxValueError):
+    """Ranks disagree, and the ranks that rejected their input raised type and value
+    errors."""
+
+
+class DpxMismatchCapacityError(DpxMismatchError, DpxCapacityError):
+    """Ranks disagree, and every rank that rejected its input raised a capacity error."""
+
+
+#: The kinds of input error :func:`mismatch_error` tells apart, most specific first.
+_KINDS = (("capacity", DpxCapacityError), ("value", ValueError), ("type", TypeError))
+
+
+def error_kind(err: BaseException | None) -> str | None:
+    """The kind of a rejected input's error as one rank tells the others (``"capacity"``,
+    ``"value"``, ``"type"``, ``"other"``), or None when there was none."""
+    if err is None:
+        return None
+    return next((name for name, cls in _KINDS if isinstance(err, cls)), "other")
+
+
+def mismatch_error(kinds: list[str | None]) -> type[DpxMismatchError]:
+    """The class of the error every rank raises when ``validate=True`` finds a problem,
+    given each rank's :func:`error_kind`: a :class:`DpxMismatchError` that is also a
+    ``TypeError`` / ``ValueError`` as the rejected inputs' own errors were (a
+    :class:`DpxCapacityError` when every rejection was one), so ``except ValueError``
+    catches with validate what it catches without; the same class on every rank."""
+    got = {k for k in kinds if k is not None}
+    if not got:
+        return DpxMismatchError
+    if got == {"capacity"}:
+        return DpxMismatchCapacityError
+    value, typ = bool(got & {"capacity", "value"}), "type" in got
+    if value and typ:
+        return DpxMismatchInputError
+    return DpxMismatchValueError if value else DpxMismatchTypeError if typ \
+        else DpxMismatchError
 
 
 def check_int(name: str, value: object, *, minimum: int = 0) -> int:

@@ -10,6 +10,10 @@ __all__ = ["Group", "Op", "PaddingMode", "Policy", "Transport", "Wire"]
 
 
 class _ParsableEnum(enum.Enum):
+    #: members are singletons: hashed by identity in C, not by Enum's Python-level hash of
+    #: their name (an enum keys every per-call cache lookup)
+    __hash__ = object.__hash__
+
     @classmethod
     def parse(cls, value: "str | _ParsableEnum") -> "_ParsableEnum":
         """Accept a member or its (case-insensitive) name or value; reject anything else."""

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpx.errors import DpxCapacityError, DpxError, DpxMismatchError, DpxValueError, check_int
+from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchError, DpxValueError,
+                        check_int, error_kind, mismatch_error)
 from dpx.layout import DpLayout
 from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups
@@ -73,7 +74,7 @@ class Agreement:
                     dtype=str(tensor.dtype) if ok_tensor else None, width=width,
                     partial=partial, counts=host_counts,
                     error=None if err is None else f"{type(err).__name__}: {err}",
-                    digest=digest)
+                    kind=error_kind(err), digest=digest)
         everyone: list = [None] * lay.world_size
         dist.all_gather_object(everyone, mine, group=self._cpu("validate=True"))
         problems = [f"rank {r} rejected its input ({info['error']})"
@@ -99,7 +100,8 @@ class Agreement:
                                     f"{list(ranks)} hold different rows (use partial=True "
                                     f"for partial sums)")
         if problems:
-            raise DpxMismatchError("validate: " + " | ".join(problems)) from err
+            cls = mismatch_error([info["kind"] for info in everyone])
+            raise cls("validate: " + " | ".join(problems)) from err
         if host_counts is not None and isinstance(plan, DpPlan):
             bad = plan.count_rule.problems(host_counts)
             if bad:

@@ -6,25 +6,34 @@ whole slot's gradient, which is what the backward of a replicated activation exp
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from dpx_torch.runner import Call, Runner
+from dpx_torch.runner import Call
 
-__all__ = ["OpFunction"]
+__all__ = ["Calls", "OpFunction"]
+
+
+class Calls(Protocol):
+    """What an autograd call runs with (:class:`dpx_torch.fullpath.FullPath`): a call into
+    a new output, and the call computing a call's backward."""
+
+    def execute(self, call: Call, x: torch.Tensor) -> torch.Tensor: ...
+
+    def adjoint(self, call: Call, grad: torch.Tensor) -> Call: ...
 
 
 class OpFunction(torch.autograd.Function):
-    """``apply(x, runner, call)``: the call's schedule forward, its adjoint's backward."""
+    """``apply(x, calls, call)``: the call's schedule forward, its adjoint's backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, runner: Runner, call: Call) -> torch.Tensor:
-        ctx.runner, ctx.call = runner, call
-        return runner.execute(call, x)
+    def forward(ctx: Any, x: torch.Tensor, calls: Calls, call: Call) -> torch.Tensor:
+        ctx.calls, ctx.call = calls, call
+        return calls.execute(call, x)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
         grad = grad.contiguous()
-        adj = ctx.runner.adjoint(ctx.call, grad)
-        return ctx.runner.execute(adj, grad), None, None
+        adj = ctx.calls.adjoint(ctx.call, grad)
+        return ctx.calls.execute(adj, grad), None, None

@@ -20,7 +20,8 @@ from dpx.errors import DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.modes import Group
 
-__all__ = ["adopt_groups", "build_groups", "coalesces", "device_types", "DpGroups"]
+__all__ = ["adopt_groups", "build_groups", "coalesces", "device_types", "DpGroups",
+           "mesh_groups"]
 
 
 def device_types(pg: dist.ProcessGroup) -> frozenset[str]:
@@ -212,3 +213,31 @@ def adopt_groups(layout: DpLayout, group: dist.ProcessGroup | None,
     devices = _common_devices([g for g in (world, attn_tp, replica) if g is not None])
     return DpGroups(world=world, attn_tp=attn_tp, replica=replica, cpu=cpu, rank=rank,
                     global_ranks=tuple(glob), devices=devices)
+
+
+def mesh_groups(layout: DpLayout, mesh: object, group: dist.ProcessGroup | None
+                ) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """``(world, attn_tp)`` of a ``DeviceMesh`` whose dims are (dp, cp, tp) in that order
+    (or (dp, tp) when ``cp_size == 1``): the world group (``group``, default the default
+    group) checked to order the mesh's ranks as the mesh does, and the mesh's last dim's
+    group. Creates no group."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise DpxTypeError(f"mesh must be a torch.distributed.DeviceMesh, got "
+                           f"{type(mesh).__name__}")
+    want = ((layout.dp_size, layout.cp_size, layout.attn_tp_size) if mesh.ndim == 3
+            else (layout.dp_size, layout.attn_tp_size))
+    if mesh.ndim not in (2, 3) or (mesh.ndim == 2 and layout.cp_size > 1) \
+            or tuple(mesh.shape) != want:
+        raise DpxValueError(f"mesh of shape {tuple(mesh.shape)} does not match layout "
+                            f"{layout.describe()}: its dims must be (dp, cp, tp) = "
+                            f"{(layout.dp_size, layout.cp_size, layout.attn_tp_size)}"
+                            + (" or (dp, tp)" if layout.cp_size == 1 else ""))
+    ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
+    world = group if group is not None else dist.group.WORLD
+    if dist.get_process_group_ranks(world) != ranks:
+        raise DpxValueError(f"the mesh orders global ranks {ranks}; group= must be the "
+                            f"world group in that order (got "
+                            f"{dist.get_process_group_ranks(world)})")
+    return world, mesh.get_group(mesh.ndim - 1)

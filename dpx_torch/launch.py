@@ -22,12 +22,12 @@ communicator, and of Triton's interpreter on CPU tensors in the kernel tests).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Sequence
 
 import torch
 
 from dpx.errors import DpxValueError
+from dpx_torch.lru import LRU
 
 __all__ = ["BoundKernel", "JIT", "JitLauncher", "Launcher", "kernel_for"]
 
@@ -86,8 +86,8 @@ class Launcher:
 
     def __init__(self, *, max_entries: int = 128) -> None:
         self.max_entries = max_entries
-        self._specs: OrderedDict[tuple, _Spec | None] = OrderedDict()
-        self._bound: OrderedDict[tuple, BoundKernel] = OrderedDict()
+        self._specs = LRU(max_entries)   # specialisation -> _Spec, or _NO_HANDLE
+        self._bound = LRU(max_entries)
         import triton
 
         knobs = getattr(triton, "knobs", None)
@@ -117,12 +117,10 @@ class Launcher:
         if device.type not in self.direct:
             return JIT.bind(kernel, device, consts, num_warps, pointers)
         key = (kernel, tuple(consts.items()), num_warps, device, pointers)
-        b = self._bound.get(key)
+        b = self._bound.hit(key)
         if b is None:
-            b = self._bound[key] = BoundKernel(self, kernel, device, consts, num_warps,
-                                               pointers)
-            if len(self._bound) > self.max_entries:
-                self._bound.popitem(last=False)
+            b = self._bound.put(key, BoundKernel(self, kernel, device, consts, num_warps,
+                                                 pointers))
         return b
 
     def launch(self, kernel, grid: tuple, device: torch.device, args: Sequence[Any],
@@ -140,9 +138,9 @@ class Launcher:
         handle API (then every launch of it takes the ordinary path)."""
         full = (bound.kernel, bound.cvals, bound.warps, bound.device.index, bound.pointers,
                 align)
-        if full in self._specs:
-            self._specs.move_to_end(full)
-            return self._specs[full]
+        found = self._specs.hit(full)
+        if found is not None:
+            return None if found is _NO_HANDLE else found
         try:
             with torch.cuda.device(bound.device):
                 compiled = bound.kernel.run(*bound.as_tensors(args, align), grid=grid,
@@ -151,9 +149,7 @@ class Launcher:
             spec = _Spec(compiled)
         except (AttributeError, TypeError):
             spec = None
-        self._specs[full] = spec
-        if len(self._specs) > self.max_entries:
-            self._specs.popitem(last=False)
+        self._specs.put(full, _NO_HANDLE if spec is None else spec)
         return spec
 
 
@@ -223,6 +219,7 @@ class BoundKernel:
 
 
 _MISSING = object()
+_NO_HANDLE = object()   # a specialisation this Triton gives no handle for
 
 
 class _Pointer:

@@ -33,7 +33,6 @@ tensors that are device data) left to call -- what a prepared call runs.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Callable, Union
 
 import torch
@@ -48,6 +47,7 @@ from dpx.kernels import wire as _wire
 from dpx.modes import Wire
 from dpx.plan import CountRule
 from dpx_torch.launch import JIT, BoundKernel, JitLauncher, Launcher
+from dpx_torch.lru import LRU
 from dpx_torch.wire import dequantize_rows, quantize_rows
 
 __all__ = ["DEVICE", "Index", "Passes", "passes_for", "TorchPasses", "TritonPasses",
@@ -133,18 +133,14 @@ class TritonPasses(Passes):
         self.launcher = launcher
         #: (kind, sizes, flags) -> (grid, bound kernel): the launches of recent binds (at
         #: most ``max_launches``; 0 keeps none)
-        self._launches: OrderedDict[tuple, tuple] = OrderedDict()
+        self._launches = LRU(max_launches)
         self.max_launches = max_launches
 
     def _launch_of(self, key: tuple, make: Callable[[], tuple]) -> tuple:
         if not self.max_launches:
             return make()
-        hit = self._launches.get(key)
-        if hit is None:
-            hit = self._launches[key] = make()
-            if len(self._launches) > self.max_launches:
-                self._launches.popitem(last=False)
-        return hit
+        hit = self._launches.hit(key)
+        return hit if hit is not None else self._launches.put(key, make())
 
     def __len__(self) -> int:
         return len(self._launches)

@@ -1,66 +1,98 @@
 """Prepared communicator calls: decide once, then run straight-line code.
 
-A :class:`PreparedOp` is one ``DpComm`` call (gather, scatter, reduce_scatter, with its
-plan and flags) whose checks have passed and whose program is bound
-(:class:`~dpx_torch.program.PreparedCall`). A later call guards only what can change
-between calls of the same structure -- the input's contiguity and autograd state, the
-``out`` and ``counts`` tensors' shapes, dtypes, devices and contiguity, and where ``out``
-lies against the input (an in-place gather's input must be its slot of ``out``; any other
-overlap is refused) -- and runs the bound steps. A call the guards do not admit takes the
-communicator's full path instead: its checks raise every error they raise on a first call,
-and a valid new structure is prepared anew.
+A :class:`PreparedOp` is one ``DpComm`` call (gather, scatter, reduce_scatter,
+scatter_columns, with its plan and flags) whose checks have passed and whose program is
+bound (:class:`~dpx_torch.program.PreparedCall`). A later call guards only what can change
+between calls of the same :class:`CallKey` -- the input's contiguity and autograd state,
+the ``out`` and ``counts`` tensors' shapes, dtypes, devices and contiguity, and where
+``out`` lies against the input (an in-place gather's input must be its slot of ``out``;
+any other overlap is refused) -- and runs the bound steps. A call the guards do not admit
+takes the communicator's full path instead (:mod:`dpx_torch.fullpath`): its checks raise
+every error they raise on a first call, and a valid new structure is prepared anew.
 
-``DpComm`` keeps the prepared op of each plan and call it has run (the implicit form:
-every ``gather`` / ``scatter`` / ``reduce_scatter`` after the first of its kind takes it),
-and returns one from ``prepare_gather`` / ``prepare_scatter`` / ``prepare_reduce_scatter``
-(the explicit form, for code that owns its tensors: a call then skips the lookup too).
-With ``validate=True`` every call takes the full path (its host exchange is per call).
+Every promise of the full path holds for a prepared op: while the communicator validates
+(``validate=True``) or after it was destroyed, every call -- implicit, or of an op held
+from ``prepare_*`` -- takes the full path, which exchanges and checks, or raises that the
+communicator was destroyed (:class:`~dpx_torch.lifecycle.Lifecycle`). ``destroy()`` also
+drops every held op's program (and so every reference it kept to a process group).
 
-A :class:`PreparedClass` is what the calls of one *structure* share -- the plan's
-structure (layout, mode, capacity, CP shards or not), the op and its flags, the input's
-trailing shape, dtype and device: every check that depends on nothing else has passed for
-it. A plan of a known structure with new counts (a serving step's first call of each op)
-is prepared through it -- the rows checked, the schedule template evaluated for the
-counts, the program bound -- without the full path.
+:class:`PreparedOps` is a communicator's one cache of prepared ops (least recently used
+first out, ``CacheLimits.calls`` entries), keyed by :class:`CallKey`: every call form
+looks its program up there -- the implicit fast path, the full path, autograd (forward and
+backward), ``*_async`` and several-tensor gathers. It hands out the explicit ops of
+``prepare_*`` and keeps track of them for ``destroy()``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from dpx.extents import op_rows
+from dpx.geometry import Structure
 from dpx.modes import Op
+from dpx.plan import DpPlan
 from dpx.schedule import TemplateKey
+from dpx_torch.lifecycle import Lifecycle
+from dpx_torch.lru import LRU
 from dpx_torch.program import CallShape, Host, PreparedCall
 from dpx_torch.wire import split_wire
 
-__all__ = ["PreparedClass", "PreparedOp"]
+__all__ = ["CallKey", "ClassKey", "PreparedClass", "PreparedOp", "PreparedOps"]
 
 _compiling = torch.compiler.is_compiling
 _grad = torch.is_grad_enabled
+_new = tuple.__new__
+
+
+class CallKey(NamedTuple):
+    """What decides a call's prepared program: the key of :class:`PreparedOps`."""
+
+    #: the :class:`dpx.Op`'s value (``"gather"``, ``"scatter"``, ...)
+    op: str
+    plan: DpPlan
+    partial: bool
+    #: the ``wire=`` argument as given; with nvfp4's ``wire_scale``: ``(wire, scale)``
+    wire: Any
+    dequantize: bool
+    #: the input's shape, dtype and device
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    #: whether device counts / ``out=`` are given
+    counts: bool
+    out: bool
+    #: which form runs it where the forms' programs differ: ``""`` (a call on the caller's
+    #: stream), ``"comm"`` (``*_async``), ``"caller#i"`` (tensor ``i`` of a several-tensor
+    #: gather), ``("adjoint", rows)`` (a backward into ``rows`` rows)
+    form: Any = ""
 
 
 class PreparedOp:
     """A prepared call (see the module docstring). ``op(x, counts=..., out=...)`` runs it,
-    or the communicator's full call when the guards do not admit the tensors."""
+    or the communicator's full call when the guards do not admit the tensors, the
+    communicator validates, or it was destroyed."""
 
-    __slots__ = ("prep", "full", "shape", "dtype", "device", "counts_shape", "out_shape",
-                 "in_place", "split", "out_rows", "_xbytes", "_obytes")
+    __slots__ = ("prep", "full", "life", "shape", "dtype", "device", "counts_shape",
+                 "out_shape", "in_place", "split", "out_rows", "_xbytes", "_obytes", "_index",
+                 "__weakref__")
 
-    def __init__(self, prep: PreparedCall, full: tuple, x: torch.Tensor, *,
+    def __init__(self, prep: PreparedCall, full: tuple, life: Lifecycle, x: torch.Tensor, *,
                  counts: torch.Tensor | None, out: torch.Tensor | None, in_place: bool,
                  split: bool) -> None:
         #: ``(method, plan, keywords)``: the communicator's full call of this op
-        self.prep, self.full = prep, full
+        self.prep: PreparedCall | None = prep
+        self.full, self.life = full, life
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
+        self._index = x.get_device()   # the device's index (-1: CPU), cheaper to compare
         self.counts_shape = None if counts is None else counts.shape
         self.out_shape = None if out is None else out.shape
         self.out_rows = prep.out_rows
         self._xbytes = x.nbytes
         self._obytes = 0 if out is None else out.nbytes
-        # an in-place gather's input lies this many bytes into ``out``
+        #: an in-place gather's input lies this many bytes into ``out`` (None: not one)
         self.in_place = (x.data_ptr() - out.data_ptr()) if in_place else None
         self.split = split
 
@@ -79,7 +111,7 @@ class PreparedOp:
         if out is None:
             return self.out_shape is None
         if out.shape != self.out_shape or out.dtype is not self.dtype \
-                or out.device != self.device or not out.is_contiguous():
+                or out.get_device() != self._index or not out.is_contiguous():
             return False
         xp, op = x.data_ptr(), out.data_ptr()
         if self.in_place is not None:
@@ -90,7 +122,7 @@ class PreparedOp:
 
     def run(self, x: torch.Tensor, counts: torch.Tensor | None,
             out: torch.Tensor | None) -> Any:
-        """The bound steps (the caller checked :meth:`admits`)."""
+        """The bound steps (the caller checked :meth:`admits` and the lifecycle)."""
         prep = self.prep
         if out is None:
             out = (x.new_empty((self.out_rows, prep.shape.out_width), dtype=torch.uint8)
@@ -102,40 +134,149 @@ class PreparedOp:
 
     def __call__(self, x: torch.Tensor, *, counts: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> Any:
-        if type(x) is torch.Tensor and not _compiling() and x.shape == self.shape \
-                and x.dtype is self.dtype and x.device == self.device \
-                and self.admits(x, counts, out):
+        if self.life.fast and type(x) is torch.Tensor and not _compiling() \
+                and x.shape == self.shape and x.dtype is self.dtype \
+                and x.device == self.device and self.admits(x, counts, out):
             return self.run(x, counts, out)
         method, plan, kw = self.full
         return method(x, plan, counts=counts, out=out, **kw)
 
 
+class ClassKey(NamedTuple):
+    """What the prepared ops of one *structure* share (the key of a
+    :class:`PreparedClass`): a :class:`CallKey` with the plan's structure for the plan,
+    the input's trailing shape for its shape, and whether the gather is in place."""
+
+    op: str
+    structure: Structure
+    partial: bool
+    wire: Any
+    dequantize: bool
+    rest: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    counts: bool
+    out: bool
+    in_place: bool
+
+    @staticmethod
+    def of(key: CallKey, in_place: bool) -> "ClassKey":
+        """The class key of a call (built without NamedTuple's Python-level constructor:
+        a new plan of a known structure builds one per call)."""
+        return _new(ClassKey, (key.op, key.plan.structure, key.partial, key.wire,
+                               key.dequantize, key.shape[1:], key.dtype, key.device,
+                               key.counts, key.out, in_place))
+
+
 class PreparedClass:
-    """The calls of one structure (see the module docstring): :meth:`prepare` makes the
-    :class:`PreparedOp` of a plan of that structure, or None where the tensors need the
-    full path (its checks say why)."""
+    """The calls of one structure: every check that depends on nothing but the structure
+    has passed for them. :meth:`prepare` makes the :class:`PreparedOp` of a plan of that
+    structure with new counts -- its rows checked, the schedule template evaluated for
+    the counts, the program bound -- or None where the tensors need the full path (its
+    checks say why)."""
 
-    __slots__ = ("runner", "op", "tkey", "shape", "scratch_key", "device_counts", "full",
-                 "split")
+    __slots__ = ("runner", "life", "op", "tkey", "shape", "method", "keywords", "_rest")
 
-    def __init__(self, runner: Host, op: Op, tkey: TemplateKey, shape: CallShape,
-                 full: tuple, *, split: bool) -> None:
-        self.runner, self.op, self.tkey, self.shape = runner, op, tkey, shape
-        self.device_counts, self.full, self.split = tkey.device_counts, full, split
-        self.scratch_key = "caller"
+    def __init__(self, runner: Host, life: Lifecycle, op: Op, tkey: TemplateKey,
+                 shape: CallShape, method: Callable[..., Any], keywords: dict) -> None:
+        self.runner, self.life, self.op, self.tkey = runner, life, op, tkey
+        self.shape, self.method, self.keywords = shape, method, keywords
+        self._rest = torch.Size(shape.out_rest)   # an output row's shape
 
-    def prepare(self, plan, x: torch.Tensor, counts: torch.Tensor | None,
+    def prepare(self, plan: DpPlan, x: torch.Tensor, counts: torch.Tensor | None,
                 out: torch.Tensor | None, in_place: bool) -> PreparedOp | None:
         runner = self.runner
-        rows = op_rows(plan, self.op, runner.rank, device_counts=self.device_counts)
+        rows = op_rows(plan, self.op, runner.rank, device_counts=self.tkey.device_counts)
         in_rows = x.shape[0]
         if in_rows != rows.need if rows.exact else in_rows < rows.need:
+            return None
+        if out is not None and (out.shape[0] != rows.out or out.shape[1:] != self._rest):
             return None
         variant, hv = runner.schedules.variant(self.tkey, plan.leaf_counts, in_rows,
                                                rows.out)
         prep = runner.program(variant).prepare(hv, (in_rows, rows.out), self.shape,
-                                               self.scratch_key, rows.need, rows.exact)
-        method, _, kw = self.full
-        op = PreparedOp(prep, (method, plan, kw), x, counts=counts, out=out,
-                        in_place=in_place, split=self.split)
+                                               "caller", rows.need, rows.exact)
+        op = PreparedOp(prep, (self.method, plan, self.keywords), self.life, x,
+                        counts=counts, out=out, in_place=in_place, split=prep.out_wire)
         return op if op.admits(x, counts, out) else None
+
+
+class PreparedOps:
+    """The prepared ops of one communicator (see the module docstring): at most ``limit``
+    of them and ``limit`` classes, each least recently used first out. ``full(op)`` is the
+    communicator's public method of an op (what a prepared op falls back to);
+    ``in_place(x, out, plan, counts)`` says whether a gather is in place."""
+
+    def __init__(self, life: Lifecycle, runner: Host, limit: int,
+                 full: Callable[[str], Callable[..., Any]],
+                 in_place: Callable[..., bool]) -> None:
+        self.life, self.runner = life, runner
+        self.ops = LRU(limit)
+        self.classes = LRU(limit)
+        self._hit = self.ops.hit
+        self._full, self._in_place = full, in_place
+        self._held: weakref.WeakSet[PreparedOp] = weakref.WeakSet()
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def find(self, key: CallKey, x: torch.Tensor, counts: torch.Tensor | None,
+             out: torch.Tensor | None) -> PreparedOp | None:
+        """The fast path's lookup: the kept op of ``key`` when it admits these tensors, or
+        one made from the class of ``key``'s structure (kept), or None: the call needs
+        the full path."""
+        op = self._hit(key)
+        if op is not None:
+            return op if op.admits(x, counts, out) else None
+        if not isinstance(key.plan, DpPlan) or (out is not None and out.dim() < 1) \
+                or x.dim() < 1:
+            return None
+        in_place = key.op == "gather" and out is not None and \
+            self._in_place(x, out, key.plan, counts)
+        cls = self.classes.hit(ClassKey.of(key, in_place))
+        if cls is None:
+            return None
+        op = cls.prepare(key.plan, x, counts, out, in_place)
+        if op is not None:
+            self.ops.put(key, op)
+        return op
+
+    def get(self, key: CallKey) -> PreparedOp | None:
+        """The op of ``key`` (refreshed), or None."""
+        return self.ops.hit(key)
+
+    def make(self, key: CallKey, prep: PreparedCall, x: torch.Tensor, *,
+             counts: torch.Tensor | None, out: torch.Tensor | None, in_place: bool,
+             keywords: dict, keep: bool = True) -> PreparedOp:
+        """A new prepared op of ``key`` for tensors like these: kept unless ``keep`` is
+        False (a call traced by torch.compile keeps nothing), and for a call on the
+        caller's stream its class too (the next plan of its structure is prepared from
+        it)."""
+        method = self._full(key.op)
+        op = PreparedOp(prep, (method, key.plan, keywords), self.life, x, counts=counts,
+                        out=out, in_place=in_place, split=prep.out_wire)
+        if keep:
+            self.ops.put(key, op)
+            if key.form == "":
+                self.classes.put(ClassKey.of(key, in_place), PreparedClass(
+                    self.runner, self.life, Op(key.op), prep.variant.key, prep.shape,
+                    method, keywords))
+        return op
+
+    def hold(self, op: PreparedOp) -> PreparedOp:
+        """Hand ``op`` to a caller (``prepare_*``): ``destroy()`` will drop its program."""
+        self._held.add(op)
+        return op
+
+    def clear(self) -> None:
+        self.ops.clear()
+        self.classes.clear()
+
+    def sever(self) -> None:
+        """Drop every op's program, held ones too (``destroy()``): after this, every op
+        takes the full path, which raises that the communicator was destroyed."""
+        for op in list(self._held):
+            op.prep = None
+        self._held = weakref.WeakSet()
+        self.clear()
+        self.runner = self._in_place = None   # type: ignore[assignment]

@@ -1,20 +1,20 @@
 """What a :class:`dpx_torch.DpComm` runs its calls with: the schedules, compiled programs,
 device tables, scratch pool, overflow flags and the comm stream -- every piece of state
-a communicator keeps, with one bound each (:class:`CacheLimits`) and one ``clear()``.
+below the prepared ops (:mod:`dpx_torch.prepared`), with one bound each
+(:class:`CacheLimits`) and one ``clear()``.
 
-A call is looked up in two levels. The *call cache* keys on the plan, the call's flags and
-the input's shape, dtype and device, and holds the :class:`~dpx_torch.program.PreparedCall`
-(a layer loop that gathers with one plan per step hits it from the second layer on). On a
-miss, the plan's *structure* (:attr:`dpx.DpPlan.structure`) selects a schedule
-template in the :class:`dpx.ScheduleCache`; the template's generated function computes the
-call's host values from the new counts (and picks the variant whose guards they meet); the
-variant's compiled :class:`~dpx_torch.program.Program` binds them into a new prepared call.
-New counts of a known structure therefore cost one generated function call and one
-binding, never a new schedule.
+:meth:`Runner.prepare` binds one call: the plan's *structure*
+(:attr:`dpx.DpPlan.structure`) selects a schedule template in the
+:class:`dpx.ScheduleCache`; the template's generated function computes the call's host
+values from the counts (and picks the variant whose guards they meet); the variant's
+compiled :class:`~dpx_torch.program.Program` binds them into a new prepared call. New
+counts of a known structure therefore cost one generated function call and one binding,
+never a new schedule. The prepared calls themselves are kept by the communicator's
+:class:`~dpx_torch.prepared.PreparedOps`.
 
-Every cache is least recently used first out. The bounds are entries; the host bytes they
-hold were measured (benchmarks/soak.py; docs/semantics.md, "Memory"), and
-:meth:`Runner.host_bytes` estimates them at run time.
+Every cache is least recently used first out (:class:`~dpx_torch.lru.LRU`). The bounds
+are entries; the host bytes they hold were measured (benchmarks/soak.py; docs/semantics.md,
+"In a server"), and :meth:`Runner.host_bytes` estimates them at run time.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
@@ -37,6 +36,7 @@ from dpx.steps import OUT
 from dpx_torch.flags import OverflowFlags
 from dpx_torch.groups import DpGroups
 from dpx_torch.launch import Launcher
+from dpx_torch.lru import LRU
 from dpx_torch.ops import OpPasses
 from dpx_torch.overlap import Overlap
 from dpx_torch.passes import Passes, TorchPasses, TritonPasses
@@ -50,9 +50,9 @@ __all__ = ["CacheLimits", "Call", "Runner"]
 @dataclass(frozen=True)
 class CacheLimits:
     """The bounds of a communicator's caches, in entries (each least recently used first
-    out). ``calls``: prepared calls by (plan, op, flags, input shape/dtype/device), and
-    apart from them as many prepared ops and as many classes of them
-    (:mod:`dpx_torch.prepared`);
+    out). ``calls``: prepared ops by :class:`~dpx_torch.prepared.CallKey` (plan, op,
+    flags, input shape/dtype/device, call form), and as many classes of them (plan
+    structures; :mod:`dpx_torch.prepared`);
     ``templates`` / ``variants``: schedule templates by plan structure, and variants per
     template; ``programs``: compiled programs (one per variant in use); ``batches``:
     lockstep programs of several-tensor gathers; ``tables``: device copies of host index
@@ -79,24 +79,6 @@ class Call(NamedTuple):
     prep: PreparedCall
 
 
-class _LRU(OrderedDict):
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.limit = limit
-
-    def put(self, key: Any, value: Any) -> Any:
-        self[key] = value
-        if len(self) > self.limit:
-            self.popitem(last=False)
-        return value
-
-    def hit(self, key: Any) -> Any:
-        v = self.get(key)
-        if v is not None:
-            self.move_to_end(key)
-        return v
-
-
 class Runner:
     """Runs schedules for one communicator's groups (see the module docstring).
     ``transport``: what torch.distributed's collectives can do (per-root broadcasts /
@@ -119,13 +101,8 @@ class Runner:
         self.passes: dict[str, Passes] = {"cuda": TritonPasses(self.launcher),
                                           "cpu": TorchPasses()}
         self._collectives: dict[tuple, Any] = {}
-        self._calls = _LRU(limits.calls)
-        #: the communicator's prepared ops by plan and call, and their classes by
-        #: structure (:mod:`dpx_torch.prepared`), each bounded like the calls
-        self.prepared = _LRU(limits.calls)
-        self.classes = _LRU(limits.calls)
-        self._programs = _LRU(limits.programs)
-        self._batches = _LRU(limits.batches)
+        self._programs = LRU(limits.programs)
+        self._batches = LRU(limits.batches)
 
     def collective(self, bind: Callable[[Any], Any], group: Any) -> Any:
         """``bind(group)`` (a :mod:`dpx_torch.collectives` binder), made once per group
@@ -150,21 +127,12 @@ class Runner:
                 device_counts: bool, wire: Wire = Wire.NATIVE, dequantize: bool = True,
                 wire_scale: float | None = None, in_place: bool = False,
                 out_rows: int | None = None,
-                scratch_key: str = "caller", rows: OpRows | None = None,
-                cache: bool = True) -> PreparedCall:
+                scratch_key: str = "caller", rows: OpRows | None = None) -> PreparedCall:
         """The call's prepared program for an input shaped like ``x`` (see the module
-        docstring; ``cache=False``: not kept here -- the caller keeps it). ``rows``: the
-        op's :func:`dpx.extents.op_rows`, when the caller has them. Under torch.compile
-        tracing nothing is cached: the schedule is built and bound afresh, through the
-        custom ops, in plain Python the tracer follows."""
+        docstring). ``rows``: the op's :func:`dpx.extents.op_rows`, when the caller has
+        them. Under torch.compile tracing nothing is cached: the schedule is built and
+        bound afresh, through the custom ops, in plain Python the tracer follows."""
         compiling = torch.compiler.is_compiling()
-        cache = cache and not compiling
-        if cache:
-            key = (plan, op, partial, device_counts, x.shape, x.dtype, x.device, wire,
-                   dequantize, wire_scale, in_place, out_rows, scratch_key)
-            hit = self._calls.hit(key)
-            if hit is not None:
-                return hit
         if rows is None:
             rows = op_rows(plan, op, self.rank, device_counts=device_counts)
         out = rows.out if out_rows is None else out_rows
@@ -182,11 +150,8 @@ class Runner:
                 self.tables
         shape = CallShape(x, OUT in variant.wire_bufs, passes, tables, self, variant.wide_bufs,
                           plan.layout.world_size, wire, wire_scale)
-        prep = program.prepare(values, (in_rows, out), shape, scratch_key, rows.need,
+        return program.prepare(values, (in_rows, out), shape, scratch_key, rows.need,
                                rows.exact)
-        if cache:
-            self._calls.put(key, prep)
-        return prep
 
     def template_key(self, plan: DpPlan, op: Op, *, partial: bool, device_counts: bool,
                      wire: Wire, dequantize: bool, in_place: bool) -> TemplateKey:
@@ -220,14 +185,6 @@ class Runner:
         out = x.new_empty((call.prep.out_rows, *call.prep.shape.out_rest))
         return call.prep.run(x, out, call.counts)
 
-    def adjoint(self, call: Call, grad: torch.Tensor) -> Call:
-        """The call computing ``call``'s backward for the output gradient ``grad``: its
-        op's adjoint, from the output's rows to the input's."""
-        op = call.op.adjoint
-        prep = self.prepare(call.plan, op, grad, partial=True,
-                            device_counts=call.counts is not None, out_rows=call.in_rows)
-        return Call(call.plan, op, call.counts, call.prep.out_rows, prep)
-
     def coalesced(self, group: Group, device: torch.device, *, collected: bool = False):
         """One grouped launch of the collectives issued inside, on ``group``, where the
         backend for ``device`` coalesces (NCCL); a plain sequence elsewhere.
@@ -245,22 +202,22 @@ class Runner:
     # ------------------------------------------------------------ state
     def sizes(self) -> dict[str, int]:
         """Entries in each cache (and the pool's buffers)."""
-        return {"calls": len(self._calls), "prepared": len(self.prepared),
-                "classes": len(self.classes), "templates": len(self.schedules),
+        return {"templates": len(self.schedules),
                 "variants": self.schedules.variants(), "programs": len(self._programs),
                 "batches": len(self._batches), "tables": len(self.tables),
                 "kernels": len(self.launcher), "pool_buffers": len(self.pool),
                 "events": len(self.overlap.events)}
 
-    def host_bytes(self) -> int:
-        """An estimate of the host memory the caches hold: Python objects reachable from
-        them, counted once (``sys.getsizeof``; code objects included; not the runner's
-        shared parts -- groups, passes, the compiled kernels Triton keeps). Slow: for tests
-        and the soak benchmark."""
+    def host_bytes(self, *extra: Any) -> int:
+        """An estimate of the host memory the caches hold (and ``extra``, the
+        communicator's prepared ops): Python objects reachable from them, counted once
+        (``sys.getsizeof``; code objects included; not the runner's shared parts --
+        groups, passes, the compiled kernels Triton keeps). Slow: for tests and the soak
+        benchmark."""
         seen: set[int] = {id(self)}
         total = 0
-        stack: list = [self._calls, self.prepared, self.classes, self._programs,
-                       self._batches, self.schedules._templates, self.tables._tables]
+        stack: list = [self._programs, self._batches, self.schedules._templates,
+                       self.tables._tables, *extra]
         skip = (type, torch.Tensor, torch.device, types.ModuleType, Passes, DpGroups,
                 torch.distributed.ProcessGroup)
         while stack:
@@ -294,10 +251,7 @@ class Runner:
     def clear(self) -> None:
         """Empty every cache and the scratch pool (buffers a captured CUDA graph reads are
         freed only when the graph is: recapture graphs after this)."""
-        self._calls.clear()
         self._collectives.clear()
-        self.prepared.clear()
-        self.classes.clear()
         self._programs.clear()
         self._batches.clear()
         self.schedules.clear()

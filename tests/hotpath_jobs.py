@@ -209,11 +209,11 @@ def soak(ctx, layout_args, steps: int, seed: int) -> dict:
 
     for i in range(steps // 2):
         one(i)
-    mid_bytes, mid_rss = comm.runner.host_bytes(), _rss()
+    mid_bytes, mid_rss = comm.host_bytes(), _rss()
     for i in range(steps // 2, steps):
         one(i)
     res = dict(sizes=comm.cache_sizes(), limits=limits.__dict__,
-               host_bytes=comm.runner.host_bytes(), mid_bytes=mid_bytes,
+               host_bytes=comm.host_bytes(), mid_bytes=mid_bytes,
                rss_growth=_rss() - mid_rss, builds=comm.runner.schedules.builds)
     comm.destroy()
     return res

@@ -6,10 +6,12 @@ threads only when the last reference to it goes. A communicator that kept its gr
 past ``dist.destroy_process_group()`` left them to be destroyed during interpreter
 finalization, where a worker thread still releasing a tensor of a finished collective
 cannot take the GIL and the process aborts ("terminate called without an active
-exception", 6 of 12 runs under load before: 8 runs all pass by chance 1 time in 256). The
-deterministic test checks the cause (no group survives the teardown); the second runs the
-scripts 8 times, 4 at once (their processes load the two cores) and checks every exit
-status.
+exception", 6 of 12 runs under load before: 8 runs all pass by chance 1 time in 256).
+The same abort came from prepared ops held past the teardown (10 of 30 runs) and from a
+reference cycle through a ``validate=True`` error's traceback (7 of 10). The deterministic
+tests check the cause (no group survives the teardown; with the cyclic garbage collector
+off for the last two, so a cycle cannot hide); the last runs every script variant several
+times, 4 at once (their processes load the two cores), and checks every exit status.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ def _run(dp: int, variant: str) -> subprocess.CompletedProcess:
         env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-@pytest.mark.parametrize("variant", ["refs", "refs_at_exit"])
+@pytest.mark.parametrize("variant", ["refs", "refs_at_exit", "prepared_refs",
+                                     "validate_refs"])
 def test_no_process_group_outlives_the_teardown(variant):
     """After ``destroy()`` (or the exit hook) and ``dist.destroy_process_group()``, no
-    process group the communicator used is alive: their worker threads are joined before
+    process group the communicator used is alive -- with prepared ops still held, and
+    after a caught ``validate=True`` error -- so their worker threads are joined before
     the interpreter finalizes."""
     p = _run(1, variant)     # dp 1: attn-tp 2, a subgroup the communicator owns
     assert p.returncode == 0, p.stdout + p.stderr
@@ -44,7 +48,8 @@ def test_no_process_group_outlives_the_teardown(variant):
 
 
 def test_scripts_exit_zero_under_load():
-    runs = [(dp, v) for dp in (2, 1) for v in ("both", "pg_only")] * 2
+    runs = [(dp, v) for dp in (2, 1)
+            for v in ("both", "pg_only", "prepared", "validate_error")] * 2
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda a: _run(*a), runs))
     bad = [(a, p.returncode, p.stderr[-400:]) for a, p in zip(runs, results)

@@ -1,0 +1,75 @@
+"""The device count exchange of a capacity plan's step (:meth:`DpComm.exchange_counts`): one
+tiny all-gather of every rank's count on the world group, no host sync, capturable in a
+CUDA graph; whose report each entry keeps is :func:`dpx.counts.sources`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dpx import counts as C
+from dpx.errors import DpxCapacityError, DpxMismatchError, DpxTypeError, DpxValueError
+from dpx.layout import DpLayout
+from dpx.plan import DpPlan
+from dpx_torch.checks import InputChecks
+from dpx_torch.collectives import all_gather_single
+from dpx_torch.groups import DpGroups
+from dpx_torch.runner import Runner
+
+__all__ = ["CountsExchange"]
+
+
+class CountsExchange:
+    """The count exchange of one communicator: its source index per (shards, device), a
+    fixed handful."""
+
+    def __init__(self, layout: DpLayout, rank: int, groups: DpGroups, runner: Runner,
+                 checks: InputChecks) -> None:
+        self.layout, self.rank, self.groups = layout, rank, groups
+        self.runner, self.checks = runner, checks
+        self._sources: dict[tuple, torch.Tensor] = {}
+
+    def clear(self) -> None:
+        self._sources.clear()
+
+    def __call__(self, n_local: torch.Tensor, *, shards: bool, plan: DpPlan | None,
+                 validate: bool) -> torch.Tensor:
+        """See :meth:`dpx_torch.DpComm.exchange_counts`."""
+        c = self.checks
+        if not isinstance(n_local, torch.Tensor) or n_local.dtype != torch.int32 \
+                or tuple(n_local.shape) != (1,):
+            raise DpxTypeError(f"n_local must be an int32 tensor of shape (1,), got "
+                               f"{getattr(n_local, 'dtype', type(n_local).__name__)} "
+                               f"{tuple(getattr(n_local, 'shape', ()))}")
+        c.tensor("n_local", n_local)
+        if plan is not None:
+            c.plan(plan)
+            if plan.capacity is None:
+                raise DpxValueError("exchange_counts(plan=...) checks the counts of a "
+                                    "capacity plan; this plan has none")
+            if shards != plan.sharded:
+                raise DpxValueError(f"exchange_counts(shards={shards}) with a plan whose "
+                                    f"cp_shards is {'set' if plan.sharded else 'None'}")
+        lay = self.layout
+        allv = n_local.new_empty(lay.world_size)
+        all_gather_single(allv, n_local, group=self.groups.world)
+        key = (shards, allv.device)
+        idx = self._sources.get(key)
+        if idx is None:
+            idx = self._sources[key] = torch.tensor(
+                C.sources(lay, self.rank, shards=shards), dtype=torch.long, device=allv.device)
+        picked = allv[idx]
+        if validate:
+            reports = tuple(int(x) for x in allv.tolist())
+            bad = C.disagreements(lay, reports, shards=shards)
+            bad += [f"rank {r} reported {x} < 0" for r, x in enumerate(reports) if x < 0]
+            if bad:
+                raise DpxMismatchError("exchange_counts: " + "; ".join(bad))
+            if plan is not None:
+                problems = plan.count_rule.problems(tuple(int(x) for x in picked.tolist()))
+                if problems:
+                    raise DpxCapacityError("exchange_counts: " + "; ".join(problems))
+        elif plan is not None:
+            self.runner.flags.check(picked, plan.count_rule,
+                                    self.runner.passes_for(picked.device))
+        return picked.view(lay.dp_size, lay.cp_size) if shards else picked

@@ -1,0 +1,296 @@
+"""The full path of a :class:`~dpx_torch.DpComm` call: the input checks, the
+``validate=True`` exchange, and the prepared op the call runs (found in, or made for, the
+communicator's one cache, :class:`~dpx_torch.prepared.PreparedOps`).
+
+Every call form ends here unless its prepared op admits it on the fast path: a first call,
+a call whose tensors a prepared op's guards do not admit, every call while the
+communicator validates, autograd calls, ``*_async`` calls and several-tensor gathers.
+Checks raise before any collective (docs/errors.md, "Before any collective"). With
+``validate=True`` every rank first exchanges what it is about to do -- every op takes
+part, scatter included -- and all raise the same error (:meth:`FullPath.checked`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from dpx import wire as W
+from dpx.errors import DpxError, DpxValueError
+from dpx.extents import local_rows, op_rows
+from dpx.layout import DpLayout
+from dpx.modes import Op, Wire
+from dpx.plan import DpPlan
+from dpx_torch.agreement import Agreement
+from dpx_torch.autograd import OpFunction
+from dpx_torch.checks import InputChecks
+from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps
+from dpx_torch.program import PreparedCall
+from dpx_torch.rows import overlaps
+from dpx_torch.runner import Call, Runner
+from dpx_torch.wire import split_wire
+
+__all__ = ["FullPath", "flat_counts", "gather_label", "wire_key"]
+
+_compiling = torch.compiler.is_compiling
+Tensors = tuple[torch.Tensor, ...]
+
+
+class FullPath:
+    """The full path of one communicator's calls (see the module docstring)."""
+
+    def __init__(self, layout: DpLayout, rank: int, runner: Runner, checks: InputChecks,
+                 agreement: Agreement, ops: PreparedOps) -> None:
+        self.layout, self.rank, self.runner = layout, rank, runner
+        self.checks, self.agreement, self.ops = checks, agreement, ops
+
+    # ------------------------------------------------------------ the checked op
+    def checked(self, label: str, plan: Any, tensor: Any, partial: Any, counts: Any,
+                make: Callable[[], Any]) -> Any:
+        """``make()``: this rank's checks and what they build. Without ``validate`` a
+        rejected input raises here, before any collective. With ``validate``, every rank
+        first exchanges what it is about to do (and whether its input was rejected), and
+        all raise the same error (:meth:`dpx_torch.agreement.Agreement.check`)."""
+        if not self.ops.life.validate:
+            return make()
+        err = None
+        try:
+            result = make()
+        except DpxError as exc:
+            result, err = None, exc
+        try:
+            self.agreement.check(label, plan, tensor, partial, err, counts)
+        finally:
+            err = None   # no cycle through this frame: the groups it reaches go with it
+        return result
+
+    def gather(self, local, plan, partial, counts, out, wire, dequantize, wire_scale,
+               form: Any = "", refuse_grad: str | None = None) -> PreparedOp:
+        """The checked gather of one tensor: its prepared op. ``refuse_grad``: the name of
+        a call form that records no autograd graph (an input that requires grad is an
+        error of its checks)."""
+        def make() -> PreparedOp:
+            if refuse_grad:
+                no_grad(refuse_grad, local, "local")
+            w = Wire.parse(wire)
+            in_place = self.in_place(local, out, plan, counts)
+            rows, g = self.gather_checks(local, plan, partial, counts, out, w,
+                                         bool(dequantize), in_place, wire_scale)
+            key = CallKey(Op.GATHER._value_, plan, partial, wire_key(wire, wire_scale),
+                          dequantize, local.shape, local.dtype, local.device,
+                          counts is not None, out is not None, form)
+            return self._op(key, local, counts, out, in_place, rows, dict(
+                partial=partial, wire=wire, dequantize=dequantize, wire_scale=wire_scale),
+                wire=w, dequantize=bool(dequantize), wire_scale=g)
+        return self.checked(gather_label(wire, wire_scale), plan, local, partial, counts,
+                            make)
+
+    def global_op(self, op: Op, x, plan, counts, out, form: Any = "",
+                  refuse_grad: str | None = None) -> PreparedOp:
+        """The checked scatter, reduce_scatter or scatter_columns: its prepared op
+        (``refuse_grad``: see :meth:`gather`)."""
+        def make() -> PreparedOp:
+            if refuse_grad:
+                no_grad(refuse_grad, x, "shard" if op is Op.SCATTER_COLUMNS else "global_")
+            rows = self.global_checks(op, x, plan, counts, out)
+            key = CallKey(op._value_, plan, True, Wire.NATIVE, True, x.shape, x.dtype,
+                          x.device, counts is not None, out is not None, form)
+            return self._op(key, x, counts, out, False, rows, {})
+        return self.checked(op._value_, plan, x, True, counts, make)
+
+    def _op(self, key: CallKey, x: torch.Tensor, counts, out, in_place: bool, rows,
+            keywords: dict, **flags) -> PreparedOp:
+        """The prepared op of ``key`` (kept), made when there is none for this form of the
+        call (in place or not)."""
+        compiling = _compiling()
+        op = None if compiling else self.ops.get(key)
+        if op is not None and (op.in_place is not None) == in_place:
+            return op
+        scratch = "caller" if key.form == "" else key.form
+        prep = self.runner.prepare(key.plan, Op(key.op), x, partial=key.partial,
+                                   device_counts=key.counts, in_place=in_place,
+                                   scratch_key=scratch, rows=rows, **flags)
+        return self.ops.make(key, prep, x, counts=counts, out=out, in_place=in_place,
+                             keywords=keywords, keep=not compiling)
+
+    # ------------------------------------------------------------ checks
+    def gather_checks(self, local, plan, partial, counts, out, wire: Wire, dequantize: bool,
+                      in_place: bool, wire_scale: object = None):
+        """The gather's input checks: ``(rows, g)``, its :func:`dpx.extents.op_rows` and
+        nvfp4's global scale as float32 (None for other wires)."""
+        c = self.checks
+        if not isinstance(partial, bool):
+            c.partial(partial)
+        c.tensor("local", local)
+        if not isinstance(plan, DpPlan) or plan.layout != self.layout:
+            c.plan(plan)
+        g = W.check_wire_scale(wire, wire_scale)
+        if wire is not Wire.NATIVE:
+            W.check_wire(wire, plan.mode, tuple(local.shape),
+                         str(local.dtype).replace("torch.", ""))
+            no_grad(f"gather(wire='{wire.value}')", local, "local")
+            if out is not None and not dequantize:
+                raise DpxValueError("out= takes the dequantized result; with dequantize="
+                                    "False the gather returns views of its own wire buffer")
+        if counts is not None:
+            c.counts(plan, counts, local)
+        rows = op_rows(plan, Op.GATHER, self.rank, device_counts=counts is not None)
+        if local.shape[0] < rows.need:
+            c.tensor("local", local, min_rows=rows.need)
+        if not in_place:
+            c.out(out, local, rows.out, compiling=_compiling())
+        elif local.requires_grad and torch.is_grad_enabled():
+            raise DpxValueError("an in-place gather records no autograd graph; gather from "
+                                "a separate input to differentiate")
+        return rows, g
+
+    def global_checks(self, op: Op, global_, plan, counts, out):
+        """The input checks of an op taking a gathered buffer: its op rows."""
+        c = self.checks
+        columns = op is Op.SCATTER_COLUMNS
+        name = "shard" if columns else "global_"
+        c.tensor(name, global_)
+        if columns and global_.dim() != 2:
+            raise DpxValueError(f"shard has shape {tuple(global_.shape)}; scatter_columns "
+                                f"takes [global_rows, C] (this rank's C columns)")
+        if not isinstance(plan, DpPlan) or plan.layout != self.layout:
+            c.plan(plan)
+        if counts is not None:
+            c.counts(plan, counts, global_)
+        rows = op_rows(plan, op, self.rank, device_counts=counts is not None)
+        if global_.shape[0] != rows.need:
+            c.tensor(name, global_, rows=rows.need)
+        c.out(out, global_, rows.out, compiling=_compiling(),
+              rest=(self.layout.world_size * global_.shape[1],) if columns else None)
+        return rows
+
+    def in_place(self, local: Any, out: Any, plan: Any, counts: Any) -> bool:
+        """Whether ``local`` is this rank's slot view of ``out`` (an in-place gather); a
+        dpx error when it overlaps ``out`` anywhere else."""
+        if out is None or _compiling() or not isinstance(local, torch.Tensor) \
+                or not isinstance(out, torch.Tensor) or not overlaps(local, out):
+            return False
+        if isinstance(plan, DpPlan) and plan.layout == self.layout and out.dim() >= 1 \
+                and out.shape[0] == plan.global_rows and local.shape[1:] == out.shape[1:]:
+            try:
+                first, rows = local_rows(plan, self.rank, device_counts=counts is not None)
+            except DpxValueError as exc:
+                raise DpxValueError(f"local is a view of out, but {exc}") from None
+            stride = out.stride(0) * out.element_size() if out.dim() else 0
+            if local.shape[0] == rows and local.data_ptr() == out.data_ptr() + first * stride:
+                return True
+            raise DpxValueError(f"local overlaps out but is not this rank's slot of it "
+                                f"(rows [{first}, {first + rows}) of out: use "
+                                f"comm.local_slot(out, plan)); a separate input must not "
+                                f"alias out")
+        raise DpxValueError("out overlaps the input in memory; they must not alias (an "
+                            "in-place gather passes comm.local_slot(out, plan))")
+
+    # ------------------------------------------------------------ running
+    def run(self, op: PreparedOp, plan: DpPlan, kind: Op, x: torch.Tensor, counts,
+            out, name: str) -> Any:
+        """Run a checked call: through autograd when ``x`` requires grad (the backward is
+        the adjoint op's prepared call), else its bound steps."""
+        if x.requires_grad and torch.is_grad_enabled():
+            if out is not None:
+                raise DpxValueError(f"out= cannot be used when {name} requires grad")
+            return OpFunction.apply(x, self, Call(plan, kind, flat_counts(counts),
+                                                  x.shape[0], op.prep))
+        return op.run(x, counts, out)
+
+    def adjoint(self, call: Call, grad: torch.Tensor) -> Call:
+        """The call computing ``call``'s backward for the output gradient ``grad``: its
+        op's adjoint, from the output's rows to the input's (a kept prepared op)."""
+        kind = call.op.adjoint
+        key = CallKey(kind._value_, call.plan, True, Wire.NATIVE, True, grad.shape,
+                      grad.dtype, grad.device, call.counts is not None, False,
+                      ("adjoint", call.in_rows))
+        op = None if _compiling() else self.ops.get(key)
+        if op is None:
+            prep = self.runner.prepare(call.plan, kind, grad, partial=True,
+                                       device_counts=call.counts is not None,
+                                       out_rows=call.in_rows)
+            op = self.ops.make(key, prep, grad, counts=None, out=None, in_place=False,
+                               keywords={}, keep=not _compiling())
+        return Call(call.plan, kind, call.counts, call.prep.out_rows, op.prep)
+
+    def execute(self, call: Call, x: torch.Tensor) -> torch.Tensor:
+        """Run a differentiable call (forward or backward) into a new output."""
+        return self.runner.execute(call, x)
+
+    def gather_many(self, tensors: Tensors, plan: DpPlan, partial, counts, wire,
+                    dequantize: bool, wire_scale=None) -> tuple:
+        """``gather`` of several tensors: each as if gathered alone, the collectives
+        batched (:mod:`dpx.batch`)."""
+        n = len(tensors)
+        if n == 0:
+            raise DpxValueError("gather of a tuple needs at least one tensor")
+        partials = per_tensor("partial", partial, n)
+        wires = per_tensor("wire", wire, n)
+        if isinstance(wire_scale, (tuple, list)):
+            scales = per_tensor("wire_scale", wire_scale, n)
+        else:  # one scale for the nvfp4 tensors
+            scales = tuple(wire_scale if Wire.parse(w) is Wire.NVFP4 else None for w in wires)
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors) \
+                and torch.is_grad_enabled():
+            return tuple(self.run(self.gather(t, plan, p, counts, None, w, dequantize, g),
+                                  plan, Op.GATHER, t, counts, None, "local")
+                         for t, p, w, g in zip(tensors, partials, wires, scales))
+        preps = [self.gather(t, plan, p, counts, None, w, dequantize, g, form=f"caller#{i}").prep
+                 for i, (t, p, w, g) in enumerate(zip(tensors, partials, wires, scales))]
+        batch = self.runner.batch(tuple(preps))
+        c = flat_counts(counts)
+        res = batch(preps, [(t, new_out(p, t), c) for p, t in zip(preps, tensors)])
+        return tuple(split_wire(r, p.shape.wire) if p.out_wire else r
+                     for r, p in zip(res, preps))
+
+
+def per_tensor(name: str, value, n: int) -> tuple:
+    """One value per tensor of a several-tensor call: ``value`` itself when it is a
+    sequence of ``n``, else ``n`` copies of it."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != n:
+            raise DpxValueError(f"{name} has {len(value)} entries for {n} tensors; give "
+                                f"one per tensor or one for all")
+        return tuple(value)
+    return (value,) * n
+
+
+def new_out(prep: PreparedCall, x: torch.Tensor) -> torch.Tensor:
+    """A new output of a prepared call for the input ``x``."""
+    if prep.out_wire:
+        return x.new_empty((prep.out_rows, prep.shape.out_width), dtype=torch.uint8)
+    return x.new_empty((prep.out_rows, *prep.shape.out_rest))
+
+
+def no_grad(form: str, x: Any, arg: str) -> None:
+    """A dpx error when ``x`` (the argument ``arg``) requires grad under a call ``form``
+    that records no autograd graph (a prepared op, an overlapped call, a quantized
+    wire)."""
+    if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+        raise DpxValueError(f"{form}: {arg} requires grad; {form} records no autograd "
+                            f"graph (differentiate through the plain call, or pass a "
+                            f"detached tensor)")
+
+
+def wire_key(wire: Any, wire_scale: Any) -> Any:
+    """The wire of a :class:`~dpx_torch.prepared.CallKey`: as given, with nvfp4's scale."""
+    return wire if wire_scale is None else (wire, wire_scale)
+
+
+def gather_label(wire: Any, wire_scale: object) -> str:
+    """A gather's name in a ``validate=True`` exchange: its wire, and nvfp4's scale (so that
+    a wire or scale that differs between ranks raises on every rank)."""
+    try:
+        name = Wire.parse(wire).value
+    except DpxError:   # raised by the checks, inside the exchange
+        name = repr(wire)
+    if name == Wire.NATIVE.value:
+        return "gather"
+    return f"gather/{name}" + ("" if wire_scale is None else f" scale={wire_scale!r}")
+
+
+def flat_counts(counts: torch.Tensor | None) -> torch.Tensor | None:
+    """Device counts as the schedules read them: a shard table ``[dp, cp]`` row by row."""
+    return counts.reshape(-1) if counts is not None and counts.dim() == 2 else counts

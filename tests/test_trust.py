@@ -1,0 +1,195 @@
+"""A fast path keeps every promise of the full path: ``validate=True`` in every call form
+and every op, a destroyed communicator refusing prepared ops too, errors of the same class
+with or without validate, caches that are least recently used as documented, and a class
+of prepared calls admitting only the tensors the full path admits. (Exits: test_exit.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dpx
+from dpx_torch import CacheLimits, DpComm
+from dpx_torch.lru import LRU
+from dpx_torch.prepared import CallKey
+
+L1 = dpx.DpLayout(1, 1)
+
+
+# ---------------------------------------------------------------- one process
+def test_lru_keeps_a_hot_entry_through_one_off_entries():
+    lru = LRU(4)
+    lru.put("hot", 1)
+    for i in range(100):
+        assert lru.hit("hot") == 1
+        lru.put(i, i)
+        assert len(lru) <= 4 and "hot" in lru
+    assert list(lru) == [97, 98, "hot", 99]          # least recently used first
+    lru.put("hot", 2)                    # a put of a kept key refreshes it too
+    for i in range(3):
+        lru.put(("x", i), i)
+    assert lru.hit("hot") == 2 and lru.hit(97) is None
+
+
+def test_a_hot_prepared_op_survives_a_stream_of_one_off_calls(world1):
+    """At the cache's limit, one-off calls (a new count each, new plans of a known
+    structure too) evict the least recently used ops, never the op called between them:
+    the same prepared op serves every hot call."""
+    comm = DpComm(L1, limits=CacheLimits(calls=4))
+    hot_plan = dpx.plan_step([5], L1, mode="sum_len")
+    x, out = torch.ones(5, 8), torch.empty(5, 8)
+    key = CallKey("gather", hot_plan, True, dpx.Wire.NATIVE, True, x.shape, x.dtype,
+                  x.device, False, True)
+    comm.gather(x, hot_plan, partial=True, out=out)
+    hot = comm.prepared.ops.hit(key)
+    assert hot is not None
+    for n in range(6, 60):
+        comm.gather(x, hot_plan, partial=True, out=out)
+        plan = dpx.plan_step([n], L1, mode="sum_len")
+        y = torch.ones(n, 8)
+        assert torch.equal(comm.gather(y, plan, partial=True), y)
+        comm.scatter(torch.ones(n, 8), plan)
+        assert comm.prepared.ops.hit(key) is hot
+        assert len(comm.prepared.ops) <= 4 and len(comm.prepared.classes) <= 4
+    sizes = comm.cache_sizes()
+    assert sizes["prepared"] == 4 and sizes["programs"] <= CacheLimits().programs
+    comm.destroy()
+
+
+def test_every_cache_refreshes_its_hits():
+    """The communicator's other caches follow the same policy: a hit keeps an entry."""
+    from dpx_torch.launch import Launcher
+    from dpx_torch.program import DeviceTables
+
+    tables = DeviceTables(max_entries=3)
+    hot = tables.get((1, 2), torch.device("cpu"))
+    for i in range(20):
+        assert tables.get((1, 2), torch.device("cpu")) is hot
+        tables.get((i, 100), torch.device("cpu"))
+    launcher = Launcher(max_entries=2)
+    k = object()
+    b = launcher.bind(k, torch.device("cuda", 0), {"A": 1}, 4, ())
+    for i in range(10):
+        assert launcher.bind(k, torch.device("cuda", 0), {"A": 1}, 4, ()) is b
+        launcher.bind(k, torch.device("cuda", 0), {"A": 2 + i}, 4, ())
+
+
+def test_a_class_of_calls_admits_only_what_the_full_path_admits(world1):
+    """A new plan of a known structure is prepared from its class; an ``out=`` whose rows
+    are not the new plan's is refused there too (the full path's error, not a torch
+    error or rows written past the plan)."""
+    comm = DpComm(L1)
+    for n in (5, 6):
+        p = dpx.plan_step([n], L1, mode="sum_len")
+        comm.gather(torch.ones(n, 4), p, partial=True, out=torch.empty(p.global_rows, 4))
+    p = dpx.plan_step([7], L1, mode="sum_len")
+    for rows, width in ((9, 4), (6, 4), (7, 5)):
+        with pytest.raises(dpx.DpxValueError, match=r"out has shape .*; it must be \(7, 4\)"):
+            comm.gather(torch.ones(7, 4), p, partial=True, out=torch.empty(rows, width))
+    assert torch.equal(comm.gather(torch.ones(7, 4), p, partial=True,
+                                   out=torch.empty(7, 4)), torch.ones(7, 4))
+    comm.destroy()
+
+
+def test_a_scalar_gets_the_row_rule_on_every_path(world1):
+    """A 0-d input after calls of 1-d inputs (whose class has the same trailing shape)
+    raises the row-dimension rule, not an IndexError."""
+    comm = DpComm(L1)
+    plan = dpx.plan_step([3], L1)
+    for _ in range(2):
+        comm.gather(torch.ones(3), plan, partial=False)
+    for p in (plan, dpx.plan_step([2], L1)):
+        with pytest.raises(dpx.DpxValueError, match="local must have a row dimension"):
+            comm.gather(torch.tensor(1.0), p, partial=False)
+    comm.destroy()
+
+
+@pytest.mark.parametrize("form", ["gather", "scatter", "reduce_scatter", "scatter_columns"])
+def test_prepared_ops_refuse_work_after_destroy(world1, form):
+    """An op from ``prepare_*`` runs until ``destroy()``; then it raises what every call
+    of a destroyed communicator raises, and holds no program (no process group)."""
+    comm = DpComm(L1)
+    plan = dpx.plan_step([3], L1)
+    x = torch.ones(3, 4)
+    op = (comm.prepare_gather(x, plan, partial=True) if form == "gather" else
+          getattr(comm, f"prepare_{form}")(x, plan))
+    want = op(x)
+    assert torch.equal(op(x), want)
+    comm.destroy()
+    assert op.prep is None
+    with pytest.raises(dpx.DpxValueError, match="this DpComm was destroyed"):
+        op(x)
+    with pytest.raises(dpx.DpxValueError, match="this DpComm was destroyed"):
+        getattr(comm, form)(x, plan, **({"partial": True} if form == "gather" else {}))
+
+
+def test_validate_runs_the_full_path_on_one_rank(world1):
+    """With validate=True, neither implicit nor prepared calls take the fast path (a
+    world of one still exchanges: the full path's host exchange runs)."""
+    comm = DpComm(L1, validate=True)
+    plan = dpx.plan_step([3], L1)
+    x = torch.ones(3, 4)
+    op = comm.prepare_gather(x, plan, partial=True)
+    calls = []
+    real = comm.agreement.check
+    comm.agreement.check = lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1]
+    op(x)
+    comm.gather(x, plan, partial=True)
+    comm.scatter(x, plan)
+    assert calls == ["gather", "gather", "scatter"]
+    comm.validate = False
+    op(x)
+    comm.gather(x, plan, partial=True)
+    assert len(calls) == 3
+    comm.destroy()
+
+
+# ---------------------------------------------------------------- several ranks
+def test_validate_holds_for_every_call_form(gloo_worlds):
+    """Four ranks disagree after prepared calls -- an implicit call, an explicit prepared
+    op whose guards admit the call on some ranks only, scatter against reduce_scatter
+    (implicit and prepared), an explicit scatter_columns, an async call, the sglang
+    drop-in's dp_scatter against dp_reduce_scatter_tensor, and validate switched on after
+    ops were prepared: every rank raises the same error, none hangs, and the world stays
+    usable."""
+    res = gloo_worlds(4).run("trust_jobs:validate_forms", timeout=120)
+    expect = {"implicit": "ranks disagree on the plan's num_tokens",
+              "explicit": "rank 2 rejected its input (DpxTypeError: local has dtype "
+                          "torch.float64",
+              "explicit_rows": "rank 2 rejected its input (DpxValueError: local has 1 rows",
+              "scatter_vs_rs": "ranks disagree on op: 'scatter' on ranks [0]; "
+                               "'reduce_scatter' on ranks [1, 2, 3]",
+              "prepared_scatter_vs_rs": "ranks disagree on op: 'reduce_scatter' on ranks "
+                                        "[0, 2, 3]; 'scatter' on ranks [1]",
+              "prepared_columns": "ranks disagree on width: 2 on ranks [0, 1, 2]; 3 on "
+                                  "ranks [3]",
+              "async": "ranks disagree on the plan's num_tokens",
+              "dropin": "ranks disagree on op: 'scatter' on ranks [0]; 'reduce_scatter'",
+              "switched_on": "ranks disagree on the plan's num_tokens"}
+    for key, text in expect.items():
+        msgs = {(r[key]["cls"], r[key]["msg"]) for r in res}
+        assert len(msgs) == 1, (key, msgs)
+        cls, msg = msgs.pop()
+        assert cls is not None and text in msg, (key, cls, msg)
+    assert all(r["ok"] for r in res)
+
+
+def test_validate_keeps_the_error_class(gloo_worlds):
+    """A rejected input raises, on every rank, a DpxMismatchError that is also a TypeError
+    / ValueError as the rank's own error was: ``except ValueError`` catches with validate
+    what it catches without."""
+    res = gloo_worlds(4).run("trust_jobs:validate_kinds")
+    want = {"type": ("DpxMismatchTypeError", True, False),
+            "value": ("DpxMismatchValueError", False, True),
+            "both": ("DpxMismatchInputError", True, True),
+            "disagree": ("DpxMismatchError", False, False)}
+    for key, (cls, is_type, is_value) in want.items():
+        got = {(r[key]["cls"], r[key]["type"], r[key]["value"], r[key]["msg"]) for r in res}
+        assert len(got) == 1, (key, got)
+        assert got.pop()[:3] == (cls, is_type, is_value), key
+    assert {r["scalar"] for r in res} == {
+        "DpxMismatchValueError: validate: rank 0 rejected its input (DpxValueError: local "
+        "must have a row dimension, got a scalar) | rank 1 rejected its input "
+        "(DpxValueError: local must have a row dimension, got a scalar) | rank 2 rejected "
+        "its input (DpxValueError: local must have a row dimension, got a scalar) | rank 3 "
+        "rejected its input (DpxValueError: local must have a row dimension, got a scalar)"}
