@@ -87,7 +87,7 @@ def _gpu_path_on_cpu(comm) -> None:
     """Make ``comm`` run its CPU tensors through the GPU path -- the Triton passes and the
     direct launcher -- with the launch itself a no-op (this version's names)."""
     try:
-        from dpx_torch.launch import Launcher
+        from dpx_torch.shims.triton_launch import Launcher
         from dpx_torch.passes import TritonPasses
     except ImportError:   # an earlier version: kernel_for is stubbed instead
         return
@@ -95,13 +95,15 @@ def _gpu_path_on_cpu(comm) -> None:
     class _Spec:
         run = staticmethod(_noop)
         function = metadata = None
+        checked = True
 
     class StubLauncher(Launcher):
         direct = ("cpu", "cuda")
 
         def __init__(self):
             super().__init__()
-            self._raw_stream = lambda index: 0
+            self._raw_stream = lambda index: 0                  # earlier versions
+            self.stream = SimpleNamespace(fn=lambda index: 0)
 
         def hooks(self):
             return False

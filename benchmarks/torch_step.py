@@ -28,7 +28,7 @@ from a separate input, against the captured bare collective.
 
 Table 3, **kernel launches** (host µs per launch of one row kernel, 32 rows): Triton's
 JIT launch (``kernel[grid](...)``), dpx's direct launch of the compiled kernel
-(``dpx_torch.launch``), the ``torch.library`` custom op torch.compile traces, and a stock
+(``dpx_torch.shims.triton_launch``), the ``torch.library`` custom op torch.compile traces, and a stock
 ``copy_`` of the same rows.
 
 Writes torch_step_sglang.csv, torch_step.csv and torch_step_launch.csv to $OUT.
@@ -244,7 +244,7 @@ def _launch_rows() -> list[dict]:
     """Table 3: host µs per launch of the move kernel (32 rows x H bf16) by each path."""
     from dpx.kernels import launch, rows as kernels
     from dpx_torch import ops
-    from dpx_torch.launch import Launcher
+    from dpx_torch.shims.triton_launch import Launcher
     from dpx_torch.passes import TritonPasses
 
     n = 32

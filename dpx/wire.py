@@ -16,13 +16,21 @@ import struct
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.modes import Op, PaddingMode, Wire
 
-__all__ = ["block", "check_wire", "check_wire_mode", "check_wire_scale", "EPS", "FLOAT_DTYPES",
-           "FP4_NAN_SCALE", "FP8_MAX", "GROUP", "NAN_CODE", "payload_bytes", "SCALE_RANGE",
-           "width_of", "wire_row_bytes"]
+__all__ = ["block", "CANONICAL_NAN", "check_wire", "check_wire_mode", "check_wire_scale",
+           "E2M1_MAX", "E2M1_VALUES", "EPS", "FLOAT_DTYPES", "FP4_NAN_SCALE", "FP8_MAX",
+           "GROUP", "NAN_CODE", "nvfp4_scale", "payload_bytes", "SCALE_RANGE", "width_of",
+           "wire_row_bytes"]
 
 GROUP = 128
+#: The largest finite e4m3fn magnitude: fp8's scale maps a group's amax to it, nvfp4's
+#: block scale saturates at it.
 FP8_MAX = 448.0
 EPS = 1e-10
+#: The e2m1 magnitudes by code (0..7), and the largest.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_MAX = E2M1_VALUES[-1]
+#: The canonical quiet NaN of each output dtype, as its bits: what a NaN arrives as.
+CANONICAL_NAN = {"float32": 0x7FC00000, "bfloat16": 0x7FC0, "float16": 0x7E00}
 #: The e4m3fn NaN code (exponent and mantissa all ones) of every non-finite element.
 NAN_CODE = 0x7F
 #: Input dtypes the quantized wires take (by name, as both frontends spell them).
@@ -58,6 +66,26 @@ def width_of(row_bytes: int, wire: Wire = Wire.FP8) -> int:
     :func:`wire_row_bytes`)."""
     b = _BLOCK[wire]
     return row_bytes * b // wire_row_bytes(b, wire)
+
+
+def nvfp4_scale(amax: float) -> float:
+    """nvfp4's global scale ``g`` for data whose largest magnitude is ``amax`` (a positive
+    float: a checkpoint's calibrated input amax, or ``x.abs().max()``): ``g = 448 * 6 /
+    amax``, the convention NVIDIA's NVFP4 checkpoints store. A block's scale is ``e4m3(amax_b
+    * g / 6)``, so the block holding ``amax`` gets the largest e4m3 scale (448) and no block
+    saturates. With a larger ``g`` the blocks past ``6 * 448 / g`` saturate (their values
+    arrive clipped to it); with a much smaller one (the reciprocal convention, ``amax /
+    2688``, say) small blocks' scales round to 0 and their rows arrive as zeros."""
+    if isinstance(amax, bool) or not isinstance(amax, (int, float)) or not amax > 0 \
+            or not math.isfinite(amax):
+        raise DpxValueError(f"nvfp4_scale(amax={amax!r}): amax must be a positive finite "
+                            f"float (the data's largest magnitude)")
+    g = FP8_MAX * E2M1_MAX / amax
+    lo, hi = SCALE_RANGE
+    if not lo <= g <= hi:
+        raise DpxValueError(f"nvfp4_scale(amax={amax!r}) = {g!r} is outside nvfp4's global "
+                            f"scale range [2**-64, 2**64]")
+    return g
 
 
 def check_wire_mode(mode: PaddingMode, wire: Wire = Wire.FP8, op: Op = Op.GATHER) -> None:

@@ -199,7 +199,7 @@ def _unpack_step(s: Unpack, run: _Run) -> None:
                              s.rows, run.impl))
 
 
-def _join(s: JoinColumns, run: _Run) -> None:
+def _join_columns(s: JoinColumns, run: _Run) -> None:
     src = run.read(s.src)
     rows, count, block = run.value(s.rows), run.value(s.count), run.value(s.block)
     w = src.shape[1]
@@ -210,7 +210,7 @@ def _join(s: JoinColumns, run: _Run) -> None:
     run.write(s.dst, joined)
 
 
-def _split(s: SplitColumns, run: _Run) -> None:
+def _split_columns(s: SplitColumns, run: _Run) -> None:
     src = run.read(s.src)
     count, block = run.value(s.count), run.value(s.block)
     w = src.shape[1] // s.parts
@@ -290,7 +290,7 @@ HANDLERS: dict[type[Step], Callable[[Any, _Run], None]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
     Dequantize: _dequantize, Pack: _pack_step, Unpack: _unpack_step, AllGather: _all_gather,
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, AllGatherV: _all_gather_v,
-    ReduceScatterV: _reduce_scatter_v, JoinColumns: _join, SplitColumns: _split,
+    ReduceScatterV: _reduce_scatter_v, JoinColumns: _join_columns, SplitColumns: _split_columns,
     AllToAll: _all_to_all,
 }
 

@@ -119,23 +119,19 @@ def _take_xla(src, start, count, rows: int):
 
 # ---------------------------------------------------------------- Triton implementation
 def _triton_move(src, src_start, dst_start, count, rows: int):
-    from dpx.kernels import launch, rows as kernels
+    from dpx.kernels import launch
     from dpx_jax.triton_shim import triton_call
 
     m, rest = src.shape[0], src.shape[1:]
     width = math.prod(rest)
     if rows == 0 or width == 0:
         return jnp.zeros((rows, *rest), src.dtype)
-    tile = launch.tile_for(rows, width, jnp.dtype(src.dtype).itemsize, src_rows=m)
-    block_r, block_c, warps = launch.row_blocks(width, tile)
+    lt = launch.move_launch(m, rows, width, jnp.dtype(src.dtype).itemsize, src_start_ptr=True,
+                            dst_start_ptr=True, count_ptr=True)
     out = triton_call(
         src.reshape(m, width), src_start.reshape(1), dst_start.reshape(1), count.reshape(1),
-        0, 0, 0, m, rows, kernel=kernels.move_rows_kernel,
-        out=jax.ShapeDtypeStruct((rows, width), src.dtype),
-        grid=launch.grid(rows, width, tile), num_warps=warps,
-        WIDTH=width, SRC_START_PTR=True, DST_START_PTR=True, COUNT_PTR=True,
-        BLOCK_R=block_r, BLOCK_C=block_c, WIDE=launch.wide(m * width, rows * width),
-        STREAM=tile.stream)
+        0, 0, 0, m, rows, kernel=lt.kernel, out=jax.ShapeDtypeStruct((rows, width), src.dtype),
+        grid=lt.grid, num_warps=lt.warps, **lt.consts)
     # triton_call's outputs are typed invariant; they vary like the inputs
     return vary_like(out.reshape(rows, *rest), src, src_start, dst_start, count)
 
@@ -280,36 +276,32 @@ def _pack_xla(src, firsts, lens, block: int):
     return _mask(ok, jnp.take(src, jnp.clip(s, 0, src.shape[0] - 1), axis=0))
 
 
-def _triton_chunks(kernel_name: str, src, firsts, lens, block: int, rows: int):
-    from dpx.kernels import launch, rows as kernels
+def _triton_chunks(pack: bool, src, firsts, lens, block: int, rows: int):
+    from dpx.kernels import launch
     from dpx_jax.triton_shim import triton_call
 
     m, rest = src.shape[0], src.shape[1:]
     width = math.prod(rest)
     if rows == 0 or width == 0:
         return jnp.zeros((rows, *rest), src.dtype)
-    tile = launch.tile_for(rows, width, jnp.dtype(src.dtype).itemsize)
-    block_r, block_c, warps = launch.row_blocks(width, tile)
+    lt = launch.chunks_launch(pack, rows, width, jnp.dtype(src.dtype).itemsize)
     out = triton_call(
         src.reshape(m, width), firsts, lens, m, rows, firsts.shape[0], block,
-        kernel=getattr(kernels, kernel_name),
-        out=jax.ShapeDtypeStruct((rows, width), src.dtype),
-        grid=launch.grid(rows, width, tile), num_warps=warps,
-        WIDTH=width, BLOCK_R=block_r, BLOCK_C=block_c)
+        kernel=lt.kernel, out=jax.ShapeDtypeStruct((rows, width), src.dtype), grid=lt.grid,
+        num_warps=lt.warps, **lt.consts)
     return vary_like(out.reshape(rows, *rest), src, firsts, lens)
 
 
 def _run_unpack(impl: Impl, src, firsts, lens, rows: int):
     if impl is Impl.TRITON:
         block = src.shape[0] // max(firsts.shape[0], 1)
-        return _triton_chunks("unpack_rows_kernel", src, firsts, lens, block, rows)
+        return _triton_chunks(False, src, firsts, lens, block, rows)
     return _unpack_xla(src, firsts, lens, rows)
 
 
 def _run_pack(impl: Impl, src, firsts, lens, block: int):
     if impl is Impl.TRITON:
-        return _triton_chunks("pack_rows_kernel", src, firsts, lens, block,
-                              firsts.shape[0] * block)
+        return _triton_chunks(True, src, firsts, lens, block, firsts.shape[0] * block)
     return _pack_xla(src, firsts, lens, block)
 
 

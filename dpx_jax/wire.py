@@ -25,14 +25,6 @@ from dpx_jax.rows import Impl, _index, _take_xla, vary_like
 
 __all__ = ["dequantize", "quantize_take", "split_wire"]
 
-_BLOCK_R = 16
-_OUT_KIND = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.bfloat16): 1, jnp.dtype(jnp.float16): 2}
-
-
-def _width_of(row_bytes: int) -> int:
-    return row_bytes * W.GROUP // (W.GROUP + 4)
-
-
 def _div_rn(a, b):
     """``a / b`` rounded to nearest even, by integer operations (float32 ``a`` finite,
     ``b`` positive and normal, broadcast against ``a``): XLA divides float32 approximately
@@ -67,9 +59,10 @@ def _div_rn(a, b):
 
 
 def _e4m3_bits(y):
-    """float32 ``y`` (|y| <= 448) -> its float8_e4m3fn bits (uint8), round to nearest even,
-    by integer operations: XLA's own conversion is not round-to-nearest-even on every
-    backend (on GPUs it can round twice), and these bits must be the kernels'."""
+    """float32 ``y`` (|y| <= the largest e4m3 magnitude) -> its float8_e4m3fn bits (uint8),
+    round to nearest even, by integer operations: XLA's own conversion is not
+    round-to-nearest-even on every backend (on GPUs it can round twice), and these bits
+    must be the kernels'."""
     u = lax.bitcast_convert_type(y, jnp.int32)
     sign = (u >> 31) & 1
     a = jnp.abs(y)
@@ -99,7 +92,7 @@ def _quantize_xla(src, start, count, rows: int):
 
 
 def _dequantize_xla(src, dtype):
-    rows, h = src.shape[0], _width_of(src.shape[1])
+    rows, h = src.shape[0], W.width_of(src.shape[1])
     payload = lax.bitcast_convert_type(src[:, :h], jnp.float8_e4m3fn).astype(jnp.float32)
     scale = lax.bitcast_convert_type(src[:, h:].reshape(rows, -1, 4), jnp.float32)
     v = (payload.reshape(rows, h // W.GROUP, W.GROUP) * scale[..., None]).reshape(rows, h)
@@ -107,8 +100,7 @@ def _dequantize_xla(src, dtype):
     out = jnp.where(nan, jnp.float32(0), v).astype(dtype)
     bits = jnp.dtype(dtype).itemsize * 8
     ut = jnp.uint32 if bits == 32 else jnp.uint16
-    canon = {jnp.dtype(jnp.float32): 0x7FC00000, jnp.dtype(jnp.bfloat16): 0x7FC0,
-             jnp.dtype(jnp.float16): 0x7E00}[jnp.dtype(dtype)]
+    canon = W.CANONICAL_NAN[jnp.dtype(dtype).name]
     u = jnp.where(nan, ut(canon), lax.bitcast_convert_type(out, ut))
     return lax.bitcast_convert_type(u, dtype)
 
@@ -122,34 +114,25 @@ def quantize_take(src, start, count, rows: int, impl: Impl, wire: Wire = Wire.FP
     rb = W.wire_row_bytes(h)
     if impl is not Impl.TRITON or rows == 0:
         return _quantize_xla(src, start, count, rows) if rows else jnp.zeros((0, rb), jnp.uint8)
-    from dpx.kernels import launch, wire as kernels
-    from dpx_jax.triton_shim import triton_call
+    from dpx.kernels import launch
 
-    q = launch.quantize_shape(rows, h, jnp.dtype(src.dtype).itemsize)
-    out = triton_call(
-        src, start.reshape(1), count.reshape(1), 0, 0, src.shape[0], rows,
-        kernel=kernels.quantize_rows_kernel, out=jax.ShapeDtypeStruct((rows, rb), jnp.uint8),
-        grid=launch.quantize_grid(rows, h, q), num_warps=q.warps, H=h, ROW_BYTES=rb,
-        START_PTR=True, COUNT_PTR=True, BLOCK_R=q.block_r, BLOCK_G=q.block_g, COMPILED=True,
-        WIDE=launch.wide(src.size, rows * rb))
-    return vary_like(out, src, start, count)
+    return _triton(launch.quantize_launch(wire, src.shape[0], rows, h,
+                                          jnp.dtype(src.dtype).itemsize, start_ptr=True,
+                                          count_ptr=True, compiled=True),
+                   (rows, rb), jnp.uint8, src, start.reshape(1), count.reshape(1), 0, 0,
+                   src.shape[0], rows)
 
 
 def dequantize(src, dtype, impl: Impl, wire: Wire = Wire.FP8, g: float | None = None):
     if wire is not Wire.FP8:
         return _dequantize_fp4(src, dtype, impl, wire, g)
-    rows, h = src.shape[0], _width_of(src.shape[1])
+    rows, h = src.shape[0], W.width_of(src.shape[1])
     if impl is not Impl.TRITON or rows == 0:
         return _dequantize_xla(src, dtype)
-    from dpx.kernels import launch, wire as kernels
-    from dpx_jax.triton_shim import triton_call
+    from dpx.kernels import launch
 
-    out = triton_call(
-        src, rows, kernel=kernels.dequantize_rows_kernel,
-        out=jax.ShapeDtypeStruct((rows, h), dtype), grid=(-(-rows // _BLOCK_R), h // W.GROUP),
-        num_warps=4, H=h, ROW_BYTES=src.shape[1], OUT_KIND=_OUT_KIND[jnp.dtype(dtype)],
-        BLOCK_R=_BLOCK_R, WIDE=launch.wide(src.size, rows * h))
-    return vary_like(out, src)
+    return _triton(launch.dequantize_launch(wire, rows, h, jnp.dtype(dtype).name,
+                                            compiled=True), (rows, h), dtype, src, rows)
 
 
 def split_wire(buf, wire: Wire = Wire.FP8):
@@ -157,7 +140,7 @@ def split_wire(buf, wire: Wire = Wire.FP8):
     if wire is not Wire.FP8:
         p = W.payload_bytes(W.width_of(buf.shape[1], wire), wire)
         return buf[:, :p], buf[:, p:]
-    rows, h = buf.shape[0], _width_of(buf.shape[1])
+    rows, h = buf.shape[0], W.width_of(buf.shape[1])
     payload = lax.bitcast_convert_type(buf[:, :h], jnp.float8_e4m3fn)
     scales = lax.bitcast_convert_type(buf[:, h:].reshape(rows, -1, 4), jnp.float32)
     return payload, scales
@@ -190,8 +173,9 @@ def _e2m1_of_bits(qb):
 
 
 def _e4m3_scale(sv):
-    """e4m3 code (int32) and value of ``sv >= 0``: nearest even, saturating at 448."""
-    a = jnp.minimum(sv, jnp.float32(448))
+    """e4m3 code (int32) and value of ``sv >= 0``: nearest even, saturating at the largest
+    e4m3 magnitude."""
+    a = jnp.minimum(sv, jnp.float32(W.FP8_MAX))
     u = _u32(a)
     normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
     sub = lax.round(a * 512.0, lax.RoundingMethod.TO_NEAREST_EVEN).astype(jnp.int32)
@@ -257,12 +241,12 @@ def _dequantize_fp4_xla(src, dtype, wire: Wire, g):
     sb = src[:, h // 2:].astype(jnp.int32)[..., None]
     m, sign = c & 7, c >> 3
     if wire is Wire.NVFP4:
-        nan = (sb & 0x7F) == 0x7F
+        nan = (sb & W.NAN_CODE) == W.FP4_NAN_SCALE[Wire.NVFP4]
         em = jnp.where(m < 2, m.astype(jnp.float32) * 0.5,
                        _f32((((m >> 1) + 126) << 23) | ((m & 1) << 22)))
         yb = _u32(_div_rn(em * _e4m3_value(sb), jnp.float32(g)))
     else:
-        nan = sb == 0xFF
+        nan = sb == W.FP4_NAN_SCALE[Wire.MXFP4]
         mant = jnp.where(m >= 2, (m & 1) << 22, 0)
         b = sb - 127 + (m >> 1) + 126
         sub = jnp.right_shift(0x800000 | mant, jnp.clip(1 - b, 0, 31))
@@ -272,14 +256,15 @@ def _dequantize_fp4_xla(src, dtype, wire: Wire, g):
     nan = jnp.broadcast_to(nan, c.shape).reshape(rows, h)
     dt = jnp.dtype(dtype)
     if dt == jnp.float32:
-        return _f32(jnp.where(nan, 0x7FC00000, yb))
+        return _f32(jnp.where(nan, W.CANONICAL_NAN["float32"], yb))
     if dt == jnp.bfloat16:   # round to nearest even, by bits
         u = yb & 0x7FFFFFFF
         r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) | ((yb >> 31 & 1) << 15)
-        r = jnp.where(nan, 0x7FC0, r).astype(jnp.uint16)
+        r = jnp.where(nan, W.CANONICAL_NAN["bfloat16"], r).astype(jnp.uint16)
         return lax.bitcast_convert_type(r, jnp.bfloat16)
     h16 = lax.bitcast_convert_type(_f32(yb).astype(jnp.float16), jnp.uint16)
-    return lax.bitcast_convert_type(jnp.where(nan, jnp.uint16(0x7E00), h16), jnp.float16)
+    return lax.bitcast_convert_type(jnp.where(nan, jnp.uint16(W.CANONICAL_NAN["float16"]),
+                                              h16), jnp.float16)
 
 
 def _quantize_fp4(src, start, count, rows: int, impl: Impl, wire: Wire, g):
@@ -289,18 +274,13 @@ def _quantize_fp4(src, start, count, rows: int, impl: Impl, wire: Wire, g):
         if rows == 0:
             return jnp.zeros((0, rb), jnp.uint8)
         return _quantize_fp4_xla(src, start, count, rows, wire, g)
-    from dpx.kernels import fp4 as kernels, launch
-    from dpx_jax.triton_shim import triton_call
+    from dpx.kernels import launch
 
-    f = launch.fp4_shape(rows, h, W.block(wire))
-    out = triton_call(
-        src, start.reshape(1), count.reshape(1), 0, 0, src.shape[0], rows,
-        np.float32(launch.fp4_scale(g)), kernel=kernels.quantize_fp4_kernel,
-        out=jax.ShapeDtypeStruct((rows, rb), jnp.uint8),
-        grid=launch.fp4_grid(rows, h, W.block(wire), f), num_warps=f.warps, H=h,
-        ROW_BYTES=rb, NV=wire is Wire.NVFP4, START_PTR=True, COUNT_PTR=True,
-        BLOCK_B=f.block_b, COMPILED=True, WIDE=launch.wide(src.size, rows * rb))
-    return vary_like(out, src, start, count)
+    return _triton(launch.quantize_launch(wire, src.shape[0], rows, h,
+                                          jnp.dtype(src.dtype).itemsize, start_ptr=True,
+                                          count_ptr=True, compiled=True),
+                   (rows, rb), jnp.uint8, src, start.reshape(1), count.reshape(1), 0, 0,
+                   src.shape[0], rows, np.float32(launch.fp4_scale(g)))
 
 
 def _dequantize_fp4(src, dtype, impl: Impl, wire: Wire, g):
@@ -308,14 +288,19 @@ def _dequantize_fp4(src, dtype, impl: Impl, wire: Wire, g):
     h = W.width_of(src.shape[1], wire)
     if impl is not Impl.TRITON or rows == 0:
         return _dequantize_fp4_xla(src, dtype, wire, g)
-    from dpx.kernels import fp4 as kernels, launch
+    from dpx.kernels import launch
+
+    return _triton(launch.dequantize_launch(wire, rows, h, jnp.dtype(dtype).name,
+                                            compiled=True), (rows, h), dtype, src, rows,
+                   np.float32(launch.fp4_scale(g)))
+
+
+def _triton(lt, shape: tuple, dtype, *args):
+    """``lt`` (a :class:`dpx.kernels.launch.Launch`) through jax-triton: ``args`` the
+    runtime arguments before the output, which is ``shape`` of ``dtype``; varying like
+    its array arguments."""
     from dpx_jax.triton_shim import triton_call
 
-    f = launch.fp4_shape(rows, h, W.block(wire))
-    out = triton_call(
-        src, rows, np.float32(launch.fp4_scale(g)), kernel=kernels.dequantize_fp4_kernel,
-        out=jax.ShapeDtypeStruct((rows, h), dtype),
-        grid=launch.fp4_grid(rows, h, W.block(wire), f), num_warps=f.warps, H=h,
-        ROW_BYTES=src.shape[1], NV=wire is Wire.NVFP4, OUT_KIND=_OUT_KIND[jnp.dtype(dtype)],
-        BLOCK_B=f.block_b, COMPILED=True, WIDE=launch.wide(src.size, rows * h))
-    return vary_like(out, src)
+    out = triton_call(*args, kernel=lt.kernel, out=jax.ShapeDtypeStruct(shape, dtype),
+                      grid=lt.grid, num_warps=lt.warps, **lt.consts)
+    return vary_like(out, *(a for a in args if hasattr(a, "shape") and a.ndim))

@@ -13,7 +13,7 @@ from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups
 from dpx_torch.rows import overlaps
 
-__all__ = ["check_counts", "InputChecks", "SUPPORTED_DTYPES"]
+__all__ = ["check_device_counts", "InputChecks", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.int32,
                               torch.int64})
@@ -88,10 +88,11 @@ class InputChecks:
             raise DpxValueError("out overlaps the input in memory; they must not alias")
 
     def counts(self, plan: DpPlan, counts: torch.Tensor | None, ref: torch.Tensor) -> None:
-        check_counts(plan, counts, ref.device)
+        check_device_counts(plan, counts, ref.device)
 
 
-def check_counts(plan: DpPlan, counts: torch.Tensor | None, device: torch.device) -> None:
+def check_device_counts(plan: DpPlan, counts: torch.Tensor | None,
+                        device: torch.device) -> None:
     """Device counts of a step: a capacity plan's, a contiguous int32 ``[dp_size]`` tensor
     (``[dp_size, cp_size]`` shard counts for a sharded plan) on ``device``."""
     if counts is None:

@@ -1,10 +1,10 @@
 """Process groups a :class:`dpx_torch.DpComm` needs, built from a :class:`dpx.DpLayout` or
 adopted from the caller, and what their backends can do.
 
-Backends are asked, not named: which device types a group carries
-(``ProcessGroup._device_types``: ``"gloo"`` carries CPU and CUDA tensors, ``"nccl"`` CUDA,
-``"cpu:gloo"`` CPU, ``"cuda:nccl,cpu:gloo"`` both) and whether its backend for a device
-coalesces collectives (``supports_coalescing``: NCCL does, gloo does not). A host exchange
+Backends are asked, not named (:mod:`dpx_torch.shims.backends`): which device types a
+group carries (``"gloo"`` carries CPU and CUDA tensors, ``"nccl"`` CUDA, ``"cpu:gloo"``
+CPU, ``"cuda:nccl,cpu:gloo"`` both) and whether its backend for a device coalesces
+collectives (NCCL does, gloo does not). A host exchange
 (``validate=True``, ``sync_counts``) runs on a group that carries CPU tensors: the world
 itself when it does, else a gloo group.
 """
@@ -19,28 +19,9 @@ import torch.distributed as dist
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.modes import Group
+from dpx_torch.shims.backends import coalesces, device_types
 
-__all__ = ["adopt_groups", "build_groups", "coalesces", "device_types", "DpGroups",
-           "mesh_groups"]
-
-
-def device_types(pg: dist.ProcessGroup) -> frozenset[str]:
-    """The device types ``pg``'s backends carry."""
-    types = getattr(pg, "_device_types", None)
-    if types:
-        return frozenset(t.type if isinstance(t, torch.device) else str(t) for t in types)
-    spec = str(dist.get_backend(pg)).lower()  # torch without _device_types: its spec
-    if ":" in spec:
-        return frozenset(part.split(":")[0] for part in spec.split(","))
-    return frozenset({"cuda"} if spec == "nccl" else {"cpu", "cuda"})
-
-
-def coalesces(pg: dist.ProcessGroup, device_type: str) -> bool:
-    """Whether ``pg``'s backend for ``device_type`` groups collectives into one launch."""
-    try:
-        return bool(pg._get_backend(torch.device(device_type)).supports_coalescing)
-    except (AttributeError, RuntimeError):
-        return False
+__all__ = ["adopt_groups", "build_groups", "DpGroups", "mesh_groups"]
 
 
 @dataclass(frozen=True)

@@ -201,7 +201,8 @@ def _(counts, flag, entries, group, align, max_each, max_sum, has_each, has_sum)
     return None
 
 
-def _split(v: Index) -> tuple[torch.Tensor | None, int]:
+def _tensor_or_int(v: Index) -> tuple[torch.Tensor | None, int]:
+    """A custom op's two arguments of an index: ``(tensor, 0)`` or ``(None, int)``."""
     return (v, 0) if isinstance(v, torch.Tensor) else (None, v)
 
 
@@ -210,12 +211,12 @@ class OpPasses(Passes):
 
     @staticmethod
     def move(src, ss: Index, ds: Index, n: Index, out, tile: Tile | None = None) -> None:
-        (ss_t, ss), (ds_t, ds), (n_t, n) = _split(ss), _split(ds), _split(n)
+        (ss_t, ss), (ds_t, ds), (n_t, n) = _tensor_or_int(ss), _tensor_or_int(ds), _tensor_or_int(n)
         move_rows_out(src, ss_t, ds_t, n_t, ss, ds, n, out, tile_list(tile))
 
     @staticmethod
     def zero(out, ks: Index, kn: Index) -> None:
-        (ks_t, ks), (kn_t, kn) = _split(ks), _split(kn)
+        (ks_t, ks), (kn_t, kn) = _tensor_or_int(ks), _tensor_or_int(kn)
         zero_rows_out(out, ks_t, kn_t, ks, kn)
 
     @staticmethod
@@ -229,7 +230,7 @@ class OpPasses(Passes):
     @staticmethod
     def quantize(src, start: Index, n: Index, out, wire: Wire = Wire.FP8,
                  g: float | None = None) -> None:
-        (s_t, s), (n_t, n) = _split(start), _split(n)
+        (s_t, s), (n_t, n) = _tensor_or_int(start), _tensor_or_int(n)
         quantize_rows_out(src, s_t, n_t, s, n, out, wire.value, fp4_scale(g))
 
     @staticmethod

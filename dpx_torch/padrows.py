@@ -20,7 +20,7 @@ from dpx import values as V
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.extents import real_ranges
 from dpx.plan import DpPlan
-from dpx_torch.checks import check_counts
+from dpx_torch.checks import check_device_counts
 from dpx_torch.ops import OpPasses
 from dpx_torch.passes import Passes, passes_for
 from dpx_torch.program import DeviceTables, DeviceValues, FreshTables, tables_for_call
@@ -31,7 +31,7 @@ __all__ = ["mask_pad_rows", "pad_row_mask", "real_rows"]
 def _check(plan: object, counts: torch.Tensor | None, device: torch.device) -> None:
     if not isinstance(plan, DpPlan):
         raise DpxTypeError(f"plan must be a dpx.DpPlan, got {type(plan).__name__}")
-    check_counts(plan, counts, device)
+    check_device_counts(plan, counts, device)
 
 
 def _tables_for(tables: DeviceTables | None, device: torch.device
@@ -73,7 +73,7 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
         raise DpxValueError(f"t of shape {tuple(t.shape)} must be contiguous")
     if isinstance(fill, bool) or not isinstance(fill, (int, float)):
         raise DpxTypeError(f"fill={fill!r} must be an int or a float")
-    check_counts(plan, counts, t.device)
+    check_device_counts(plan, counts, t.device)
     if t.numel() == 0:
         return t
     firsts, lens = _tables(plan, counts, t.device, _tables_for(tables, t.device))

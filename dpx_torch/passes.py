@@ -3,7 +3,7 @@ kind of device, with one interface:
 
 - :class:`TritonPasses` (CUDA): the ``dpx.kernels`` Triton kernels -- one pass over each
   output, offsets and counts read from device memory where they are device data (CUDA-graph
-  replayable) -- launched through a :class:`~dpx_torch.launch.Launcher`;
+  replayable) -- launched through a :class:`~dpx_torch.shims.triton_launch.Launcher`;
 - :class:`TorchPasses` (CPU): stock torch ops (slice copies, ``zero_``, ``copy_``) on the
   same semantics, reading one-element count tensors on the host (a CPU tensor has no
   device to wait for). Triton's interpreter runs the kernels on CPU tensors too, 100-8,000x
@@ -33,45 +33,35 @@ tensors that are device data) left to call -- what a prepared call runs.
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 import torch
 
-from dpx import wire as W
-from dpx.kernels import counts as _counts
-from dpx.kernels import fp4 as _fp4
 from dpx.kernels import launch as _tiles
-from dpx.kernels import mask as _mask
-from dpx.kernels import rows as _rows
-from dpx.kernels import wire as _wire
 from dpx.modes import Wire
 from dpx.plan import CountRule
-from dpx_torch.launch import JIT, BoundKernel, JitLauncher, Launcher
+from dpx_torch.shims.triton_launch import JIT, BoundKernel, JitLauncher, Launcher
 from dpx_torch.lru import LRU
 from dpx_torch.wire import dequantize_rows, quantize_rows
 
-__all__ = ["DEVICE", "Index", "Passes", "passes_for", "TorchPasses", "TritonPasses",
-           "width_of"]
+__all__ = ["DEVICE", "Index", "Passes", "passes_for", "rows_width", "TorchPasses",
+           "TritonPasses"]
 
 Index = Union[int, torch.Tensor]  # a tensor: one element, int32, on the data's device
 
 #: Marks an index a bound pass reads from a device tensor given at each call.
 DEVICE = None
 
-_OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_DEQ_BLOCK_R = 16
-
-
-def width_of(t: torch.Tensor) -> int:
+def rows_width(t: torch.Tensor) -> int:
+    """Elements per row of ``t`` (its trailing dims flattened)."""
     w = 1
     for s in t.shape[1:]:
         w *= s
     return w
 
 
-def _row_grid(rows: int, width: int, tile: _tiles.Tile) -> tuple[tuple[int, int], int, int, int]:
-    block_r, block_c, warps = _tiles.row_blocks(width, tile)
-    return (-(-rows // block_r), -(-width // block_c)), block_r, block_c, warps
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 class Passes:
@@ -126,7 +116,7 @@ class Passes:
 
 class TritonPasses(Passes):
     """The passes as ``dpx.kernels`` launches through ``launcher`` (a
-    :class:`~dpx_torch.launch.Launcher`, or :data:`~dpx_torch.launch.JIT`)."""
+    :class:`~dpx_torch.shims.triton_launch.Launcher`, or :data:`~dpx_torch.shims.triton_launch.JIT`)."""
 
     def __init__(self, launcher: Launcher | JitLauncher = JIT, *,
                  max_launches: int = 256) -> None:
@@ -149,23 +139,25 @@ class TritonPasses(Passes):
         self._launches.clear()
 
     # ---------------------------------------------------------------- binders
+    def _bind(self, lt: _tiles.Launch, device: torch.device,
+              dtypes: tuple[torch.dtype, ...]) -> Any:
+        """``lt`` bound on ``device``, its pointers (:attr:`Launch.pointers`) of
+        ``dtypes``."""
+        return self.launcher.bind(lt.kernel, device, lt.consts, lt.warps,
+                                  tuple(zip(lt.pointers, dtypes)))
+
     def bind_move(self, src_rows, out_rows, width, dtype, device, ss, ds, n, tile=None):
         if out_rows * width == 0:
             return _nothing
 
         def make():
-            t = tile or _tiles.tile_for(out_rows, width, dtype.itemsize, src_rows=src_rows)
-            grid, block_r, block_c, warps = _row_grid(out_rows, width, t)
-            consts = dict(WIDTH=width, SRC_START_PTR=ss is None, DST_START_PTR=ds is None,
-                          COUNT_PTR=n is None, BLOCK_R=block_r, BLOCK_C=block_c,
-                          WIDE=_tiles.wide(src_rows * width, out_rows * width),
-                          STREAM=t.stream)
-            i32 = torch.int32
-            return grid, self.launcher.bind(
-                _rows.move_rows_kernel, device, consts, warps,
-                ((0, dtype), (1, dtype if ss is not None else i32),
-                 (2, dtype if ds is not None else i32), (3, dtype if n is not None else i32),
-                 (9, dtype)))
+            lt = _tiles.move_launch(src_rows, out_rows, width, dtype.itemsize,
+                                    src_start_ptr=ss is None, dst_start_ptr=ds is None,
+                                    count_ptr=n is None, tile=tile)
+            i32 = torch.int32   # a host index's pointer slot repeats the source's
+            return lt.grid, self._bind(lt, device, (
+                dtype, dtype if ss is not None else i32, dtype if ds is not None else i32,
+                dtype if n is not None else i32, dtype))
         grid, k = self._launch_of((0, src_rows, out_rows, width, dtype, device, ss is None,
                                    ds is None, n is None, tile), make)
         ssv, dsv, nv = ss or 0, ds or 0, n or 0
@@ -188,17 +180,12 @@ class TritonPasses(Passes):
     def bind_zero(self, out_rows, width, dtype, device, ks, kn, tile=None):
         if out_rows * width == 0:
             return _nothing
-        if tile is None:
-            tile = _tiles.tile_for(out_rows, width, dtype.itemsize, src_rows=0)
-        grid, block_r, block_c, warps = _row_grid(out_rows, width, tile)
-        consts = dict(WIDTH=width, START_PTR=ks is None, COUNT_PTR=kn is None,
-                      BLOCK_R=block_r, BLOCK_C=block_c, WIDE=_tiles.wide(out_rows * width),
-                      STREAM=tile.stream)
+        lt = _tiles.zero_launch(out_rows, width, dtype.itemsize, start_ptr=ks is None,
+                                count_ptr=kn is None, tile=tile)
         i32 = torch.int32
-        k = self.launcher.bind(_rows.zero_rows_kernel, device, consts, warps,
-                               ((0, dtype if ks is not None else i32),
-                                (1, dtype if kn is not None else i32), (5, dtype)))
-        ksv, knv = ks or 0, kn or 0
+        k = self._bind(lt, device, (dtype if ks is not None else i32,
+                                    dtype if kn is not None else i32, dtype))
+        grid, ksv, knv = lt.grid, ks or 0, kn or 0
         go_t = k.tensors
 
         def go(out, ks_t=None, kn_t=None):
@@ -206,128 +193,85 @@ class TritonPasses(Passes):
             go_t(grid, (anchor, anchor if kn_t is None else kn_t, ksv, knv, out_rows, out))
         return go
 
-    def _bind_chunks(self, kernel, src_rows: int, out_rows: int, width: int, n: int,
+    def _bind_chunks(self, pack: bool, src_rows: int, out_rows: int, width: int, n: int,
                      dtype: torch.dtype, block: int, device: torch.device) -> Callable[..., None]:
         if out_rows * width == 0:
             return _nothing
-        grid, block_r, block_c, warps = _row_grid(
-            out_rows, width, _tiles.tile_for(out_rows, width, dtype.itemsize))
+        lt = _tiles.chunks_launch(pack, out_rows, width, dtype.itemsize)
         i32 = torch.int32
-        k = self.launcher.bind(kernel, device, dict(WIDTH=width, BLOCK_R=block_r,
-                                                    BLOCK_C=block_c), warps,
-                               ((0, dtype), (1, i32), (2, i32), (7, dtype)))
-        go_t = k.tensors
+        go_t, grid = self._bind(lt, device, (dtype, i32, i32, dtype)).tensors, lt.grid
 
         def go(src, firsts, lens, out):
             go_t(grid, (src, firsts, lens, src_rows, out_rows, n, block, out))
         return go
 
     def bind_unpack(self, src_rows, out_rows, width, n, dtype, block, device=None):
-        return self._bind_chunks(_rows.unpack_rows_kernel, src_rows, out_rows, width, n,
-                                 dtype, block, device)
+        return self._bind_chunks(False, src_rows, out_rows, width, n, dtype, block, device)
 
     def bind_pack(self, src_rows, out_rows, width, n, dtype, block, device=None):
-        return self._bind_chunks(_rows.pack_rows_kernel, src_rows, out_rows, width, n,
-                                 dtype, block, device)
+        return self._bind_chunks(True, src_rows, out_rows, width, n, dtype, block, device)
 
     def bind_quantize(self, src_rows, out_rows, hidden, dtype, device, start, n,
                       wire=Wire.FP8, g=None):
         if out_rows == 0:
             return _nothing
-        if wire is not Wire.FP8:
-            return self._bind_quantize_fp4(src_rows, out_rows, hidden, dtype, device, start,
-                                           n, wire, g)
-        q = _tiles.quantize_shape(out_rows, hidden, dtype.itemsize)
-        grid = _tiles.quantize_grid(out_rows, hidden, q)
-        rb = W.wire_row_bytes(hidden)
-        consts = dict(H=hidden, ROW_BYTES=rb, START_PTR=start is None,
-                      COUNT_PTR=n is None, BLOCK_R=q.block_r, BLOCK_G=q.block_g,
-                      COMPILED=device.type == "cuda",
-                      WIDE=_tiles.wide(src_rows * hidden, out_rows * rb))
+        lt = _tiles.quantize_launch(wire, src_rows, out_rows, hidden, dtype.itemsize,
+                                    start_ptr=start is None, count_ptr=n is None,
+                                    compiled=device.type == "cuda")
         i32 = torch.int32
-        k = self.launcher.bind(_wire.quantize_rows_kernel, device, consts, q.warps,
-                               ((0, dtype), (1, dtype if start is not None else i32),
-                                (2, dtype if n is not None else i32), (7, torch.uint8)))
-        sv, nv = start or 0, n or 0
-        go_t = k.tensors
+        k = self._bind(lt, device, (dtype, dtype if start is not None else i32,
+                                    dtype if n is not None else i32, torch.uint8))
+        sv, nv, grid, go_t = start or 0, n or 0, lt.grid, k.tensors
+        if wire is Wire.FP8:
+            def go(src, out, start_t=None, n_t=None):
+                go_t(grid, (src, src if start_t is None else start_t,
+                            src if n_t is None else n_t, sv, nv, src_rows, out_rows, out))
+            return go
+        gv = _tiles.fp4_scale(g)
 
-        def go(src, out, start_t=None, n_t=None):
-            go_t(grid, (src, src if start_t is None else start_t, src if n_t is None else n_t,
-                        sv, nv, src_rows, out_rows, out))
-        return go
-
-    def _bind_quantize_fp4(self, src_rows, out_rows, hidden, dtype, device, start, n, wire,
-                           g):
-        rb = W.wire_row_bytes(hidden, wire)
-        f = _tiles.fp4_shape(out_rows, hidden, W.block(wire))
-        consts = dict(H=hidden, ROW_BYTES=rb, NV=wire is Wire.NVFP4, START_PTR=start is None,
-                      COUNT_PTR=n is None, BLOCK_B=f.block_b,
-                      COMPILED=device.type == "cuda",
-                      WIDE=_tiles.wide(src_rows * hidden, out_rows * rb))
-        i32 = torch.int32
-        k = self.launcher.bind(_fp4.quantize_fp4_kernel, device, consts, f.warps,
-                               ((0, dtype), (1, dtype if start is not None else i32),
-                                (2, dtype if n is not None else i32), (8, torch.uint8)))
-        sv, nv, gv = start or 0, n or 0, _tiles.fp4_scale(g)
-        go_t = k.tensors
-        grid = _tiles.fp4_grid(out_rows, hidden, W.block(wire), f)
-
-        def go(src, out, start_t=None, n_t=None):
+        def go_fp4(src, out, start_t=None, n_t=None):
             go_t(grid, (src, src if start_t is None else start_t, src if n_t is None else n_t,
                         sv, nv, src_rows, out_rows, gv, out))
-        return go
+        return go_fp4
 
     def bind_dequantize(self, rows, hidden, dtype, device=None, wire=Wire.FP8, g=None):
         if rows == 0:
             return _nothing
-        if wire is not Wire.FP8:
-            rb = W.wire_row_bytes(hidden, wire)
-            f = _tiles.fp4_shape(rows, hidden, W.block(wire))
-            consts = dict(H=hidden, ROW_BYTES=rb, NV=wire is Wire.NVFP4,
-                          OUT_KIND=_OUT_KIND[dtype], BLOCK_B=f.block_b,
-                          COMPILED=device.type == "cuda",
-                          WIDE=_tiles.wide(rows * rb, rows * hidden))
-            k = self.launcher.bind(_fp4.dequantize_fp4_kernel, device, consts, f.warps,
-                                   ((0, torch.uint8), (3, dtype)))
-            grid = _tiles.fp4_grid(rows, hidden, W.block(wire), f)
-            gv, go_fp4 = _tiles.fp4_scale(g), k.tensors
-            return lambda src, out: go_fp4(grid, (src, rows, gv, out))
-        rb = W.wire_row_bytes(hidden)
-        consts = dict(H=hidden, ROW_BYTES=rb, OUT_KIND=_OUT_KIND[dtype],
-                      BLOCK_R=_DEQ_BLOCK_R, WIDE=_tiles.wide(rows * rb, rows * hidden))
-        grid = (-(-rows // _DEQ_BLOCK_R), hidden // W.GROUP)
-        k = self.launcher.bind(_wire.dequantize_rows_kernel, device, consts, 4,
-                               ((0, torch.uint8), (2, dtype)))
-        go_t = k.tensors
-        return lambda src, out: go_t(grid, (src, rows, out))
+        lt = _tiles.dequantize_launch(wire, rows, hidden, _dtype_name(dtype),
+                                      compiled=device.type == "cuda")
+        go_t, grid = self._bind(lt, device, (torch.uint8, dtype)).tensors, lt.grid
+        if wire is Wire.FP8:
+            return lambda src, out: go_t(grid, (src, rows, out))
+        gv = _tiles.fp4_scale(g)
+        return lambda src, out: go_t(grid, (src, rows, gv, out))
 
     # ---------------------------------------------------------------- calls
     def move(self, src, ss: Index, ds: Index, n: Index, out,
              tile: _tiles.Tile | None = None) -> None:
-        ss, ss_t = _split(ss)
-        ds, ds_t = _split(ds)
-        n, n_t = _split(n)
-        self.bind_move(src.shape[0], out.shape[0], width_of(out), out.dtype, out.device,
+        ss, ss_t = _host_or_device(ss)
+        ds, ds_t = _host_or_device(ds)
+        n, n_t = _host_or_device(n)
+        self.bind_move(src.shape[0], out.shape[0], rows_width(out), out.dtype, out.device,
                        ss, ds, n, tile)(src, out, ss_t, ds_t, n_t)
 
     def zero(self, out, ks: Index, kn: Index, tile: _tiles.Tile | None = None) -> None:
-        ks, ks_t = _split(ks)
-        kn, kn_t = _split(kn)
-        self.bind_zero(out.shape[0], width_of(out), out.dtype, out.device, ks, kn, tile)(
+        ks, ks_t = _host_or_device(ks)
+        kn, kn_t = _host_or_device(kn)
+        self.bind_zero(out.shape[0], rows_width(out), out.dtype, out.device, ks, kn, tile)(
             out, ks_t, kn_t)
 
     def unpack(self, src, firsts, lens, block: int, out) -> None:
-        self.bind_unpack(src.shape[0], out.shape[0], width_of(out), firsts.shape[0],
+        self.bind_unpack(src.shape[0], out.shape[0], rows_width(out), firsts.shape[0],
                          out.dtype, block, out.device)(src, firsts, lens, out)
 
     def pack(self, src, firsts, lens, block: int, out) -> None:
-        self.bind_pack(src.shape[0], out.shape[0], width_of(out), firsts.shape[0],
+        self.bind_pack(src.shape[0], out.shape[0], rows_width(out), firsts.shape[0],
                        out.dtype, block, out.device)(src, firsts, lens, out)
 
     def quantize(self, src, start: Index, n: Index, out, wire: Wire = Wire.FP8,
                  g: float | None = None) -> None:
-        start, s_t = _split(start)
-        n, n_t = _split(n)
+        start, s_t = _host_or_device(start)
+        n, n_t = _host_or_device(n)
         self.bind_quantize(src.shape[0], out.shape[0], src.shape[1], src.dtype, out.device,
                            start, n, wire, g)(src, out, s_t, n_t)
 
@@ -336,30 +280,25 @@ class TritonPasses(Passes):
                              g)(src, out)
 
     def mask(self, t, firsts, lens, fill) -> None:
-        width = width_of(t)
         if t.numel() == 0:
             return
-        grid, block_r, block_c, warps = _row_grid(t.shape[0], width, _tiles.DEFAULT_TILE)
-        self.launcher.launch(_mask.mask_rows_kernel, grid, t.device,
-                             (firsts, lens, firsts.shape[0], fill, t.shape[0], t),
-                             dict(WIDTH=width, BLOCK_R=block_r, BLOCK_C=block_c), warps)
+        lt = _tiles.mask_launch(t.shape[0], rows_width(t))
+        self.launcher.launch(lt.kernel, lt.grid, t.device,
+                             (firsts, lens, firsts.shape[0], fill, t.shape[0], t), lt.consts,
+                             lt.warps)
 
     def check(self, counts, flag, rule: CountRule) -> None:
-        entries = rule.entries
-        self.launcher.launch(
-            _counts.check_counts_kernel, (1,), counts.device, (counts, flag),
-            dict(ENTRIES=entries, GROUP=rule.group, ALIGN=rule.align,
-                 MAX_EACH=rule.max_each or 0, MAX_SUM=rule.max_sum or 0,
-                 HAS_EACH=rule.max_each is not None, HAS_SUM=rule.max_sum is not None,
-                 BLOCK=max(1 << (entries - 1).bit_length(), 1),
-                 RBLOCK=max(1 << (entries // rule.group - 1).bit_length(), 1)), 1)
+        lt = _tiles.check_launch(*rule)
+        self.launcher.launch(lt.kernel, lt.grid, counts.device, (counts, flag), lt.consts,
+                             lt.warps)
 
 
 def _nothing(*args, **kwargs) -> None:
     return None
 
 
-def _split(v: Index) -> tuple[int | None, torch.Tensor | None]:
+def _host_or_device(v: Index) -> tuple[int | None, torch.Tensor | None]:
+    """``(int, None)`` for a host index, ``(DEVICE, tensor)`` for a device one."""
     return (DEVICE, v) if isinstance(v, torch.Tensor) else (v, None)
 
 

@@ -363,7 +363,7 @@ def _chunks(pack: bool) -> Callable[[Pack | Unpack, _Bind], StepFn]:
     return bind
 
 
-def _join(s: JoinColumns, b: _Bind) -> StepFn:
+def _join_columns(s: JoinColumns, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src)
     dst, rows = b.buffer(s.dst, s.rows)
     count, block = b.value(s.count), b.value(s.block)
@@ -380,7 +380,7 @@ def _join(s: JoinColumns, b: _Bind) -> StepFn:
     return go
 
 
-def _split(s: SplitColumns, b: _Bind) -> StepFn:
+def _split_columns(s: SplitColumns, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src)
     dst, _ = b.buffer(s.dst)
     count, block = b.value(s.count), b.value(s.block)
@@ -460,7 +460,7 @@ BINDERS: dict[type[Step], Callable[[Any, _Bind], StepFn]] = {
     Dequantize: _dequantize, Pack: _chunks(True), Unpack: _chunks(False),
     AllGather: _all_gather, ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
     BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
-    JoinColumns: _join, SplitColumns: _split, AllToAll: _all_to_all,
+    JoinColumns: _join_columns, SplitColumns: _split_columns, AllToAll: _all_to_all,
 }
 
 

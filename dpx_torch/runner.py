@@ -35,12 +35,13 @@ from dpx.schedule import ScheduleCache, TemplateKey, Variant
 from dpx.steps import OUT
 from dpx_torch.flags import OverflowFlags
 from dpx_torch.groups import DpGroups
-from dpx_torch.launch import Launcher
+from dpx_torch.shims.triton_launch import Launcher
 from dpx_torch.lru import LRU
 from dpx_torch.ops import OpPasses
 from dpx_torch.overlap import Overlap
 from dpx_torch.passes import Passes, TorchPasses, TritonPasses
 from dpx_torch.pool import BufferPool
+from dpx_torch.shims.coalescing import Coalescing
 from dpx_torch.program import (BatchProgram, CallShape, DeviceTables, FreshTables,
                                PreparedCall, Program)
 
@@ -84,7 +85,7 @@ class Runner:
     ``transport``: what torch.distributed's collectives can do (per-root broadcasts /
     reduces with host sizes), which decides how GATHERV plans move their rows. ``passes``:
     the local passes per device type (the Triton kernels through this runner's
-    :class:`~dpx_torch.launch.Launcher` on CUDA, torch ops on CPU)."""
+    :class:`~dpx_torch.shims.triton_launch.Launcher` on CUDA, torch ops on CPU)."""
 
     transport = Transport.PER_ROOT
 
@@ -101,12 +102,14 @@ class Runner:
         self.passes: dict[str, Passes] = {"cuda": TritonPasses(self.launcher),
                                           "cpu": TorchPasses()}
         self._collectives: dict[tuple, Any] = {}
+        #: grouped launches (:mod:`dpx_torch.shims.coalescing`)
+        self.coalescing = Coalescing()
         self._programs = LRU(limits.programs)
         self._batches = LRU(limits.batches)
 
     def collective(self, bind: Callable[[Any], Any], group: Any) -> Any:
         """``bind(group)`` (a :mod:`dpx_torch.collectives` binder), made once per group
-        and binder (a fixed set: three binders, three groups). Under torch.compile
+        and binder (a fixed set: four binders, three groups). Under torch.compile
         tracing, made afresh."""
         if torch.compiler.is_compiling():
             return bind(group)
@@ -193,10 +196,8 @@ class Runner:
         collective; other operations are grouped by the backend between its start and
         end of coalescing."""
         if self.groups.coalesces(device.type):
-            from torch.distributed.distributed_c10d import _coalescing_manager
-
-            return _coalescing_manager(self.groups.process_group(group),
-                                       None if collected else device)
+            return self.coalescing(self.groups.process_group(group),
+                                   None if collected else device)
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------ state

@@ -25,9 +25,11 @@ from dpx.modes import Wire
 
 __all__ = ["dequantize_rows", "quantize_rows", "split_wire"]
 
-#: The canonical quiet NaN a dequantized NaN code becomes, by output dtype (bits).
-_NAN_BITS = {torch.float32: (0x7FC00000, torch.int32), torch.bfloat16: (0x7FC0, torch.int16),
-             torch.float16: (0x7E00, torch.int16)}
+#: The canonical quiet NaN a dequantized NaN code becomes, by output dtype: its bits
+#: (:data:`dpx.wire.CANONICAL_NAN`) and the int dtype they are written in.
+_NAN_BITS = {dt: (W.CANONICAL_NAN[str(dt).replace("torch.", "")], it)
+             for dt, it in ((torch.float32, torch.int32), (torch.bfloat16, torch.int16),
+                            (torch.float16, torch.int16))}
 
 
 def quantize_rows(src: torch.Tensor, out: torch.Tensor, wire: Wire = Wire.FP8,
@@ -77,9 +79,8 @@ def split_wire(buf: torch.Tensor, wire: Wire = Wire.FP8) -> tuple[torch.Tensor, 
     return buf[:, :p].view(torch.float8_e4m3fn), buf[:, p:].view(torch.float32)
 
 
-#: e2m1 magnitudes by code (bits 0..2) and the rounding thresholds between them: a
+#: The e2m1 rounding thresholds between the magnitudes of :data:`dpx.wire.E2M1_VALUES`: a
 #: magnitude above ``t`` (at or above, for the ``>=`` ones: ties go to the even code).
-_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _ABOVE = (0.25, 1.25, 2.5, 5.0)
 _AT_OR_ABOVE = (0.75, 1.75, 3.5)
 
@@ -106,8 +107,8 @@ def _quantize_fp4(src: torch.Tensor, out: torch.Tensor, wire: Wire, g: float | N
     amax = torch.where(isnan, 0, ab).amax(-1).view(torch.float32)
     mag_f = ab.view(torch.float32)
     if wire is Wire.NVFP4:
-        sv = (amax * g) / torch.full((1,), 6.0)
-        s = sv.clamp(max=448.0).to(torch.float8_e4m3fn)
+        sv = (amax * g) / torch.full((1,), W.E2M1_MAX)
+        s = sv.clamp(max=W.FP8_MAX).to(torch.float8_e4m3fn)
         s_byte, s = s.view(torch.uint8).int(), s.float()
         q = (mag_f * g) / torch.where(s > 0, s, 1.0)[..., None]
         zero = (s == 0) | nan_blk
@@ -130,16 +131,17 @@ def _dequantize_fp4(src: torch.Tensor, out: torch.Tensor, wire: Wire, g: float |
     payload, scales = split_wire(src, wire)
     b = payload.int()
     c = torch.stack((b & 15, b >> 4), -1).reshape(k, h // gs, gs)
-    em = torch.tensor(_E2M1, dtype=torch.float64)[(c & 7).long()]
+    em = torch.tensor(W.E2M1_VALUES, dtype=torch.float64)[(c & 7).long()]
     sb = scales.int()
     if wire is Wire.NVFP4:
-        s = (sb & 0x7F).to(torch.uint8).view(torch.float8_e4m3fn).float()
+        s = (sb & W.NAN_CODE).to(torch.uint8).view(torch.float8_e4m3fn).float()
         v = ((em.float() * s[..., None]) / torch.full((1,), g)).double()
     else:
         v = em * torch.pow(2.0, (sb - 127).double())[..., None]
     y = v.float()
     y = torch.where((c >> 3) == 1, -y, y).reshape(k, h)
-    nan = (sb & 0x7F == 0x7F) if wire is Wire.NVFP4 else (sb == 0xFF)
+    nan_byte = W.FP4_NAN_SCALE[wire]
+    nan = (sb & nan_byte == nan_byte) if wire is Wire.NVFP4 else (sb == nan_byte)
     res = y.to(out.dtype)
     if bool(nan.any()):
         bits, idt = _NAN_BITS[out.dtype]

@@ -26,7 +26,7 @@ def check_counts_kernel(counts_ptr, flag_ptr, ENTRIES: tl.constexpr, GROUP: tl.c
     i = tl.arange(0, BLOCK)
     ok = i < ENTRIES
     c = tl.load(counts_ptr + i, mask=ok, other=0).to(tl.int64)
-    bad = tl.reduce(tl.where(ok & (c < 0), 1, 0), 0, tl.standard._elementwise_max)
+    bad = tl.max(tl.where(ok & (c < 0), 1, 0), 0)
     if HAS_EACH or HAS_SUM:
         r = tl.arange(0, RBLOCK)
         n = tl.full((RBLOCK,), 0, tl.int64)
@@ -34,11 +34,10 @@ def check_counts_kernel(counts_ptr, flag_ptr, ENTRIES: tl.constexpr, GROUP: tl.c
             n += tl.load(counts_ptr + r * GROUP + g, mask=r < ENTRIES // GROUP,
                          other=0).to(tl.int64)
         if HAS_EACH:
-            bad = bad | tl.reduce(tl.where(n > MAX_EACH, 2, 0), 0,
-                                  tl.standard._elementwise_max)
+            bad = bad | tl.max(tl.where(n > MAX_EACH, 2, 0), 0)
         if HAS_SUM:
             a = (tl.maximum(n, 0) + (ALIGN - 1)) // ALIGN * ALIGN
-            total = tl.reduce(a, 0, tl.standard._sum_combine)
+            total = tl.sum(a, 0)
             bad = bad | tl.where(total > MAX_SUM, 4, 0)
     old = tl.load(flag_ptr)
     tl.store(flag_ptr, old | bad.to(tl.int32), mask=bad != 0)

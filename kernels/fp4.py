@@ -30,14 +30,20 @@ and JAX's XLA path give the same bits:
   infinite), nvfp4 from two correctly rounded quotients per block, ``s / g`` and ``3s / g``
   (``e2m1 * s / g`` is one of them times a power of two).
 
-Like every dpx kernel they call no other ``@triton.jit`` function, read ``start`` /
-``count`` from device memory or plain ints, and mask every access.
+Like every dpx kernel they read ``start`` / ``count`` from device memory or plain ints and
+mask every access; the shared blocks are :mod:`dpx.kernels.blocks`', the constants
+:mod:`dpx.kernels.constants`' (from :mod:`dpx.wire`).
 
 Grid of both: ``(cdiv(rows * H / GS, BLOCK_B),)``.
 """
 
 import triton
 import triton.language as tl
+
+from dpx.kernels.blocks import (block_index, div_corrected, e2m1_code, e4m3_code, e4m3_value,
+                                load_index)
+from dpx.kernels.constants import (E2M1_MAX, E2M1_RECIP, FP8_MAX, MX_BLOCK, MX_NAN_SCALE,
+                                   NAN_BF16, NAN_F16, NAN_F32, NV_BLOCK, NV_NAN_SCALE)
 
 __all__ = ["dequantize_fp4_kernel", "quantize_fp4_kernel"]
 
@@ -51,25 +57,12 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
     ``out`` are zero bytes. src ``[src_rows, H]`` (float32 / bfloat16 / float16) -> out
     uint8 ``[out_rows, ROW_BYTES]``. ``NV``: nvfp4 with global scale ``g`` (float32), else
     mxfp4. ``WIDE``: index math in int64."""
-    GS: tl.constexpr = 16 if NV else 32
+    GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
     HALF: tl.constexpr = GS // 2
     NB: tl.constexpr = H // GS
-    if START_PTR:
-        start = tl.load(start_ptr)
-    else:
-        start = start_val
-    if COUNT_PTR:
-        count = tl.load(count_ptr)
-    else:
-        count = count_val
-    if WIDE:
-        f = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B).to(tl.int64)
-        start = start.to(tl.int64)
-        count = count.to(tl.int64)
-    else:
-        f = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-        start = start.to(tl.int32)
-        count = count.to(tl.int32)
+    start = load_index(start_ptr, start_val, START_PTR, WIDE)
+    count = load_index(count_ptr, count_val, COUNT_PTR, WIDE)
+    f = block_index(0, BLOCK_B, WIDE)
     row = f // NB
     grp = f % NB
     src_row = start + row
@@ -85,69 +78,42 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
         ux = x.to(tl.float32).to(tl.int32, bitcast=True)
     sign = (ux >> 28) & 8                                  # the sign bit as code bit 3
     ab = ux & 0x7FFFFFFF                                   # |x| as bits
-    amax_b = tl.reduce(ab, 1, tl.standard._elementwise_max)            # [B]
+    amax_b = tl.max(ab, 1)                                 # [B]
     nan_blk = amax_b > 0x7F800000                          # the block holds a NaN
     if NV:
         sp = amax_b.to(tl.float32, bitcast=True) * g
         if COMPILED:  # sp / 6 correctly rounded (a NaN from an infinite sp saturates below)
-            r6 = 0.16666667163372039795                # RN(1/6)
-            sv = sp * r6
-            sv = tl.fma(tl.fma(-sv, 6.0, sp), r6, sv)
-            sv = tl.fma(tl.fma(-sv, 6.0, sp), r6, sv)
+            sv = div_corrected(sp, E2M1_MAX, E2M1_RECIP)
         else:
-            sv = tl.math.div_rn(sp, 6.0)
-        # e4m3, round to nearest even, saturating at 448, by bits
-        a = tl.where(sv < 448.0, sv, 448.0)
-        u = a.to(tl.int32, bitcast=True)
-        normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)
-        sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # exact: a * 512 < 8
-        s_code = tl.where(a < 0.015625, sub, normal)
-        se = s_code >> 3
-        sm = s_code & 7
-        s = tl.where(se == 0, sm.to(tl.float32) * 0.001953125,
-                     ((se + 120) << 23 | (sm << 20)).to(tl.float32, bitcast=True))
+            sv = tl.math.div_rn(sp, E2M1_MAX)
+        # e4m3, round to nearest even, saturating at its largest magnitude
+        s_code = e4m3_code(tl.where(sv < FP8_MAX, sv, FP8_MAX))
+        s = e4m3_value(s_code)
         s_safe = tl.where(s_code == 0, 1.0, s)[:, None]
         ap = ab.to(tl.float32, bitcast=True) * g                        # |x| * g
         if COMPILED:
-            r = tl.math.div_rn(1.0, s_safe)
-            q = ap * r
-            q = tl.fma(tl.fma(-q, s_safe, ap), r, q)
-            q = tl.fma(tl.fma(-q, s_safe, ap), r, q)
+            q = div_corrected(ap, s_safe, tl.math.div_rn(1.0, s_safe))
         else:
             q = tl.math.div_rn(ap, s_safe)
-        # e2m1 of q >= 0, on the float pipe: at most 6 (a NaN quotient, from an infinite
-        # |x| * g, saturates like infinity); then the code is the first code of q's range
-        # (0, 2, 4 below 2, 4, 6) plus q * a (2, 1, 1/2) to nearest even, as the low bits of
-        # the sum with 2**23 + that first code
-        q = tl.where(q < 6.0, q, 6.0)
-        lo2 = q < 2.0
-        lo4 = q < 4.0
-        mag = (q * tl.where(lo2, 2.0, tl.where(lo4, 1.0, 0.5))
-               + tl.where(lo2, 8388608.0, tl.where(lo4, 8388610.0, 8388612.0))
-               ).to(tl.int32, bitcast=True) & 7
+        # e2m1 of q >= 0 (a NaN quotient, from an infinite |x| * g, saturates like infinity)
+        mag = e2m1_code(q)
         zero_blk = (s_code == 0) | nan_blk
-        scale_byte = tl.where(nan_blk, 0x7F, s_code)
+        scale_byte = tl.where(nan_blk, NV_NAN_SCALE, s_code)
     else:
         ea = amax_b >> 23
         E = tl.where(ea >= 255, 127, tl.maximum(ea - 129, -127))        # [B]
         zero_blk = nan_blk
-        scale_byte = tl.where(nan_blk, 0xFF, E + 127)
+        scale_byte = tl.where(nan_blk, MX_NAN_SCALE, E + 127)
         # blocks of numbers (no NaN, not all zero): where every E lies in [-100, 126],
         # x * 2**-E on the float pipe is exact where it matters (2**-E is normal; a
         # subnormal x or quotient is far below the first threshold, so flushing it
         # changes nothing); else the thresholds by bits
         live = real & (amax_b > 0) & ~nan_blk
-        lo_e = tl.reduce(tl.where(live, E, 0), 0, tl.standard._elementwise_min)
-        hi_e = tl.reduce(tl.where(live, E, 0), 0, tl.standard._elementwise_max)
+        lo_e = tl.min(tl.where(live, E, 0), 0)
+        hi_e = tl.max(tl.where(live, E, 0), 0)
         if (lo_e >= -100) & (hi_e <= 126):
             p2 = ((127 - E) << 23).to(tl.float32, bitcast=True)            # 2**-E
-            q = ab.to(tl.float32, bitcast=True) * p2[:, None]
-            q = tl.where(q < 6.0, q, 6.0)                   # e2m1 as for nvfp4
-            lo2 = q < 2.0
-            lo4 = q < 4.0
-            mag = (q * tl.where(lo2, 2.0, tl.where(lo4, 1.0, 0.5))
-                   + tl.where(lo2, 8388608.0, tl.where(lo4, 8388610.0, 8388612.0))
-                   ).to(tl.int32, bitcast=True) & 7
+            mag = e2m1_code(ab.to(tl.float32, bitcast=True) * p2[:, None])
         else:
             # the thresholds t * 2**E as float32 bits, t = (1 + M / 2**23) * 2**k; those
             # compared with > past float32's range become its largest finite value
@@ -183,8 +149,8 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
     if ROW_BYTES % 4 == 0:
         # eight codes a little-endian int32 word (element 8w + k at bits 4k): the words
         # of a thread's eight loaded elements are formed in its registers
-        w8 = tl.reduce(tl.reshape(code, [BLOCK_B, GS // 8, 8])
-                       << (tl.arange(0, 8) * 4)[None, None, :], 2, tl.standard._sum_combine)
+        w8 = tl.sum(tl.reshape(code, [BLOCK_B, GS // 8, 8])
+                    << (tl.arange(0, 8) * 4)[None, None, :], 2)
         words = (base + grp * HALF).to(tl.pointer_type(tl.int32), bitcast=True)
         tl.store(words[:, None] + tl.arange(0, GS // 8)[None, :], w8, mask=row_ok[:, None])
     else:
@@ -201,13 +167,10 @@ def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     """``out[:rows_n] = dequantize(src[:rows_n])``: uint8 ``[rows_n, ROW_BYTES]`` wire rows ->
     ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16); a block whose
     scale byte is the NaN code gives the output's canonical quiet NaN."""
-    GS: tl.constexpr = 16 if NV else 32
+    GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
     HALF: tl.constexpr = GS // 2
     NB: tl.constexpr = H // GS
-    if WIDE:
-        f = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B).to(tl.int64)
-    else:
-        f = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    f = block_index(0, BLOCK_B, WIDE)
     row = f // NB
     grp = f % NB
     ok = row < rows_n
@@ -221,22 +184,15 @@ def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     # e2m1 magnitude bits: 0.5 (m = 1), (1 + (m & 1) / 2) * 2**((m >> 1) - 1) (m >= 2)
     em = tl.where(m < 2, 126 << 23, (((m >> 1) + 126) << 23) | ((m & 1) << 22))
     if NV:
-        nan_blk = (sb & 0x7F) == 0x7F
-        se = (sb >> 3) & 15
-        sm = sb & 7
-        s = tl.where(se == 0, sm.to(tl.float32) * 0.001953125,
-                     ((se + 120) << 23 | (sm << 20)).to(tl.float32, bitcast=True))
+        nan_blk = (sb & NV_NAN_SCALE) == NV_NAN_SCALE
+        s = e4m3_value(sb & 0x7F)
         # e2m1 * s / g = 2**j * (s / g) or 2**j * (3s / g), both quotients correctly
         # rounded (3s is exact: s has 4 significant bits)
         s3 = s * 3.0
         if COMPILED:
             r = tl.math.div_rn(1.0, g)
-            q1 = s * r
-            q1 = tl.fma(tl.fma(-q1, g, s), r, q1)
-            q1 = tl.fma(tl.fma(-q1, g, s), r, q1)
-            q3 = s3 * r
-            q3 = tl.fma(tl.fma(-q3, g, s3), r, q3)
-            q3 = tl.fma(tl.fma(-q3, g, s3), r, q3)
+            q1 = div_corrected(s, g, r)
+            q3 = div_corrected(s3, g, r)
         else:
             q1 = tl.math.div_rn(s, g)
             q3 = tl.math.div_rn(s3, g)
@@ -246,12 +202,12 @@ def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
                       q1.to(tl.int32, bitcast=True)[:, None]) + (j << 23)
         yb = tl.where((m == 0) | (s == 0.0)[:, None], 0, yb)
     else:
-        nan_blk = sb == 0xFF
+        nan_blk = sb == MX_NAN_SCALE
         E = sb - 127
         # the exponents of the blocks with a nonzero magnitude (not pad rows, NaN blocks)
-        live = (tl.reduce(byte & 0x77, 1, tl.standard._elementwise_max) > 0) & ~nan_blk
-        lo_e = tl.reduce(tl.where(live, E, 0), 0, tl.standard._elementwise_min)
-        hi_e = tl.reduce(tl.where(live, E, 0), 0, tl.standard._elementwise_max)
+        live = (tl.max(byte & 0x77, 1) > 0) & ~nan_blk
+        lo_e = tl.min(tl.where(live, E, 0), 0)
+        hi_e = tl.max(tl.where(live, E, 0), 0)
         if (lo_e >= -125) & (hi_e <= 125):
             # every value normal: the magnitude's exponent plus E
             yb = tl.where(m == 0, 0, em + (E << 23)[:, None])
@@ -268,7 +224,7 @@ def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     okk = ok[:, None]
     if OUT_KIND == 0:
         out32 = out_ptr.to(tl.pointer_type(tl.int32))
-        tl.store(out32 + offs, tl.where(nan, 0x7FC00000, yb), mask=okk)
+        tl.store(out32 + offs, tl.where(nan, NAN_F32, yb), mask=okk)
     elif OUT_KIND == 1:
         out16 = out_ptr.to(tl.pointer_type(tl.int16))
         if not NV:     # two significant bits: bfloat16 holds the value exactly
@@ -278,8 +234,10 @@ def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
         else:          # float32 -> bfloat16, round to nearest even, by bits
             u = yb & 0x7FFFFFFF
             r16 = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) | (sign >> 16)).to(tl.int16)
-        tl.store(out16 + offs, tl.where(nan, 0x7FC0, r16.to(tl.int32)).to(tl.int16), mask=okk)
+        tl.store(out16 + offs, tl.where(nan, NAN_BF16, r16.to(tl.int32)).to(tl.int16),
+                 mask=okk)
     else:
         h16 = yb.to(tl.float32, bitcast=True).to(tl.float16).to(tl.int16, bitcast=True)
         out16 = out_ptr.to(tl.pointer_type(tl.int16))
-        tl.store(out16 + offs, tl.where(nan, 0x7E00, h16.to(tl.int32)).to(tl.int16), mask=okk)
+        tl.store(out16 + offs, tl.where(nan, NAN_F16, h16.to(tl.int32)).to(tl.int16),
+                 mask=okk)

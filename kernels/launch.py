@@ -1,16 +1,30 @@
-"""Launch shapes shared by the frontends: the tile, the grid and the index width -- pure
-functions of the buffers' shapes, so a torch launch and a jax-triton launch of the same
-kernel on the same shapes compile to the same program."""
+"""Every kernel's launch, for both frontends: one :class:`Launch` description per kernel
+(its grid, warps and constexpr arguments, and which runtime arguments are pointers) from
+the buffers' shapes, built on the launch shapes below (the tile, the grid, the index
+width) -- pure functions of those shapes, so a torch launch and a jax-triton launch of the
+same kernel on the same shapes compile to the same program. A frontend passes the runtime
+arguments in the kernel's signature order (the output last, jax-triton's convention) and
+the description's constexprs by name."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+from dpx import wire as W
+from dpx.kernels import counts as _counts
+from dpx.kernels import fp4 as _fp4
+from dpx.kernels import mask as _mask
+from dpx.kernels import rows as _rows
+from dpx.kernels import wire as _wire
+from dpx.modes import Wire
 
 __all__ = [
-    "DEFAULT_TILE", "FP4_BY_BLOCK", "fp4_grid", "fp4_scale", "fp4_shape", "Fp4Shape", "grid", "QUANTIZE_BY_BYTES",
-    "quantize_grid", "quantize_shape",
-    "QuantizeShape", "row_blocks", "STREAM_BYTES", "Tile", "tile_for", "TILES_BY_BYTES",
-    "wide"
+    "check_launch", "chunks_launch", "DEFAULT_TILE", "dequantize_launch", "FP4_BY_BLOCK",
+    "fp4_grid", "fp4_scale", "fp4_shape", "Fp4Shape", "grid", "Launch", "mask_launch",
+    "move_launch", "OUT_KIND", "QUANTIZE_BY_BYTES", "quantize_grid", "quantize_launch",
+    "quantize_shape", "QuantizeShape", "row_blocks", "STREAM_BYTES", "Tile", "tile_for",
+    "TILES_BY_BYTES", "wide", "zero_launch"
 ]
 
 
@@ -145,3 +159,116 @@ def grid(out_rows: int, width: int, tile: Tile = DEFAULT_TILE) -> tuple[int, int
     """Programs for an output of ``out_rows x width`` (depends only on the shape)."""
     block_r, block_c, _ = row_blocks(width, tile)
     return (-(-out_rows // block_r), -(-width // block_c))
+
+
+# ---------------------------------------------------------------- launch descriptions
+class Launch(NamedTuple):
+    """One kernel launch as both frontends make it: ``kernel[grid](*runtime_args,
+    **consts, num_warps=warps)``, the runtime arguments in the kernel's signature order,
+    of which those at ``pointers`` are buffers (or int32 device scalars)."""
+
+    kernel: Any
+    grid: tuple[int, ...]
+    warps: int
+    consts: dict[str, Any]
+    pointers: tuple[int, ...]
+
+
+#: The dequantize kernels' ``OUT_KIND`` by output dtype name.
+OUT_KIND = {"float32": 0, "bfloat16": 1, "float16": 2}
+#: Rows per program of the fp8 dequantize.
+_FP8_DEQUANTIZE_ROWS = 16
+
+
+def _rows_launch(kernel, rows: int, width: int, tile: Tile, consts: dict,
+                 pointers: tuple[int, ...]) -> Launch:
+    block_r, block_c, warps = row_blocks(width, tile)
+    return Launch(kernel, grid(rows, width, tile), warps,
+                  dict(WIDTH=width, **consts, BLOCK_R=block_r, BLOCK_C=block_c), pointers)
+
+
+def move_launch(src_rows: int, out_rows: int, width: int, itemsize: int, *,
+                src_start_ptr: bool, dst_start_ptr: bool, count_ptr: bool,
+                tile: Tile | None = None) -> Launch:
+    """:func:`~dpx.kernels.rows.move_rows_kernel` of ``src [src_rows, width] -> out
+    [out_rows, width]``; ``*_ptr``: that index is read from device memory."""
+    t = tile or tile_for(out_rows, width, itemsize, src_rows=src_rows)
+    lt = _rows_launch(_rows.move_rows_kernel, out_rows, width, t, dict(
+        SRC_START_PTR=src_start_ptr, DST_START_PTR=dst_start_ptr, COUNT_PTR=count_ptr),
+        (0, 1, 2, 3, 9))
+    lt.consts.update(WIDE=wide(src_rows * width, out_rows * width), STREAM=t.stream)
+    return lt
+
+
+def zero_launch(out_rows: int, width: int, itemsize: int, *, start_ptr: bool,
+                count_ptr: bool, tile: Tile | None = None) -> Launch:
+    """:func:`~dpx.kernels.rows.zero_rows_kernel` of ``out [out_rows, width]``."""
+    t = tile or tile_for(out_rows, width, itemsize, src_rows=0)
+    lt = _rows_launch(_rows.zero_rows_kernel, out_rows, width, t,
+                      dict(START_PTR=start_ptr, COUNT_PTR=count_ptr), (0, 1, 5))
+    lt.consts.update(WIDE=wide(out_rows * width), STREAM=t.stream)
+    return lt
+
+
+def chunks_launch(pack: bool, out_rows: int, width: int, itemsize: int) -> Launch:
+    """:func:`~dpx.kernels.rows.pack_rows_kernel` (``pack``) or ``unpack_rows_kernel``
+    writing ``out [out_rows, width]``."""
+    kernel = _rows.pack_rows_kernel if pack else _rows.unpack_rows_kernel
+    return _rows_launch(kernel, out_rows, width, tile_for(out_rows, width, itemsize), {},
+                        (0, 1, 2, 7))
+
+
+def mask_launch(rows: int, width: int) -> Launch:
+    """:func:`~dpx.kernels.mask.mask_rows_kernel` of ``buf [rows, width]``."""
+    return _rows_launch(_mask.mask_rows_kernel, rows, width, DEFAULT_TILE, {}, (0, 1, 5))
+
+
+def check_launch(entries: int, group: int, align: int, max_each: int | None,
+                 max_sum: int | None) -> Launch:
+    """:func:`~dpx.kernels.counts.check_counts_kernel` of a :class:`dpx.CountRule`'s
+    fields."""
+    return Launch(_counts.check_counts_kernel, (1,), 1, dict(
+        ENTRIES=entries, GROUP=group, ALIGN=align, MAX_EACH=max_each or 0,
+        MAX_SUM=max_sum or 0, HAS_EACH=max_each is not None, HAS_SUM=max_sum is not None,
+        BLOCK=_pow2_at_least(entries), RBLOCK=_pow2_at_least(entries // group)), (0, 1))
+
+
+def quantize_launch(wire: Wire, src_rows: int, out_rows: int, hidden: int, itemsize: int, *,
+                    start_ptr: bool, count_ptr: bool, compiled: bool) -> Launch:
+    """The quantize-and-take kernel of ``wire`` (fp8: :func:`~dpx.kernels.wire.
+    quantize_rows_kernel`; nvfp4, mxfp4: :func:`~dpx.kernels.fp4.quantize_fp4_kernel`,
+    whose runtime arguments include :func:`fp4_scale`) writing ``out_rows`` wire rows of
+    ``hidden`` elements read at ``itemsize`` bytes; ``compiled``: a GPU build."""
+    rb = W.wire_row_bytes(hidden, wire)
+    big = wide(src_rows * hidden, out_rows * rb)
+    if wire is Wire.FP8:
+        q = quantize_shape(out_rows, hidden, itemsize)
+        return Launch(_wire.quantize_rows_kernel, quantize_grid(out_rows, hidden, q), q.warps,
+                      dict(H=hidden, ROW_BYTES=rb, START_PTR=start_ptr, COUNT_PTR=count_ptr,
+                           BLOCK_R=q.block_r, BLOCK_G=q.block_g, COMPILED=compiled, WIDE=big),
+                      (0, 1, 2, 7))
+    f = fp4_shape(out_rows, hidden, W.block(wire))
+    return Launch(_fp4.quantize_fp4_kernel, fp4_grid(out_rows, hidden, W.block(wire), f),
+                  f.warps, dict(H=hidden, ROW_BYTES=rb, NV=wire is Wire.NVFP4,
+                                START_PTR=start_ptr, COUNT_PTR=count_ptr, BLOCK_B=f.block_b,
+                                COMPILED=compiled, WIDE=big), (0, 1, 2, 8))
+
+
+def dequantize_launch(wire: Wire, rows: int, hidden: int, out_dtype: str, *,
+                      compiled: bool) -> Launch:
+    """The dequantize kernel of ``wire`` (fp8: :func:`~dpx.kernels.wire.
+    dequantize_rows_kernel`; fp4: :func:`~dpx.kernels.fp4.dequantize_fp4_kernel`, whose
+    runtime arguments include :func:`fp4_scale`) of ``rows`` wire rows into ``[rows,
+    hidden]`` of ``out_dtype`` (a name: ``"bfloat16"``)."""
+    rb = W.wire_row_bytes(hidden, wire)
+    big = wide(rows * rb, rows * hidden)
+    if wire is Wire.FP8:
+        return Launch(_wire.dequantize_rows_kernel,
+                      (-(-rows // _FP8_DEQUANTIZE_ROWS), hidden // W.GROUP), 4,
+                      dict(H=hidden, ROW_BYTES=rb, OUT_KIND=OUT_KIND[out_dtype],
+                           BLOCK_R=_FP8_DEQUANTIZE_ROWS, WIDE=big), (0, 2))
+    f = fp4_shape(rows, hidden, W.block(wire))
+    return Launch(_fp4.dequantize_fp4_kernel, fp4_grid(rows, hidden, W.block(wire), f),
+                  f.warps, dict(H=hidden, ROW_BYTES=rb, NV=wire is Wire.NVFP4,
+                                OUT_KIND=OUT_KIND[out_dtype], BLOCK_B=f.block_b,
+                                COMPILED=compiled, WIDE=big), (0, 3))

@@ -2,18 +2,19 @@
 
 Every kernel views its buffers as ``[rows, WIDTH]`` row-major matrices (trailing dims
 flattened into ``WIDTH``), writes every element of its output exactly once (one pass, no
-fill-then-copy), reads its row offsets and counts each either from device memory (``*_PTR``: int32
-scalars, so a captured CUDA graph or a compiled JAX function sees new values without a
-new launch) or from plain integer arguments, and masks every access against the buffer bounds: a
-wrong count can never read or write out of bounds.
-Kernels call no other ``@triton.jit`` function, so each runs unchanged in Triton's
-interpreter (CPU tensors) without the process-wide interpret switch. No integer argument is
-specialised (Triton would otherwise fold a 1 into a constant and assume divisibility by 16
-of others, which jax-triton never does): a torch launch and a jax-triton launch compile to
-the same PTX, except that jax-triton always folds an argument equal to 1. Index math
-runs in int32 unless a buffer holds 2**31 elements or more (``WIDE``: int64); the launch
-shape and the store kind (``STREAM``) are :func:`dpx.kernels.launch.tile_for`'s, a pure
-function of the buffers' rows, width and element size that both frontends call.
+fill-then-copy), reads its row offsets and counts each either from device memory
+(``*_PTR``: int32 scalars, so a captured CUDA graph or a compiled JAX function sees new
+values without a new launch) or from plain integer arguments, and masks every access
+against the buffer bounds: a wrong count can never read or write out of bounds. Their
+shared blocks are ``@triton.jit`` helpers (:mod:`dpx.kernels.blocks`). No integer
+argument is specialised (Triton would otherwise fold a 1 into a constant and assume
+divisibility by 16 of others, which jax-triton never does): a torch launch and a
+jax-triton launch compile to the same PTX, except that jax-triton always folds an argument
+equal to 1. Index math in :func:`move_rows_kernel` and :func:`zero_rows_kernel` runs in
+int32 unless a buffer holds 2**31 elements or more (``WIDE``: int64), in the chunk-table
+kernels always in int64; the launch shape and the store kind (``STREAM``) are
+:func:`dpx.kernels.launch.tile_for`'s, a pure function of the buffers' rows, width and
+element size that both frontends call.
 
 ``pack_rows`` / ``unpack_rows`` move the chunks of a chunk table (int32 ``firsts`` and
 ``lens`` in device memory) between their rows of a buffer and equal ``block``-row pieces.
@@ -23,6 +24,8 @@ Grid for all: ``(cdiv(out_rows, BLOCK_R), cdiv(WIDTH, BLOCK_C))``.
 
 import triton
 import triton.language as tl
+
+from dpx.kernels.blocks import block_index, load_index
 
 __all__ = ["move_rows_kernel", "pack_rows_kernel", "unpack_rows_kernel", "zero_rows_kernel"]
 
@@ -44,30 +47,13 @@ def move_rows_kernel(src_ptr, src_start_ptr, dst_start_ptr, count_ptr, src_start
     ``WIDE``: index math in int64 (buffers of 2**31 elements or more), else int32.
     ``STREAM``: streaming (``.cs``) stores.
     """
-    if SRC_START_PTR:
-        src_start = tl.load(src_start_ptr)
-    else:
-        src_start = src_start_val
-    if DST_START_PTR:
-        dst_start = tl.load(dst_start_ptr)
-    else:
-        dst_start = dst_start_val
-    if COUNT_PTR:
-        count = tl.load(count_ptr)
-    else:
-        count = count_val
-    if WIDE:
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
-        j = rows - dst_start.to(tl.int64)
-        s = src_start.to(tl.int64) + j
-        count = count.to(tl.int64)
-    else:
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        j = rows - dst_start.to(tl.int32)
-        s = src_start.to(tl.int32) + j
-        count = count.to(tl.int32)
+    src_start = load_index(src_start_ptr, src_start_val, SRC_START_PTR, WIDE)
+    dst_start = load_index(dst_start_ptr, dst_start_val, DST_START_PTR, WIDE)
+    count = load_index(count_ptr, count_val, COUNT_PTR, WIDE)
+    rows = block_index(0, BLOCK_R, WIDE)
+    cols = block_index(1, BLOCK_C, WIDE)
+    j = rows - dst_start
+    s = src_start + j
     row_real = (j >= 0) & (j < count) & (s >= 0) & (s < src_rows) & (rows < out_rows)
     col_ok = cols < WIDTH
     vals = tl.load(src_ptr + s[:, None] * WIDTH + cols[None, :],
@@ -91,24 +77,10 @@ def zero_rows_kernel(start_ptr, count_ptr, start_val, count_val, out_rows,
     Used after a collective has written a slot whose tail past the real count must be 0,
     and around a caller's own rows before an in-place collective.
     """
-    if START_PTR:
-        start = tl.load(start_ptr)
-    else:
-        start = start_val
-    if COUNT_PTR:
-        count = tl.load(count_ptr)
-    else:
-        count = count_val
-    if WIDE:
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
-        start = start.to(tl.int64)
-        count = count.to(tl.int64)
-    else:
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        start = start.to(tl.int32)
-        count = count.to(tl.int32)
+    start = load_index(start_ptr, start_val, START_PTR, WIDE)
+    count = load_index(count_ptr, count_val, COUNT_PTR, WIDE)
+    rows = block_index(0, BLOCK_R, WIDE)
+    cols = block_index(1, BLOCK_C, WIDE)
     pad = ((rows < start) | (rows >= start + count)) & (rows < out_rows)
     zeros = tl.full((BLOCK_R, BLOCK_C), 0, dtype=out_ptr.dtype.element_ty)
     ptrs = out_ptr + rows[:, None] * WIDTH + cols[None, :]
@@ -130,8 +102,8 @@ def unpack_rows_kernel(src_ptr, firsts_ptr, lens_ptr, src_rows, out_rows, n_chun
     output) -> out ``[out_rows, WIDTH]``. ``firsts`` / ``lens``: int32 ``[n_chunks]`` in
     device memory. Each program scans the chunk table once for its rows.
     """
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
+    rows = block_index(0, BLOCK_R, True)
+    cols = block_index(1, BLOCK_C, True)
     src_row = tl.full((BLOCK_R,), -1, tl.int64)
     for r in range(0, n_chunks):
         first = tl.load(firsts_ptr + r).to(tl.int64)
@@ -156,8 +128,8 @@ def pack_rows_kernel(src_ptr, firsts_ptr, lens_ptr, src_rows, out_rows, n_chunks
     src ``[src_rows, WIDTH]`` -> out ``[out_rows, WIDTH]`` (``out_rows = n_chunks * block``:
     an equal reduce-scatter's input).
     """
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
+    rows = block_index(0, BLOCK_R, True)
+    cols = block_index(1, BLOCK_C, True)
     in_out = rows < out_rows
     safe_block = tl.maximum(block, 1)
     r = rows // safe_block

@@ -7,8 +7,9 @@ constant taken from elsewhere, a private name replaced.
 
 Each case is one launch specialisation as ``dpx_torch`` binds it (every pointer 16-byte
 aligned, integer arguments unspecialised). Per case it prints the SASS instruction count,
-the registers and a digest of the PTX with its source locations and comments removed (the
-code, not where it was written); then one digest over all. ``--show NAME`` prints that
+the registers and digests of the SASS and of the PTX with its source locations, debug
+labels and comments removed (the code, not where it was written); then one digest over
+every case's SASS. ``--show NAME`` prints that
 case's normalised PTX (or its SASS with ``--sass``).
 """
 
@@ -121,7 +122,7 @@ def normalised_ptx(ptx: str) -> str:
             if s == "}":
                 skip = False
             continue
-        if s.startswith((".loc", ".file", "//")) or not s:
+        if s.startswith((".loc", ".file", "//")) or not s or re.fullmatch(r"\$L__tmp\d+:", s):
             continue
         keep.append(re.sub(r"\s*//.*$", "", line))
     return "\n".join(keep)
@@ -152,8 +153,10 @@ def main() -> int:
         ptx = normalised_ptx(k.asm["ptx"])
         ins, regs = sass(k.asm["cubin"])
         h = hashlib.sha256(ptx.encode()).hexdigest()[:12]
-        total.update(f"{name}\n{ptx}\n".encode())
-        print(f"{name:32s} sass={len(ins):5d} regs={regs:4d} ptx={h}")
+        code = "\n".join(ins)
+        total.update(f"{name}\n{code}\n".encode())
+        print(f"{name:32s} sass={len(ins):5d} regs={regs:4d} "
+              f"code={hashlib.sha256(code.encode()).hexdigest()[:12]} ptx={h}")
         if args.show == name:
             print("\n".join(ins) if args.sass else ptx)
     print(f"all: {total.hexdigest()}")

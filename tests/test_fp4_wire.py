@@ -121,7 +121,7 @@ def test_every_fp4_block_count_gives_the_same_bytes(device):
     by byte."""
     from dpx.kernels import fp4 as K
     from dpx.kernels.launch import fp4_scale
-    from dpx_torch.launch import kernel_for
+    from dpx_torch.shims.triton_launch import kernel_for
 
     h, rows = 96, 13
     x = torch.from_numpy(hard_rows(h, seed=3)[:rows]).to(torch.bfloat16).to(device)

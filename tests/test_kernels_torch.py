@@ -298,7 +298,7 @@ def test_pack_and_unpack_are_adjoint(device):
 def test_passes_skip_work_that_cannot_matter():
     """No launch for a pass over zero rows, no read of a source when no row moves, no zero
     pass over an empty range: a pass does only the work its output needs."""
-    from dpx_torch.launch import JitLauncher
+    from dpx_torch.shims.triton_launch import JitLauncher
     from dpx_torch.passes import TorchPasses, TritonPasses
 
     launches = []

@@ -56,9 +56,10 @@ def _modules(package: str) -> list:
     import pkgutil
 
     pkg = importlib.import_module(package)
-    return [pkg] + [importlib.import_module(f"{package}.{m.name}")
-                    for m in pkgutil.iter_modules(pkg.__path__)
-                    if m.name != "__main__" and not (package == "dpx" and m.name == "kernels")]
+    return [pkg] + [importlib.import_module(m.name)
+                    for m in pkgutil.walk_packages(pkg.__path__, f"{package}.")
+                    if not m.name.endswith("__main__")
+                    and not (package == "dpx" and m.name.startswith("dpx.kernels"))]
 
 
 @pytest.mark.parametrize("package", ["dpx", "dpx.kernels", "dpx_torch", "dpx_jax"])

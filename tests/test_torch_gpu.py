@@ -503,14 +503,14 @@ def test_sglang_layer_on_nccl_and_under_cuda_graphs(nccl1):
 
 
 def test_direct_launches_equal_the_jit_launches():
-    """dpx's direct launch of Triton's compiled kernels (dpx_torch.launch) writes what the
-    JIT launch writes, for 16-byte aligned and unaligned buffers, host and device indices,
+    """dpx's direct launch of Triton's compiled kernels (dpx_torch.shims.triton_launch)
+    writes what the JIT launch writes, for 16-byte aligned and unaligned buffers, host and device indices,
     every kernel a schedule runs; it compiles once per specialisation, and a launch hook
     (a profiler's) sends launches through the JIT path, which calls it."""
     import triton
 
     from dpx.wire import wire_row_bytes
-    from dpx_torch.launch import Launcher
+    from dpx_torch.shims.triton_launch import Launcher
     from dpx_torch.passes import TritonPasses
 
     launcher = Launcher()

@@ -58,7 +58,7 @@ def test_a_hot_prepared_op_survives_a_stream_of_one_off_calls(world1):
 
 def test_every_cache_refreshes_its_hits():
     """The communicator's other caches follow the same policy: a hit keeps an entry."""
-    from dpx_torch.launch import Launcher
+    from dpx_torch.shims.triton_launch import Launcher
     from dpx_torch.program import DeviceTables
 
     tables = DeviceTables(max_entries=3)

@@ -73,7 +73,7 @@ def test_every_quantize_launch_shape_gives_the_same_bytes(device):
     bytes, including rows past a program's block and the zeroed tail."""
     from dpx.kernels import wire as K
     from dpx.kernels.launch import QUANTIZE_BY_BYTES, QuantizeShape, quantize_grid
-    from dpx_torch.launch import kernel_for
+    from dpx_torch.shims.triton_launch import kernel_for
 
     h = 384
     x = _hard_rows(torch.bfloat16, h).to(device)

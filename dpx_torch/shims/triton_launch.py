@@ -10,14 +10,22 @@ integers, grid and the current stream: the same compiled kernel, the same PTX, n
 per-call binding. Launch hooks (a profiler's ``knobs.runtime.launch_enter_hook``) get the
 ordinary launch, which computes their metadata.
 
-The handle API (``CompiledKernel.run(grid0, grid1, grid2, stream, function,
-packed_metadata, launch_metadata, enter_hook, exit_hook, *args)``, with every argument of
-the kernel's signature in order, constexprs included) is the one Triton's own ``JITFunction``
-uses, unchanged from Triton 3.6 to 3.9. A launcher holds at most ``max_entries`` handles
-(least recently used first out; the dpx kernels have a few dozen specialisations in use).
+Private: the handle API (``JITFunction.run(..., warmup=True)`` returning the compiled
+kernel; its ``run(grid0, grid1, grid2, stream, function, packed_metadata,
+launch_metadata, enter_hook, exit_hook, *args)``, every argument of the kernel's signature
+in order, constexprs included; ``function`` and ``packed_metadata``) and the launch hooks
+of ``triton.knobs.runtime``, the ones Triton's own ``JITFunction`` uses, checked on Triton
+3.6 (CUDA, H200) and 3.9; the raw stream is :mod:`dpx_torch.shims.stream`'s. Public
+fallback: the ordinary launch ``kernel[grid](...)`` -- for a specialisation whose handle
+cannot be made, for every launch where ``triton.knobs`` is missing (hooks cannot be
+checked), and for good for a specialisation whose handle's first launch raises
+``TypeError`` / ``AttributeError`` (a changed signature). A launcher holds at most
+``max_entries`` handles (least recently used first out; the dpx kernels have a few dozen
+specialisations in use).
 
 :data:`JIT` launches through ``kernel[grid]`` every time (the path of calls outside a
-communicator, and of Triton's interpreter on CPU tensors in the kernel tests).
+communicator, and of Triton's interpreter on CPU tensors in the kernel tests:
+:mod:`dpx_torch.shims.interpreter`).
 """
 
 from __future__ import annotations
@@ -28,30 +36,32 @@ import torch
 
 from dpx.errors import DpxValueError
 from dpx_torch.lru import LRU
+from dpx_torch.shims.interpreter import Interpreter
+from dpx_torch.shims.stream import raw_stream
 
 __all__ = ["BoundKernel", "JIT", "JitLauncher", "Launcher", "kernel_for"]
 
 
-def kernel_for(kernel, device: torch.device):
-    """``kernel`` (a ``dpx.kernels`` JIT function) for ``device``: compiled on CUDA,
-    interpreted on CPU (Triton's interpreter; what the kernel tests run)."""
-    if device.type == "cuda":
-        return kernel
-    if device.type == "cpu":
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(kernel.fn)
-    raise DpxValueError(f"device {device} is not supported: dpx kernels run on cuda or cpu")
-
-
 class JitLauncher:
     """``kernel[grid](*args, **constexprs, num_warps=...)``: Triton's ordinary launch (CUDA),
-    or its interpreter (CPU tensors). Stateless."""
+    or its interpreter (CPU tensors)."""
 
-    @staticmethod
-    def launch(kernel, grid: tuple, device: torch.device, args: Sequence[Any],
+    def __init__(self) -> None:
+        self.interpreter = Interpreter()
+
+    def kernel_for(self, kernel, device: torch.device):
+        """``kernel`` (a ``dpx.kernels`` JIT function) for ``device``: compiled on CUDA,
+        interpreted on CPU (Triton's interpreter; what the kernel tests run)."""
+        if device.type == "cuda":
+            return kernel
+        if device.type == "cpu":
+            return self.interpreter.kernel(kernel)
+        raise DpxValueError(f"device {device} is not supported: dpx kernels run on cuda or "
+                            f"cpu")
+
+    def launch(self, kernel, grid: tuple, device: torch.device, args: Sequence[Any],
                consts: dict[str, Any], num_warps: int) -> None:
-        kernel_for(kernel, device)[grid](*args, **consts, num_warps=num_warps)
+        self.kernel_for(kernel, device)[grid](*args, **consts, num_warps=num_warps)
 
     def bind(self, kernel, device: torch.device, consts: dict[str, Any], num_warps: int,
              pointers: tuple) -> "_JitBound":
@@ -73,6 +83,11 @@ class _JitBound:
 JIT = JitLauncher()
 
 
+def kernel_for(kernel, device: torch.device):
+    """:meth:`JitLauncher.kernel_for` of :data:`JIT`."""
+    return JIT.kernel_for(kernel, device)
+
+
 def _hook_active(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
@@ -86,13 +101,17 @@ class Launcher:
 
     def __init__(self, *, max_entries: int = 128) -> None:
         self.max_entries = max_entries
+        #: whether a handle's first launch failed (its specialisation launches ordinarily)
+        self.fell_back = False
         self._specs = LRU(max_entries)   # specialisation -> _Spec, or _NO_HANDLE
         self._bound = LRU(max_entries)
         import triton
 
         knobs = getattr(triton, "knobs", None)
-        self._runtime = None if knobs is None else knobs.runtime
-        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        #: the launch hooks' home; None: hooks cannot be checked (every launch ordinary)
+        self._runtime = getattr(knobs, "runtime", None)
+        #: ``stream.fn(device_index) -> int`` (:mod:`dpx_torch.shims.stream`)
+        self.stream = raw_stream()
 
     def __len__(self) -> int:
         return len(self._specs)
@@ -154,14 +173,16 @@ class Launcher:
 
 
 class _Spec:
-    """One specialisation's compiled kernel: its launcher, function and metadata."""
+    """One specialisation's compiled kernel: its launcher, function and metadata, and
+    whether a launch through them worked yet."""
 
-    __slots__ = ("run", "function", "metadata")
+    __slots__ = ("run", "function", "metadata", "checked")
 
     def __init__(self, compiled) -> None:
         self.run = compiled.run
         self.function = compiled.function
         self.metadata = compiled.packed_metadata
+        self.checked = False
 
 
 class BoundKernel:
@@ -193,9 +214,22 @@ class BoundKernel:
             JIT.launch(self.kernel, grid, self.device, self.as_tensors(args, align),
                        self.consts, self.warps)
             return
-        spec.run(grid[0], grid[1] if len(grid) > 1 else 1, 1,
-                 launcher._raw_stream(self._index), spec.function, spec.metadata, None,
-                 None, None, *args, *self.cvals)
+        if spec.checked:
+            spec.run(grid[0], grid[1] if len(grid) > 1 else 1, 1,
+                     launcher.stream.fn(self._index), spec.function, spec.metadata, None,
+                     None, None, *args, *self.cvals)
+            return
+        try:   # the first launch of this handle: a changed API fails here, before the GPU
+            spec.run(grid[0], grid[1] if len(grid) > 1 else 1, 1,
+                     launcher.stream.fn(self._index), spec.function, spec.metadata, None,
+                     None, None, *args, *self.cvals)
+        except (AttributeError, TypeError):
+            self._specs[align] = None   # the ordinary launch, for good
+            launcher.fell_back = True
+            JIT.launch(self.kernel, grid, self.device, self.as_tensors(args, align),
+                       self.consts, self.warps)
+            return
+        spec.checked = True
 
     def tensors(self, grid: tuple, args: Sequence[Any]) -> None:
         """Launch with tensors for the pointers (their addresses and alignment read
