@@ -20,6 +20,7 @@ from dpx.planner import plan_step
 from dpx.policy import compare_modes, sglang_mode
 from dpx.routes import Route
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
+from dpx.wire import nvfp4_scale
 
 #: The smallest multiple of ``multiple`` that is >= ``value`` (ints, or tuples of ints).
 ceil_align = INTS.ceil_align
@@ -32,5 +33,6 @@ __all__ = [
     "DpxMismatchTypeError", "DpxMismatchValueError", "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op",
     "OpEstimate", "OpRows", "PaddingMode", "Policy", "RankCoords", "Route", "Schedule",
     "ScheduleCache", "StepCost", "Transport", "Wire", "build_schedule", "ceil_align",
-    "compare_modes", "estimate", "explain", "local_rows", "op_rows", "plan_step", "sglang_mode",
+    "compare_modes", "estimate", "explain", "local_rows", "nvfp4_scale", "op_rows", "plan_step",
+    "sglang_mode",
 ]

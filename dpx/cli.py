@@ -12,9 +12,9 @@ from typing import Sequence
 from dpx.errors import DpxError
 from dpx.explain import explain
 from dpx.layout import DpLayout
-from dpx.modes import Wire
+from dpx.modes import PaddingMode, Wire
 from dpx.planner import plan_step
-from dpx.wire import FLOAT_DTYPES
+from dpx.wire import check_wire
 
 __all__ = ["build_parser", "main"]
 
@@ -54,8 +54,12 @@ def _check(args: argparse.Namespace) -> str | None:
     if args.device_counts and args.capacity is None:
         return ("--device-counts prints a capacity plan's schedules for device counts: give "
                 "--capacity N too")
-    if Wire.parse(args.wire) is not Wire.NATIVE and args.dtype not in FLOAT_DTYPES:
-        return f"--wire {args.wire} quantizes float rows; --dtype {args.dtype} is not one"
+    wire = Wire.parse(args.wire)
+    if wire is not Wire.NATIVE:
+        # the frontends' rule of a quantized gather's rows: float, [rows, H], H a multiple
+        # of the wire's block (a plan of another mode says so in its own line)
+        check_wire(wire, PaddingMode.MAX_LEN, (1, args.hidden), args.dtype,
+                   name="the rows (--dtype, --hidden)")
     return None
 
 

@@ -14,11 +14,10 @@ def sources(layout: DpLayout, rank: int, *, shards: bool) -> tuple[int, ...]:
     """World ranks whose reports make rank ``rank``'s result, in result order (``[dp]``, or
     ``[dp, cp]`` row by row)."""
     me = layout.coords(rank)
-    tp, cp = layout.attn_tp_size, layout.cp_size
     if shards:
-        return tuple((d * cp + c) * tp + me.attn_tp_rank
-                     for d in range(layout.dp_size) for c in range(cp))
-    return tuple((d * cp + me.attn_cp_rank) * tp + me.attn_tp_rank
+        return tuple(layout.rank_of(d, c, me.attn_tp_rank)
+                     for d in range(layout.dp_size) for c in range(layout.cp_size))
+    return tuple(layout.rank_of(d, me.attn_cp_rank, me.attn_tp_rank)
                  for d in range(layout.dp_size))
 
 

@@ -36,13 +36,15 @@ class OpRows(NamedTuple):
     out: int
 
 
-def held_rows(plan: DpPlan, rank: int) -> int:
-    """Real rows of ``rank``'s input under the plan's host counts: its replica's count, or
-    its CP rank's shard."""
+def held_rows(plan: DpPlan, rank: int, counts: tuple[int, ...] | None = None) -> int:
+    """Real rows of ``rank``'s input: its replica's count, or its CP rank's shard, under
+    the plan's host counts or ``counts`` (a step's device counts read back: per replica,
+    or the shard table row by row)."""
     c = plan.layout.coords(rank)
-    if plan.cp_shards is not None:
-        return plan.cp_shards[c.attn_dp_rank][c.attn_cp_rank]
-    return plan.num_tokens[c.attn_dp_rank]
+    if plan.cp_shards is None:
+        return (plan.num_tokens if counts is None else counts)[c.attn_dp_rank]
+    leaf = plan.leaf_counts if counts is None else counts
+    return leaf[c.attn_dp_rank * plan.layout.cp_size + c.attn_cp_rank]
 
 
 def op_rows(plan: DpPlan, op: Op, rank: int | None, *, device_counts: bool) -> OpRows:

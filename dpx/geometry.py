@@ -26,7 +26,8 @@ from typing import Any, Callable, NamedTuple
 from dpx.layout import DpLayout
 from dpx.modes import Group, PaddingMode
 
-__all__ = ["Geometry", "geometry", "INTS", "Ints", "slots", "Structure"]
+__all__ = ["capacity_rows", "equal_slots", "Geometry", "geometry", "INTS", "Ints", "slots",
+           "Structure"]
 
 
 class Structure(NamedTuple):
@@ -255,18 +256,34 @@ class Geometry:
 
 
 def slots(ops: Any, mode: PaddingMode, dp: int, m: int, n: Any,
-          capacity_rows: tuple[int, int, int] | None) -> tuple[Any, Any, Any, Any]:
+          cap_rows: tuple[int, int, int] | None) -> tuple[Any, Any, Any, Any]:
     """``(aligned, slots, offsets, global rows)`` of per-replica counts ``n``
-    (``capacity_rows``: a capacity plan's static sizes), built with ``ops``."""
+    (``cap_rows``: a capacity plan's static sizes, :func:`capacity_rows`), built with
+    ``ops``."""
     X = ops
     a = X.ceil_align(n, m)
     if mode is PaddingMode.MAX_LEN:
-        slot = capacity_rows[2] if capacity_rows is not None else X.vmax(a)
+        slot = cap_rows[2] if cap_rows is not None else X.vmax(a)
         offsets = X.mul(tuple(range(dp)), slot)
         return a, X.repeat(slot, dp), offsets, (
-            capacity_rows[1] if capacity_rows is not None else X.mul(dp, slot))
-    return a, a, X.exclusive_cumsum(a), (
-        capacity_rows[1] if capacity_rows is not None else X.vsum(a))
+            cap_rows[1] if cap_rows is not None else X.mul(dp, slot))
+    return a, a, X.exclusive_cumsum(a), (cap_rows[1] if cap_rows is not None else X.vsum(a))
+
+
+def capacity_rows(capacity: int, mode: PaddingMode, dp: int, m: int) -> tuple[int, int, int]:
+    """A capacity plan's static sizes ``(capacity, global rows, slot rows)``: the capacity
+    aligned to the replica's ``m`` ranks is each slot (MAX_LEN: the replica's; SUM_LEN /
+    GATHERV: the whole buffer's)."""
+    c = INTS.ceil_align(capacity, m)
+    return capacity, c * dp if mode is PaddingMode.MAX_LEN else c, c
+
+
+def equal_slots(global_rows: int, dp: int) -> tuple[int, tuple[int, ...]]:
+    """``(slot rows, offsets)`` of ``dp`` equal slots filling ``global_rows`` rows, as a
+    MAX_LEN buffer lays them out whatever the counts (what sglang's drop-in derives from a
+    buffer length: a graph's slots, a forward's combine without recorded counts)."""
+    slot = global_rows // dp
+    return slot, INTS.mul(tuple(range(dp)), slot)
 
 
 def geometry(structure: Structure, ops: Any = INTS, counts: Any = None) -> Geometry:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError, check_int
-from dpx.geometry import INTS, Structure, slots
+from dpx.geometry import INTS, Structure, capacity_rows, slots
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 
@@ -80,8 +80,8 @@ class CountRule(NamedTuple):
                                             for i in range(0, len(counts), g)]
 
     def aligned_sum(self, counts: Sequence[int]) -> int:
-        a = self.align
-        return sum(-(-max(x, 0) // a) * a for x in self.per_replica(counts))
+        return sum(INTS.ceil_align(tuple(max(x, 0) for x in self.per_replica(counts)),
+                                   self.align))
 
     def broken(self, counts: Sequence[int]) -> list[tuple[int, str]]:
         """``(bit, message)`` per broken bound (empty when every row fits): bit 1 a
@@ -118,7 +118,7 @@ class CountRule(NamedTuple):
 def count_rule(structure: Structure) -> CountRule:
     """The :class:`CountRule` of a capacity plan's structure."""
     group = structure.cp_size if structure.sharded else 1
-    m = structure.world_size // structure.dp_size  # the replica's ranks
+    m = structure.layout.replica_size
     capacity, global_rows, _ = structure.capacity_rows  # type: ignore[misc]
     if structure.mode == PaddingMode.MAX_LEN.value:
         return CountRule(structure.counts_size, group, m, capacity, None)
@@ -282,12 +282,11 @@ def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *,
         _, slot_rows, offsets, global_rows = slots(INTS, mode, dp, m, counts, None)
         return DpPlan(layout, mode, counts, slot_rows, offsets, global_rows, None,
                       is_extend, cp_shards, why)
-    capacity = check_int("capacity", capacity)
-    c = INTS.ceil_align(capacity, m)
-    cap_rows = (capacity, c * dp if mode is PaddingMode.MAX_LEN else c, c)
+    cap_rows = capacity_rows(check_int("capacity", capacity), mode, dp, m)
+    capacity, global_rows, slot = cap_rows
     aligned, _, offsets, _ = slots(INTS, mode, dp, m, counts, cap_rows)
-    plan = DpPlan(layout, mode, counts, (c,) * dp, offsets, cap_rows[1], capacity, is_extend,
-                  cp_shards, why)
+    plan = DpPlan(layout, mode, counts, (slot,) * dp, offsets, global_rows, capacity,
+                  is_extend, cp_shards, why)
     rule = plan.count_rule
     if rule.problems(plan.leaf_counts):
         if rule.max_each is not None:

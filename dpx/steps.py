@@ -74,7 +74,7 @@ class Step:
 @dataclass(eq=False, slots=True)
 class CheckCounts(Step):
     """Device counts checked against the plan's :class:`~dpx.plan.CountRule` before any
-    row moves; a violation is recorded (docs/semantics.md, "Counts are checked")."""
+    row moves; a violation is recorded (docs/semantics.md, "No row lost without a word")."""
 
     rule: CountRule
 

@@ -1,4 +1,6 @@
-"""Access to jax-triton, bridging its 0.3 (``out_shape=``) and 0.4 (``out_type=``) APIs.
+"""Access to jax-triton, bridging its 0.3 (``out_shape=``) and 0.4 (``out_type=``) APIs:
+checked on jax-triton 0.3.1 with jax 0.11.2 and Triton 3.6 (CUDA, H200); 0.4's argument
+name is taken from its signature but untested (pyproject admits 0.3.x).
 
 jax-triton cannot be imported without a GPU jaxlib, so it is imported on first use, not
 when dpx_jax is. jax-triton 0.3.x sets ``TRITON_CACHE_DIR`` to ``""`` when imported

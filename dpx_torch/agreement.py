@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchError, DpxValueError,
                         check_int, error_kind, mismatch_error)
+from dpx.extents import held_rows
 from dpx.layout import DpLayout
 from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups
@@ -67,7 +68,8 @@ class Agreement:
         digest = None
         gather = op.split("/")[0].split("#")[0] == "gather"
         if err is None and gather and partial is False and lay.replica_size > 1:
-            rows = tensor[:self._held(plan, host_counts)].detach().contiguous().cpu()
+            held = max(held_rows(plan, self.groups.rank, host_counts), 0)
+            rows = tensor[:held].detach().contiguous().cpu()
             digest = hashlib.sha1(rows.view(torch.uint8).numpy().tobytes()).hexdigest() \
                 if rows.numel() else "empty"
         mine = dict(plan=_plan_summary(plan), op=op,
@@ -114,16 +116,6 @@ class Agreement:
                                 f"over the world that carries CPU tensors (a gloo group; "
                                 f"the world {self.groups.describe()} does not)")
         return self.groups.cpu
-
-    def _held(self, plan: DpPlan, counts: tuple[int, ...] | None) -> int:
-        """Real rows of this rank's input (its replica's, or its shard)."""
-        c = self.layout.coords(self.groups.rank)
-        if plan.sharded:
-            cp = self.layout.cp_size
-            table = counts if counts is not None else [x for r in plan.cp_shards for x in r]
-            return max(table[c.attn_dp_rank * cp + c.attn_cp_rank], 0)
-        table = counts if counts is not None else plan.num_tokens
-        return max(table[c.attn_dp_rank], 0)
 
     def sync_counts(self, num_tokens: int, *,
                     is_extend: bool = False) -> tuple[tuple[int, ...], bool]:

@@ -11,7 +11,7 @@ from dpx.errors import DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups
-from dpx_torch.rows import overlaps
+from dpx_torch.rows import check_out, overlaps
 
 __all__ = ["check_device_counts", "InputChecks", "SUPPORTED_DTYPES"]
 
@@ -80,10 +80,8 @@ class InputChecks:
                 and out.get_device() == ref.get_device() and out.is_contiguous()
                 and out.shape[0] == rows and out.dim() == len(rest) + 1
                 and (out.shape[1] == rest[0] if out.dim() == 2 else out.shape[1:] == rest)):
-            self.tensor("out", out)
-            raise DpxValueError(f"out has shape {tuple(out.shape)} {out.dtype} on "
-                                f"{out.device}; it must be {(rows, *rest)} "
-                                f"{ref.dtype} on {ref.device}")
+            check_out(out, (rows, *rest), ref.dtype, ref.device)
+            self.tensor("out", out)   # contiguity
         if not compiling and overlaps(out, ref):
             raise DpxValueError("out overlaps the input in memory; they must not alias")
 

@@ -12,7 +12,7 @@ part, scatter included -- and all raise the same error (:meth:`FullPath.checked`
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 
 from dpx.errors import DpxTypeError, DpxValueError

@@ -30,8 +30,8 @@ from dpx.kernels.launch import Tile
 from dpx_torch import ops
 from dpx_torch.passes import Index, Passes, passes_for
 
-__all__ = ["Index", "overlaps", "pack_rows", "place_rows", "take_rows", "unpack_rows",
-           "zero_rows_"]
+__all__ = ["check_out", "Index", "overlaps", "pack_rows", "place_rows", "take_rows",
+           "unpack_rows", "zero_rows_"]
 
 
 def _split_index(name: str, value: Index, device: torch.device) -> tuple[torch.Tensor | None, int]:
@@ -57,6 +57,21 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(na and nb) and a0 < b0 + nb and b0 < a0 + na
 
 
+def check_out(out: object, shape: tuple[int, ...], dtype: torch.dtype,
+              device: torch.device, *, name: str = "") -> None:
+    """The rule of every ``out=``: a tensor of ``dtype`` (else a :class:`dpx.DpxTypeError`
+    naming the dtype) and of ``shape`` on ``device`` (else a :class:`dpx.DpxValueError`);
+    ``name`` prefixes the message."""
+    if not isinstance(out, torch.Tensor):
+        raise DpxTypeError(f"{name}out must be a torch.Tensor, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise DpxTypeError(f"{name}out has dtype {out.dtype}; it must be {dtype} (the "
+                           f"input's)")
+    if tuple(out.shape) != tuple(shape) or out.device != device:
+        raise DpxValueError(f"{name}out has shape {tuple(out.shape)} {out.dtype} on "
+                            f"{out.device}; it must be {tuple(shape)} {dtype} on {device}")
+
+
 def _check_src_out(name: str, src: torch.Tensor, rows: int, out: torch.Tensor | None) -> None:
     if not isinstance(src, torch.Tensor):
         raise DpxTypeError(f"{name}: src must be a torch.Tensor, got {type(src).__name__}")
@@ -68,11 +83,7 @@ def _check_src_out(name: str, src: torch.Tensor, rows: int, out: torch.Tensor | 
         raise DpxValueError(f"{name}: rows={rows!r} must be an int >= 0")
     if out is None:
         return
-    want = (rows, *src.shape[1:])
-    if tuple(out.shape) != want or out.dtype != src.dtype or out.device != src.device:
-        raise DpxValueError(
-            f"{name}: out has shape {tuple(out.shape)} {out.dtype} on {out.device}; it must "
-            f"be {want} {src.dtype} on {src.device}")
+    check_out(out, (rows, *src.shape[1:]), src.dtype, src.device, name=f"{name}: ")
     if not out.is_contiguous():
         raise DpxValueError(f"{name}: out must be contiguous")
     if not torch.compiler.is_compiling() and overlaps(src, out):

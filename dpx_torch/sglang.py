@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
-from collections import OrderedDict
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -47,12 +46,14 @@ import torch.distributed as dist
 
 import dpx
 from dpx.errors import DpxTypeError, DpxValueError, check_int
+from dpx.geometry import equal_slots
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 from dpx.plan import DpPlan
 from dpx.policy import fits_one_allreduce, sglang_mode
 from dpx_torch.comm import DpComm
 from dpx_torch.padrows import real_rows
+from dpx_torch.sglang_plans import StepPlans
 from dpx_torch.collectives import all_gather_single, reduce_scatter_single
 
 __all__ = [
@@ -168,16 +169,9 @@ class DpAttention:
         self.row_bytes = hidden_size * dtype.itemsize
         self.attn_cp_group, self._owned = self._cp_group(attn_cp_group)
         self._dp_size_override: int | None = None
-        self._global_len = 0
-        self._local_len = 0
-        self._max_padding = True
-        self._global_num_tokens: list[int] | None = None
-        self._global_num_tokens_gpu: torch.Tensor | None = None
         self._is_extend = False
-        self._plans: OrderedDict = OrderedDict()
-        #: (batch, its host counts, its padding mode, (plan, counts)) of the last plan_of
-        self._last: tuple | None = None
-        self._rs_plan: DpPlan | None = None
+        #: the forward's buffer lengths, padding and counts, and its plans
+        self.plans = StepPlans(self.layout, comm.agreement, self._mode, PLAN_CACHE)
 
     def _cp_group(self, given: dist.ProcessGroup | None
                   ) -> tuple[dist.ProcessGroup | None, tuple]:
@@ -248,39 +242,34 @@ class DpAttention:
                         ("local_dp_buffer_len", local_dp_buffer_len)):
             if type(v) is not int or v < 0:
                 raise DpxValueError(f"{name}={v!r} must be an int >= 0")
-        self._global_len = global_dp_buffer_len
-        self._local_len = local_dp_buffer_len
-        self._max_padding = bool(dp_max_padding)
-        self._global_num_tokens = (None if global_num_tokens is None
-                                   else [int(x) for x in global_num_tokens])
-        self._global_num_tokens_gpu = global_num_tokens_gpu
-        self._rs_plan: DpPlan | None = None
-        self._last = None  # a new forward: its gather plans anew
+        self.plans.new_forward(global_dp_buffer_len, local_dp_buffer_len, bool(dp_max_padding),
+                               None if global_num_tokens is None
+                               else [int(x) for x in global_num_tokens], global_num_tokens_gpu)
 
     def set_local_dp_buffer_len(self, local_dp_buffer_len: int) -> None:
-        self._local_len = check_int("local_dp_buffer_len", local_dp_buffer_len)
+        self.plans.local_len = check_int("local_dp_buffer_len", local_dp_buffer_len)
 
     def get_dp_global_num_tokens_gpu(self) -> torch.Tensor | None:
-        return self._global_num_tokens_gpu
+        return self.plans.global_num_tokens_gpu
 
     def get_global_dp_buffer(self, group: Any = None) -> torch.Tensor:
         """A new ``[global_dp_buffer_len, hidden_size]`` buffer (``group`` is accepted for
         sglang's signature; dpx has no symmetric-memory allocator)."""
-        return torch.empty(self._global_len, self.hidden_size, dtype=self.dtype,
+        return torch.empty(self.plans.global_len, self.hidden_size, dtype=self.dtype,
                            device=self.device)
 
     def get_local_dp_buffer(self, group: Any = None) -> torch.Tensor:
-        return torch.empty(self._local_len, self.hidden_size, dtype=self.dtype,
+        return torch.empty(self.plans.local_len, self.hidden_size, dtype=self.dtype,
                            device=self.device)
 
     def get_global_dp_buffer_len(self) -> int:
-        return self._global_len
+        return self.plans.global_len
 
     def get_local_dp_buffer_len(self) -> int:
-        return self._local_len
+        return self.plans.local_len
 
     def get_dp_global_num_tokens(self) -> list[int] | None:
-        return self._global_num_tokens
+        return self.plans.global_num_tokens
 
     def get_dp_hidden_size(self) -> int:
         return self.hidden_size
@@ -292,10 +281,10 @@ class DpAttention:
         return self.device
 
     def is_dp_max_padding(self) -> bool:
-        return self._max_padding
+        return self.plans.max_padding
 
     def is_allocation_symmetric(self) -> bool:
-        return self._max_padding
+        return self.plans.max_padding
 
     def set_is_extend_in_batch(self, is_extend_in_batch: bool) -> None:
         self._is_extend = bool(is_extend_in_batch)
@@ -312,105 +301,14 @@ class DpAttention:
         """The dpx mode of a step in sglang's ``padding`` mode (None: the recorded one):
         SUM_LEN runs GATHERV where sglang's ``SGLANG_DP_USE_GATHERV`` would."""
         if padding is None:
-            padding = DpPaddingMode.MAX_LEN if self._max_padding else DpPaddingMode.SUM_LEN
+            padding = DpPaddingMode.MAX_LEN if self.plans.max_padding else DpPaddingMode.SUM_LEN
         mode = PaddingMode[DpPaddingMode(padding).name]
         return PaddingMode.GATHERV if mode is PaddingMode.SUM_LEN and self._gatherv else mode
 
-    def _cached(self, key: tuple, make) -> DpPlan:
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = make()
-            if len(self._plans) > PLAN_CACHE:
-                self._plans.popitem(last=False)
-        else:
-            self._plans.move_to_end(key)
-        return plan
-
     def plan_of(self, forward_batch: Any, cp_shard_counts: Sequence[int] | None = None
                 ) -> tuple[DpPlan, torch.Tensor | None]:
-        """The plan of a forward batch and its device counts (None with host counts). The
-        layers of one forward ask with the same batch: its answer is kept while the batch,
-        its padding mode, its counts and ``cp_shard_counts`` (compared by value) stay the
-        same. ``cp_shard_counts`` (this replica's rows per CP rank, sglang's argument):
-        the plan's CP shards, exchanged over the world once per forward."""
-        last = self._last
-        shards = None if cp_shard_counts is None else list(cp_shard_counts)
-        if last is not None and last[0] is forward_batch and last[4] == shards:
-            host = getattr(forward_batch, "global_num_tokens_cpu", None)
-            if host is not None and host == last[1] and \
-                    getattr(forward_batch, "dp_padding_mode", None) is last[2]:
-                return last[3]
-        got = self._plan_of(forward_batch, cp_shard_counts)
-        host = getattr(forward_batch, "global_num_tokens_cpu", None)
-        self._last = (None if host is None else forward_batch,
-                      None if host is None else list(host),
-                      getattr(forward_batch, "dp_padding_mode", None), got, shards)
-        return got
-
-    def _plan_of(self, forward_batch: Any, cp_shard_counts: Sequence[int] | None
-                 ) -> tuple[DpPlan, torch.Tensor | None]:
-        mode = self._mode(getattr(forward_batch, "dp_padding_mode", None))
-        host = getattr(forward_batch, "global_num_tokens_cpu", None)
-        if host is not None:
-            counts = tuple(int(x) for x in host)
-            if cp_shard_counts is None or self.layout.cp_size == 1:
-                return self._cached((mode, counts), lambda: dpx.plan_step(
-                    list(counts), self.layout, mode=mode)), None
-            table = self.comm.agreement.sync_shards(cp_shard_counts, counts)
-            return self._cached((mode, counts, table), lambda: dpx.plan_step(
-                list(counts), self.layout, mode=mode, cp_shards=table)), None
-        if cp_shard_counts is not None and self.layout.cp_size > 1:
-            raise DpxValueError("cp_shard_counts needs the batch's host counts "
-                                "(global_num_tokens_cpu): its shards are exchanged on the host")
-        dev = getattr(forward_batch, "global_num_tokens_gpu", None)
-        if not isinstance(dev, torch.Tensor):
-            raise DpxValueError("the forward batch has neither global_num_tokens_cpu nor a "
-                                "global_num_tokens_gpu tensor: no counts for this step")
-        return self._device_plan(mode, dev)
-
-    def _device_plan(self, mode: PaddingMode, dev: torch.Tensor
-                     ) -> tuple[DpPlan, torch.Tensor]:
-        """The capacity plan of a step with device counts only, and the counts."""
-        cap = self._local_len if mode is PaddingMode.MAX_LEN else self._global_len
-        plan = self._cached((mode, "capacity", cap), lambda: dpx.plan_step(
-            [0] * self.layout.dp_size, self.layout, mode=mode, capacity=cap))
-        counts = dev if dev.dtype == torch.int32 and dev.is_contiguous() else \
-            dev.to(torch.int32).contiguous()
-        return plan, counts
-
-    def _combine_plan(self, rows: int) -> tuple[DpPlan, torch.Tensor | None]:
-        """The plan of this forward's combine: the one its gather used (host or device
-        counts alike; without its CP shards: the combine gives every CP rank the whole
-        slot, as sglang's does) when it has ``rows`` global rows; else from
-        :meth:`set_dp_buffer_len`'s device counts, or its host counts."""
-        last = self._last
-        if last is not None and last[3][0].global_rows == rows:
-            plan, counts = last[3]
-            if plan.sharded:
-                key = (plan.mode, plan.num_tokens)
-                plan = self._cached(key, lambda: dpx.plan_step(
-                    list(key[1]), self.layout, mode=key[0]))
-            return plan, counts
-        if self._global_num_tokens is None and self._global_num_tokens_gpu is not None:
-            return self._device_plan(self._mode(None), self._global_num_tokens_gpu)
-        return self._scatter_plan(), None
-
-    def _scatter_plan(self) -> DpPlan:
-        """The plan of this forward's combine (:meth:`set_dp_buffer_len`), made once per
-        forward."""
-        plan = self._rs_plan
-        if plan is None:
-            plan = self._rs_plan = self._make_scatter_plan()
-        return plan
-
-    def _make_scatter_plan(self) -> DpPlan:
-        lay = self.layout
-        counts = self._global_num_tokens
-        if counts is None:
-            counts = [self._global_len // lay.dp_size] * lay.dp_size
-        mode = self._mode(None)
-        key = (mode, "rs", tuple(counts))
-        return self._cached(key, lambda: dpx.plan_step(list(counts), lay, mode=mode))
+        """The plan of a forward batch and its device counts (:meth:`StepPlans.plan_of`)."""
+        return self.plans.plan_of(forward_batch, cp_shard_counts)
 
     # ------------------------------------------------------------ data path
     def get_dp_local_info(self, forward_batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -438,8 +336,10 @@ class DpAttention:
         ``global_num_tokens_cpu``."""
         host = forward_batch.global_num_tokens_cpu
         d = self.coords.attn_dp_rank
-        if can_run_graph:
-            return d * int(cuda_graph_batch), int(host[d])
+        if can_run_graph:   # the graph's equal slots of cuda_graph_batch rows
+            slot = int(cuda_graph_batch)
+            return equal_slots(slot * self.layout.dp_size, self.layout.dp_size)[1][d], \
+                int(host[d])
         plan, _ = self.plan_of(forward_batch)
         return plan.offsets[d], int(host[d])
 
@@ -480,7 +380,7 @@ class DpAttention:
         and counts this forward's gather used (:meth:`_combine_plan`): pad rows come out
         zero, as from ``all_reduce`` + :meth:`dp_scatter` (``input`` is not modified,
         unlike sglang's with attn_tp > 1)."""
-        plan, counts = self._combine_plan(input.shape[0] if isinstance(input, torch.Tensor)
+        plan, counts = self.plans.combine_plan(input.shape[0] if isinstance(input, torch.Tensor)
                                           else -1)
         self._check_rows("input", input, plan.global_rows)
         self._into(output, plan, counts, self.comm.reduce_scatter, input)
@@ -503,7 +403,7 @@ class DpAttention:
         """The reduce-scatter of a GATHERV step with per-replica ``sizes`` (the rows of
         each replica's slot) on the comm stream, into ``output_local`` (``sizes[d]``
         rows). Returns the persistent event for ``event_key`` (None on CPU)."""
-        plan = self._cached((PaddingMode.GATHERV, "rs", tuple(int(x) for x in sizes)),
+        plan = self.plans.cached((PaddingMode.GATHERV, "rs", tuple(int(x) for x in sizes)),
                             lambda: dpx.plan_step([int(x) for x in sizes], self.layout,
                                                   mode=PaddingMode.GATHERV))
         _, work = self.comm.reduce_scatter_async(global_tokens, plan, out=output_local,

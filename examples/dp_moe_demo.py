@@ -23,7 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from dpx import CostModel, DpLayout, DpPlan, Transport, estimate, plan_step
+from dpx import (CostModel, DpLayout, DpPlan, DpxError, DpxValueError, Transport, estimate,
+                 plan_step)
 
 
 @dataclass(frozen=True)
@@ -328,9 +329,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--frontend", choices=("torch", "jax", "both"), default="both")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    return run_demo(world=args.world, dp=args.dp if args.dp else max(args.world // 2, 1),
-                    cp=args.cp, hidden=args.hidden, steps=args.steps, frontend=args.frontend,
-                    seed=args.seed)
+    dp = args.dp if args.dp else max(args.world // 2, 1)
+    try:   # the layout and sizes, checked before any rank starts
+        DpLayout(args.world, dp)
+        for name in ("hidden", "steps"):
+            if getattr(args, name) < 1:
+                raise DpxValueError(f"--{name} {getattr(args, name)}: must be >= 1")
+    except DpxError as exc:
+        ap.exit(2, f"dpx demo: error: {exc}\n")
+    return run_demo(world=args.world, dp=dp, cp=args.cp, hidden=args.hidden,
+                    steps=args.steps, frontend=args.frontend, seed=args.seed)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ except ImportError:
 #: (``test_every_test_module_is_ordered`` checks it).
 ORDER = (
     "test_planner", "test_imports", "test_expr", "test_schedules", "test_pricing", "test_registries",
-    "test_kernels_torch", "test_launches", "test_wire", "test_fp4_wire", "test_errors",
+    "test_kernels_torch", "test_launches", "test_shims", "test_wire", "test_fp4_wire",
+    "test_errors",
     "test_torch_comm", "test_torch_autograd", "test_torch_compile", "test_faults", "test_trust",
     "test_exit",
     "test_torch_serving", "test_torch_groups", "test_torch_hotpath", "test_sglang",

@@ -49,6 +49,50 @@ def test_doc_block_runs(lang, code, tmp_path):
         assert re.search(r"^OK: ", res.stdout, re.M), res.stdout[-3000:]
 
 
+def _sections(doc: Path) -> set[str]:
+    """The headings and bold paragraph labels of a markdown file (outside code blocks),
+    without trailing punctuation."""
+    names, fenced = set(), False
+    for line in doc.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        m = re.match(r"#+\s+(.*)", line) or re.match(r"\*\*([^*]+)\*\*", line)
+        if m:
+            names.add(m.group(1).strip().rstrip(".:"))
+    return names
+
+
+#: A reference to a section: the file, then (after a comma, a parenthesis or a comment's
+#: line break) quoted names up to the closing parenthesis or full stop.
+_REF = re.compile(r'(docs/\w+\.md|README\.md)[ ,(]*(?:\n\s*#?\s*)?"')
+
+
+def _references():
+    for folder in ("dpx", "dpx_torch", "dpx_jax", "kernels", "benchmarks", "examples"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = path.read_text()
+            for m in _REF.finditer(text):
+                tail = text[m.end() - 1:m.end() + 160]
+                tail = tail[:min((i for i in (tail.find(")"), tail.find("."), len(tail))
+                                  if i >= 0))]
+                for name in re.findall(r'"([^"]+)"', tail):
+                    yield path.relative_to(ROOT), m.group(1), re.sub(r"\s*\n\s*#?\s*", " ",
+                                                                     name)
+
+
+def test_sections_named_in_the_code_exist():
+    """Every docs section a docstring or comment names (``docs/semantics.md, "In a
+    server"``) is a heading or a bold paragraph label of that file."""
+    refs = list(_references())
+    assert len(refs) >= 10, refs
+    sections = {str(d.relative_to(ROOT)): _sections(d) for d in DOCS}
+    missing = [(str(p), f, n) for p, f, n in refs if n not in sections[f]]
+    assert not missing, missing
+
+
 def test_readme_snippets_each_print_ok():
     """Every python block of the README ends by printing one OK line."""
     blocks = [m.group(2) for m in BLOCK.finditer((ROOT / "README.md").read_text())

@@ -60,6 +60,16 @@ def _destroyed(comm):
     return other
 
 
+def _destroyed_op(comm):
+    """A prepared gather of a communicator destroyed after it was prepared."""
+    from dpx_torch import DpComm
+
+    other = DpComm(comm.layout)
+    op = other.prepare_gather(_x(), P5, partial=True)
+    other.destroy()
+    return op
+
+
 def _strict(comm):
     """A ``validate=True`` communicator on the world-1 group."""
     from dpx_torch import DpComm
@@ -221,6 +231,14 @@ CASES = {
                                    r"\(carries cpu, cuda\) cannot carry it"),
     "comm-out-size": (lambda c: c.gather(_x(), P5, partial=True, out=_x(4)), DpxValueError,
                       r"out has shape \(4, 4\) torch.float32 on cpu; it must be \(5, 4\)"),
+    "comm-out-dtype": (lambda c: c.gather(_x(), P5, partial=True,
+                                          out=_x(5, dtype=torch.bfloat16)), DpxTypeError,
+                       r"out has dtype torch.bfloat16; it must be torch.float32 \(the "
+                       r"input's\)"),
+    "columns-out-dtype": (lambda c: c.scatter_columns(_x(5), P5,
+                                                      out=_x(5, dtype=torch.float64)),
+                          DpxTypeError, r"out has dtype torch.float64; it must be "
+                                        r"torch.float32 \(the input's\)"),
     "comm-out-alias": (lambda c: (lambda x: c.gather(x, P5, partial=True, out=x[1:]))(_x(6)),
                        DpxValueError, r"local overlaps out but is not this rank's slot of it \(rows \[0, 5\)"),
     "comm-global-rows": (lambda c: c.reduce_scatter(_x(7), P5), DpxValueError,
@@ -246,6 +264,10 @@ CASES = {
                          r"sync_counts: rank 0 passed num_tokens=-3 \(it must be an int >= 0\)"),
     "comm-destroyed": (lambda c: _destroyed(c).gather(_x(), P5, partial=True), DpxValueError,
                        r"this DpComm was destroyed \(DpComm.destroy\(\)\)"),
+    "comm-destroyed-prepared": (lambda c: _destroyed_op(c)(_x()), DpxValueError,
+                                r"this DpComm was destroyed \(DpComm.destroy\(\)\)"),
+    "nvfp4-scale-amax": (lambda c: dpx.nvfp4_scale(0.0), DpxValueError,
+                         r"nvfp4_scale\(amax=0.0\): amax must be a positive finite float"),
     "comm-local-slot": (lambda c: c.local_slot_for(_x(8), dpx.plan_step([0], L1, mode="sum_len",
                                                                         capacity=8),
                                                    counts=torch.tensor([3], dtype=torch.int32)),
@@ -316,6 +338,8 @@ _PRIMES = {
     "comm-contiguous": lambda c: c.gather(_x(6, 4), P5, partial=True),
     "comm-device": lambda c: c.gather(_x(6, 4), P5, partial=True),
     "comm-out-size": lambda c: c.gather(_x(), P5, partial=True, out=_x(5)),
+    "comm-out-dtype": lambda c: c.gather(_x(), P5, partial=True, out=_x(5)),
+    "columns-out-dtype": lambda c: c.scatter_columns(_x(5), P5, out=_x(5)),
     "comm-out-alias": lambda c: c.gather(_x(6), P5, partial=True, out=_x(5)),
     "comm-global-rows": lambda c: c.reduce_scatter(_x(5), P5),
     "comm-partial": lambda c: c.gather(_x(), P5, partial=True),

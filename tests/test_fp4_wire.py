@@ -251,3 +251,30 @@ def test_compiled_fp4_matches_the_torch_ops_on_many_rows(dtype, fmt):
     yw = torch.empty(rows, h, dtype=dtype)
     TorchPasses().dequantize(want, yw, wire, g)
     assert torch.equal(y.cpu().view(BITS[dtype]), yw.view(BITS[dtype]))
+
+
+def test_the_nvfp4_scale_the_format_implies():
+    """``dpx.nvfp4_scale(amax)``: the block holding ``amax`` gets the largest e4m3 scale
+    (448, byte 0x7E) and arrives exact to the error bound; a scale 8x larger saturates it,
+    the reciprocal convention sends small blocks to zero."""
+    import dpx
+    from dpx.wire import FP8_MAX, nvfp4_scale
+
+    x = torch.tensor([[0.0] * 15 + [4.0] + [1e-3] * 16], dtype=torch.float32)
+    g = nvfp4_scale(4.0)
+    assert g == FP8_MAX * 6 / 4.0 and dpx.nvfp4_scale is nvfp4_scale
+    out = torch.zeros(1, wire_row_bytes(32, Wire.NVFP4), dtype=torch.uint8)
+    TorchPasses().quantize(x, 0, 1, out, Wire.NVFP4, g)
+    payload, scales = split_wire(out, Wire.NVFP4)
+    assert scales[0, 0] == 0x7E              # e4m3 448: the largest scale, not saturated
+    back = torch.empty_like(x)
+    TorchPasses().dequantize(out, back, Wire.NVFP4, g)
+    assert back[0, 15] == 4.0
+    for wrong, check in ((8 * g, lambda y: y[0, 15] < 4.0),          # saturated
+                         (4.0 / (FP8_MAX * 6), lambda y: not y[0, 16:].any())):   # zeros
+        TorchPasses().quantize(x, 0, 1, out, Wire.NVFP4, wrong)
+        TorchPasses().dequantize(out, back, Wire.NVFP4, wrong)
+        assert check(back), (wrong, back)
+    for bad in (0.0, -1.0, float("inf"), 1e-30, True):
+        with pytest.raises(dpx.DpxValueError, match="nvfp4_scale"):
+            nvfp4_scale(bad)

@@ -47,3 +47,33 @@ def test_any_package_named_kernels_wins_over_the_folder(tmp_path):
                "sys.path[:] = [p for p in sys.path if 'packages' not in p]\n"
                "import kernels")
     assert res.returncode != 0 and "import dpx.kernels" in res.stderr, res.stderr[-2000:]
+
+
+def test_planner_modules_import_only_the_ones_before_them():
+    """docs/semantics.md's "Where things live" table orders dpx's modules: each imports
+    only modules listed before it (an earlier row, or earlier in its row), every module
+    is listed, and none imports torch, jax or triton."""
+    import ast
+    import re
+
+    text = (ROOT / "docs" / "semantics.md").read_text()
+    table = text[text.index("## Where things live"):text.index("Each rule is defined once")]
+    order = [name for line in table.splitlines() if line.startswith("| `")
+             for name in re.findall(r"`(\w+)`", line.split("|")[1])]
+    modules = {p.stem for p in (ROOT / "dpx").glob("*.py")} - {"__init__", "__main__"}
+    assert set(order) == modules, set(order) ^ modules
+    position = {name: i for i, name in enumerate(order)}
+    late = []
+    for name in order:
+        tree = ast.parse((ROOT / "dpx" / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                parts = node.module.split(".")
+                deps = ([a.name for a in node.names] if node.module == "dpx"
+                        else parts[1:2] if parts[0] == "dpx" else [])
+                late += [(name, d) for d in deps if position.get(d, -1) >= position[name]]
+                assert parts[0] not in ("torch", "jax", "triton"), (name, node.module)
+            elif isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] not in ("torch", "jax", "triton")
+                           for a in node.names), name
+    assert not late, late

@@ -285,6 +285,30 @@ def test_cli_prints_each_ranks_schedule():
     assert bad.returncode == 2 and "world_size=6" in bad.stderr
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--wire", "nvfp4", "--hidden", "40"], "H=40 must be a positive multiple of 16"),
+    (["--wire", "fp8", "--hidden", "100"], "H=100 must be a positive multiple of 128"),
+    (["--wire", "mxfp4", "--dtype", "int32"], "has dtype int32"),
+    (["--hidden", "0"], "--hidden 0: must be > 0"),
+])
+def test_cli_refuses_rows_the_frontends_refuse(capsys, args, message):
+    """The CLI prices only what a frontend would run: one ``dpx: error:`` line, exit 2."""
+    from dpx.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--world", "8", "--dp", "4", "--tokens", "3,0,7,5", *args])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("dpx: error: ") and message in err
+    assert err.count("\n") == 1, err
+
+
+def test_demo_refuses_a_bad_layout_in_one_line():
+    res = subprocess.run([sys.executable, "-m", "dpx", "demo", "--world", "3", "--dp", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr == (
+        "dpx demo: error: world_size=3 must be divisible by dp_size*cp_size=2*1=2\n"), res.stderr
+
+
 # ------------------------------------------------------------------ bad inputs
 @pytest.mark.parametrize("counts,kind,pattern", [
     ([1, -1], DpxValueError, r"num_tokens\[1\]=-1 must be >= 0"),

@@ -504,11 +504,13 @@ def test_sglang_layer_on_nccl_and_under_cuda_graphs(nccl1):
 
 def test_direct_launches_equal_the_jit_launches():
     """dpx's direct launch of Triton's compiled kernels (dpx_torch.shims.triton_launch)
-    writes what the JIT launch writes, for 16-byte aligned and unaligned buffers, host and device indices,
-    every kernel a schedule runs; it compiles once per specialisation, and a launch hook
-    (a profiler's) sends launches through the JIT path, which calls it."""
+    writes what the JIT launch writes, for 16-byte aligned and unaligned buffers, host and
+    device indices, every kernel (move, zero, pack, unpack, mask, the count check, the fp8
+    and fp4 quantize and dequantize); it compiles once per specialisation, and a launch
+    hook (a profiler's) sends launches through the JIT path, which calls it."""
     import triton
 
+    from dpx.modes import Wire
     from dpx.wire import wire_row_bytes
     from dpx_torch.shims.triton_launch import Launcher
     from dpx_torch.passes import TritonPasses
@@ -534,16 +536,33 @@ def test_direct_launches_equal_the_jit_launches():
     direct.unpack(base[:8], f, ln, 4, u1)
     jit.unpack(base[:8], f, ln, 4, u2)
     assert torch.equal(u1, u2)
+    p1, p2 = torch.empty(8, 3, device="cuda"), torch.empty(8, 3, device="cuda")
+    direct.pack(base[:9], f, ln, 4, p1)
+    jit.pack(base[:9], f, ln, 4, p2)
+    assert torch.equal(p1, p2)
+    m1, m2 = base[:9].clone(), base[:9].clone()
+    direct.mask(m1, f, ln, -1.0)
+    jit.mask(m2, f, ln, -1.0)
+    assert torch.equal(m1, m2) and (m1[3:5] == -1).all()
+    rule = dpx.plan_step([0, 0], dpx.DpLayout(2, 2), mode="max_len", capacity=4).count_rule
+    for counts in ([1, 2], [5, 0], [-1, 3]):
+        c = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        fl1, fl2 = torch.zeros(1, dtype=torch.int32, device="cuda"), \
+            torch.zeros(1, dtype=torch.int32, device="cuda")
+        direct.check(c, fl1, rule)
+        jit.check(c, fl2, rule)
+        assert torch.equal(fl1, fl2) and int(fl1) == rule.flags(counts), counts
     x = torch.randn(10, 256, device="cuda", dtype=torch.bfloat16)
-    w1 = torch.empty(10, wire_row_bytes(256), dtype=torch.uint8, device="cuda")
-    w2 = torch.empty_like(w1)
-    direct.quantize(x, 1, 8, w1)
-    jit.quantize(x, 1, 8, w2)
-    assert torch.equal(w1, w2)
-    y1, y2 = torch.empty_like(x), torch.empty_like(x)
-    direct.dequantize(w1, y1)
-    jit.dequantize(w2, y2)
-    assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
+    for wire, g in ((Wire.FP8, None), (Wire.NVFP4, 0.75), (Wire.MXFP4, None)):
+        w1 = torch.empty(10, wire_row_bytes(256, wire), dtype=torch.uint8, device="cuda")
+        w2 = torch.empty_like(w1)
+        direct.quantize(x, 1, dev(8), w1, wire, g)
+        jit.quantize(x, 1, dev(8), w2, wire, g)
+        assert torch.equal(w1, w2), wire
+        y1, y2 = torch.empty_like(x), torch.empty_like(x)
+        direct.dequantize(w1, y1, wire, g)
+        jit.dequantize(w2, y2, wire, g)
+        assert torch.equal(y1.view(torch.int16), y2.view(torch.int16)), wire
     compiled = len(launcher)
     assert compiled > 0
     direct.move(base, 2, 1, 5, torch.empty(30, 3, device="cuda"))

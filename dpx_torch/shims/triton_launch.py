@@ -30,6 +30,8 @@ communicator, and of Triton's interpreter on CPU tensors in the kernel tests:
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Sequence
 
 import torch
@@ -160,8 +162,10 @@ class Launcher:
         found = self._specs.hit(full)
         if found is not None:
             return None if found is _NO_HANDLE else found
+        on = (torch.cuda.device(bound.device) if bound.device.type == "cuda"
+              else contextlib.nullcontext())
         try:
-            with torch.cuda.device(bound.device):
+            with on:
                 compiled = bound.kernel.run(*bound.as_tensors(args, align), grid=grid,
                                             warmup=True, **bound.consts,
                                             num_warps=bound.warps)
