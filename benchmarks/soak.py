@@ -79,7 +79,8 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
         s = comm.cache_sizes()
-        return dict(step=i, seconds=round(secs, 1), prepared=s["prepared"], templates=s["templates"],
+        return dict(step=i, seconds=round(secs, 1), prepared=s["prepared"],
+                    templates=s["templates"],
                     variants=s["variants"], programs=s["programs"], tables=s["tables"],
                     pool_buffers=s["pool_buffers"], events=s["events"],
                     cache_bytes=comm.host_bytes(), rss_mib=round(_rss() / 2**20, 1),

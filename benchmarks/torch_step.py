@@ -28,8 +28,8 @@ from a separate input, against the captured bare collective.
 
 Table 3, **kernel launches** (host µs per launch of one row kernel, 32 rows): Triton's
 JIT launch (``kernel[grid](...)``), dpx's direct launch of the compiled kernel
-(``dpx_torch.shims.triton_launch``), the ``torch.library`` custom op torch.compile traces, and a stock
-``copy_`` of the same rows.
+(``dpx_torch.shims.triton_launch``), the ``torch.library`` custom op torch.compile traces,
+and a stock ``copy_`` of the same rows.
 
 Writes torch_step_sglang.csv, torch_step.csv and torch_step_launch.csv to $OUT.
 """

@@ -30,9 +30,9 @@ __version__ = "0.3.0"
 __all__ = [
     "CostModel", "CountRule", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError",
     "DpxMismatchCapacityError", "DpxMismatchError", "DpxMismatchInputError",
-    "DpxMismatchTypeError", "DpxMismatchValueError", "DpxTypeError", "DpxValueError", "Group", "ModeEstimate", "Op",
-    "OpEstimate", "OpRows", "PaddingMode", "Policy", "RankCoords", "Route", "Schedule",
-    "ScheduleCache", "StepCost", "Transport", "Wire", "build_schedule", "ceil_align",
-    "compare_modes", "estimate", "explain", "local_rows", "nvfp4_scale", "op_rows", "plan_step",
-    "sglang_mode",
+    "DpxMismatchTypeError", "DpxMismatchValueError", "DpxTypeError", "DpxValueError",
+    "Group", "ModeEstimate", "Op", "OpEstimate", "OpRows", "PaddingMode", "Policy",
+    "RankCoords", "Route", "Schedule", "ScheduleCache", "StepCost", "Transport", "Wire",
+    "build_schedule", "ceil_align", "compare_modes", "estimate", "explain", "local_rows",
+    "nvfp4_scale", "op_rows", "plan_step", "sglang_mode"
 ]

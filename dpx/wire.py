@@ -70,17 +70,24 @@ def width_of(row_bytes: int, wire: Wire = Wire.FP8) -> int:
 
 def nvfp4_scale(amax: float) -> float:
     """nvfp4's global scale ``g`` for data whose largest magnitude is ``amax`` (a positive
-    float: a checkpoint's calibrated input amax, or ``x.abs().max()``): ``g = 448 * 6 /
+    number -- a checkpoint's calibrated input amax, or ``x.abs().max()``, a one-element
+    tensor read on the host): ``g = 448 * 6 /
     amax``, the convention NVIDIA's NVFP4 checkpoints store. A block's scale is ``e4m3(amax_b
     * g / 6)``, so the block holding ``amax`` gets the largest e4m3 scale (448) and no block
     saturates. With a larger ``g`` the blocks past ``6 * 448 / g`` saturate (their values
     arrive clipped to it); with a much smaller one (the reciprocal convention, ``amax /
     2688``, say) small blocks' scales round to 0 and their rows arrive as zeros."""
-    if isinstance(amax, bool) or not isinstance(amax, (int, float)) or not amax > 0 \
-            or not math.isfinite(amax):
+    try:   # a float, int, numpy scalar or one-element tensor
+        a = float(amax) if not isinstance(amax, (bool, str, bytes)) else None
+    except (TypeError, ValueError):
+        a = None
+    if a is None:
+        raise DpxTypeError(f"nvfp4_scale(amax={amax!r}): amax must be a number, got "
+                           f"{type(amax).__name__}")
+    if not (a > 0 and math.isfinite(a)):
         raise DpxValueError(f"nvfp4_scale(amax={amax!r}): amax must be a positive finite "
                             f"float (the data's largest magnitude)")
-    g = FP8_MAX * E2M1_MAX / amax
+    g = FP8_MAX * E2M1_MAX / a
     lo, hi = SCALE_RANGE
     if not lo <= g <= hi:
         raise DpxValueError(f"nvfp4_scale(amax={amax!r}) = {g!r} is outside nvfp4's global "

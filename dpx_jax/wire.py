@@ -241,7 +241,7 @@ def _dequantize_fp4_xla(src, dtype, wire: Wire, g):
     sb = src[:, h // 2:].astype(jnp.int32)[..., None]
     m, sign = c & 7, c >> 3
     if wire is Wire.NVFP4:
-        nan = (sb & W.NAN_CODE) == W.FP4_NAN_SCALE[Wire.NVFP4]
+        nan = (sb & 0x7F) == W.FP4_NAN_SCALE[Wire.NVFP4]   # e4m3's NaN, either sign
         em = jnp.where(m < 2, m.astype(jnp.float32) * 0.5,
                        _f32((((m >> 1) + 126) << 23) | ((m & 1) << 22)))
         yb = _u32(_div_rn(em * _e4m3_value(sb), jnp.float32(g)))

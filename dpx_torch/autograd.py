@@ -2,14 +2,20 @@
 (``dpx.Op.adjoint``): gather (partial or replicated) -> reduce_scatter; reduce_scatter ->
 gather_sum (the partial gather whose sums span every rank of a replica, CP ranks too);
 scatter <-> scatter's adjoint. For a replicated gather every attn-tp copy receives the
-whole slot's gradient, which is what the backward of a replicated activation expects."""
+whole slot's gradient, which is what the backward of a replicated activation expects.
+
+A graph keeps its communicator's calls weakly and no prepared program: a graph held past
+``DpComm.destroy()`` holds no process group, and its backward raises that the
+communicator was destroyed."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Protocol
 
 import torch
 
+from dpx_torch.lifecycle import destroyed
 from dpx_torch.runner import Call
 
 __all__ = ["Calls", "OpFunction"]
@@ -29,11 +35,14 @@ class OpFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, calls: Calls, call: Call) -> torch.Tensor:
-        ctx.calls, ctx.call = calls, call
+        ctx.calls, ctx.call = weakref.ref(calls), call._replace(prep=None)
         return calls.execute(call, x)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
+        calls = ctx.calls()
+        if calls is None:
+            raise destroyed()
         grad = grad.contiguous()
-        adj = ctx.calls.adjoint(ctx.call, grad)
-        return ctx.calls.execute(adj, grad), None, None
+        adj = calls.adjoint(ctx.call, grad)
+        return calls.execute(adj, grad), None, None

@@ -44,15 +44,19 @@ def _bind(group, method_name: str, opts_name: str, public, *, reduce: bool,
         def go_one(buf: torch.Tensor) -> None:
             if group in coalescing or type(buf) is not _T:
                 public(buf, group=group)
-            else:
-                call.fn(buf)
+                return
+            work = call.fn(buf)
+            if work is not None:
+                work.wait()
         return go_one
 
     def go(out: torch.Tensor, inp: torch.Tensor) -> None:
         if group in coalescing or type(out) is not _T or type(inp) is not _T:
             public(out, inp, group=group)
-        else:
-            call.fn(out, inp)
+            return
+        work = call.fn(out, inp)
+        if work is not None:
+            work.wait()
     return go
 
 

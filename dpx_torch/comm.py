@@ -23,14 +23,14 @@ communicator's one comm stream instead (:mod:`dpx_torch.overlap`).
 from __future__ import annotations
 
 import atexit
+import functools
 import weakref
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-from dpx.errors import DpxTypeError, DpxValueError
-from dpx.extents import local_rows
+from dpx.errors import DpxTypeError
 from dpx.layout import DpLayout
 from dpx.modes import Op, Wire
 from dpx.plan import DpPlan
@@ -38,7 +38,7 @@ from dpx.schedule import Schedule, build_schedule
 from dpx_torch.agreement import Agreement
 from dpx_torch.checks import InputChecks
 from dpx_torch.exchange import CountsExchange
-from dpx_torch.fullpath import FullPath, flat_counts
+from dpx_torch.fullpath import FullPath, flat_counts, in_place, inside
 from dpx_torch.groups import DpGroups, adopt_groups, build_groups, mesh_groups
 from dpx_torch.lifecycle import Lifecycle, end_groups, exit_hook
 from dpx_torch.overlap import DpWork
@@ -53,8 +53,6 @@ _GATHER, _NATIVE = Op.GATHER._value_, Wire.NATIVE
 #: ``_key(CallKey, fields)``: a key from all its fields in order, without NamedTuple's
 #: Python-level constructor (a quarter of a microsecond of the fast path)
 _key = tuple.__new__
-#: The argument name of each op taking a gathered buffer, in its messages.
-_ARG = {Op.SCATTER: "global_", Op.REDUCE_SCATTER: "global_", Op.SCATTER_COLUMNS: "shard"}
 
 
 class DpComm:
@@ -72,7 +70,7 @@ class DpComm:
     both). It holds all state (groups, caches bounded by ``limits``, scratch pool, comm
     stream, events, overflow flags), so several communicators coexist.
 
-    ``validate=True`` adds one small host exchange before every collective call: all ranks
+    ``validate=True`` adds one small host exchange before every call: all ranks
     compare the plan (mode, counts, capacity), op, dtype, width, ``partial`` and device
     counts (and, for a replicated gather, a digest of each replica's rows across its
     attn-tp ranks), and check device counts against the plan's capacity; every rank raises
@@ -104,11 +102,11 @@ class DpComm:
         self.runner = Runner(self.groups, limits)
         self.checks = InputChecks(layout, self.dp_rank, self.groups)
         self.agreement = Agreement(layout, self.groups)
+        self.prepared = PreparedOps(self._life, self.runner, limits.calls,
+                                    lambda op: getattr(self, op, None),
+                                    functools.partial(in_place, layout, self.rank))
         self.full = FullPath(layout, self.rank, self.runner, self.checks, self.agreement,
-                             None)  # type: ignore[arg-type]
-        self.prepared = self.full.ops = PreparedOps(
-            self._life, self.runner, limits.calls, lambda op: getattr(self, op, None),
-            self.full.in_place)
+                             self.prepared)
         self._counts = CountsExchange(layout, self.rank, self.groups, self.runner, self.checks)
         self._exit_hook = exit_hook(weakref.ref(self))
         atexit.register(self._exit_hook)
@@ -178,22 +176,22 @@ class DpComm:
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
         if self._life.fast and type(local) is torch.Tensor and type(partial) is bool \
-                and not _compiling() and (wire_scale is None or type(wire_scale) is float):
+                and (out is None or type(out) is torch.Tensor) \
+                and (counts is None or type(counts) is torch.Tensor) and not _compiling() \
+                and (wire_scale is None or type(wire_scale) is float):
             op = self.prepared.find(_key(CallKey, (
                 _GATHER, plan, partial, wire if wire_scale is None else (wire, wire_scale),
                 dequantize, local.shape, local.dtype, local.device, counts is not None,
-                out is not None, "")), local, counts, out)
+                out is not None, out is not None and inside(local, out), "")), local,
+                counts, out)
             if op is not None:
                 return op.run(local, counts, out)
         self._life.check()
         if isinstance(local, (tuple, list)):
-            if out is not None:
-                raise DpxValueError("out= is for one tensor; gather of a tuple allocates its "
-                                    "results")
-            return self.full.gather_many(tuple(local), plan, partial, counts, wire,
+            return self.full.gather_many(tuple(local), plan, partial, counts, out, wire,
                                          dequantize, wire_scale)
         op = self.full.gather(local, plan, partial, counts, out, wire, dequantize, wire_scale)
-        return self.full.run(op, plan, Op.GATHER, local, counts, out, "local")
+        return self.full.run(op, plan, Op.GATHER, local, counts, out)
 
     def prepare_gather(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
                        counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -223,13 +221,7 @@ class DpComm:
     def local_slot_for(self, out: torch.Tensor, plan: DpPlan, *,
                        counts: torch.Tensor | None) -> torch.Tensor:
         """:meth:`local_slot` for a call that will pass ``counts`` (device counts)."""
-        self.checks.plan(plan)
-        if not isinstance(out, torch.Tensor) or out.dim() < 1 \
-                or out.shape[0] != plan.global_rows:
-            raise DpxValueError(f"out must be a tensor of plan.global_rows={plan.global_rows} "
-                                f"rows, got shape {tuple(getattr(out, 'shape', ()))}")
-        first, rows = local_rows(plan, self.rank, device_counts=counts is not None)
-        return out[first:first + rows]
+        return self.full.slot_of(out, plan, counts)
 
     def scatter(self, global_: torch.Tensor, plan: DpPlan, *,
                 counts: torch.Tensor | None = None,
@@ -276,15 +268,17 @@ class DpComm:
         return self._prepare_global(Op.SCATTER_COLUMNS, shard, plan, counts, out)
 
     def _global_op(self, kind: Op, x, plan, counts, out):
-        if self._life.fast and type(x) is torch.Tensor and not _compiling():
+        if self._life.fast and type(x) is torch.Tensor and not _compiling() \
+                and (out is None or type(out) is torch.Tensor) \
+                and (counts is None or type(counts) is torch.Tensor):
             op = self.prepared.find(_key(CallKey, (
                 kind._value_, plan, True, _NATIVE, True, x.shape, x.dtype, x.device,
-                counts is not None, out is not None, "")), x, counts, out)
+                counts is not None, out is not None, False, "")), x, counts, out)
             if op is not None:
                 return op.run(x, counts, out)
         self._life.check()
         op = self.full.global_op(kind, x, plan, counts, out)
-        return self.full.run(op, plan, kind, x, counts, out, _ARG[kind])
+        return self.full.run(op, plan, kind, x, counts, out)
 
     def _prepare_global(self, kind: Op, x, plan, counts, out) -> PreparedOp:
         self._life.check()
@@ -327,6 +321,13 @@ class DpComm:
         :class:`dpx.DpxMismatchError`."""
         self._life.check()
         return self.agreement.sync_counts(num_tokens, is_extend=is_extend)
+
+    def sync_shards(self, cp_shard_counts: Sequence[int],
+                    counts: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        """This rank's CP shard counts exchanged into a plan's shard table, checked on
+        every rank (:meth:`dpx_torch.agreement.Agreement.sync_shards`)."""
+        self._life.check()
+        return self.agreement.sync_shards(cp_shard_counts, counts)
 
     def exchange_counts(self, n_local: torch.Tensor, *, shards: bool = False,
                         plan: DpPlan | None = None) -> torch.Tensor:

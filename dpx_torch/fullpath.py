@@ -31,7 +31,7 @@ from dpx_torch.rows import overlaps
 from dpx_torch.runner import Call, Runner
 from dpx_torch.wire import split_wire
 
-__all__ = ["FullPath", "flat_counts", "gather_label", "wire_key"]
+__all__ = ["FullPath", "flat_counts", "gather_label", "in_place", "inside", "wire_key"]
 
 _compiling = torch.compiler.is_compiling
 Tensors = tuple[torch.Tensor, ...]
@@ -66,10 +66,11 @@ class FullPath:
         return result
 
     def gather(self, local, plan, partial, counts, out, wire, dequantize, wire_scale,
-               form: Any = "", refuse_grad: str | None = None) -> PreparedOp:
+               form: Any = "", refuse_grad: str | None = None, index: str = "") -> PreparedOp:
         """The checked gather of one tensor: its prepared op. ``refuse_grad``: the name of
         a call form that records no autograd graph (an input that requires grad is an
-        error of its checks)."""
+        error of its checks). ``index``: ``"#i/n"`` for tensor ``i`` of ``n`` gathered in
+        one call (part of its name in the ``validate=True`` exchange)."""
         def make() -> PreparedOp:
             if refuse_grad:
                 no_grad(refuse_grad, local, "local")
@@ -79,12 +80,12 @@ class FullPath:
                                          bool(dequantize), in_place, wire_scale)
             key = CallKey(Op.GATHER._value_, plan, partial, wire_key(wire, wire_scale),
                           dequantize, local.shape, local.dtype, local.device,
-                          counts is not None, out is not None, form)
+                          counts is not None, out is not None, in_place, form)
             return self._op(key, local, counts, out, in_place, rows, dict(
                 partial=partial, wire=wire, dequantize=dequantize, wire_scale=wire_scale),
                 wire=w, dequantize=bool(dequantize), wire_scale=g)
-        return self.checked(gather_label(wire, wire_scale), plan, local, partial, counts,
-                            make)
+        return self.checked(gather_label(wire, wire_scale) + index, plan, local, partial,
+                            counts, make)
 
     def global_op(self, op: Op, x, plan, counts, out, form: Any = "",
                   refuse_grad: str | None = None) -> PreparedOp:
@@ -95,7 +96,7 @@ class FullPath:
                 no_grad(refuse_grad, x, "shard" if op is Op.SCATTER_COLUMNS else "global_")
             rows = self.global_checks(op, x, plan, counts, out)
             key = CallKey(op._value_, plan, True, Wire.NATIVE, True, x.shape, x.dtype,
-                          x.device, counts is not None, out is not None, form)
+                          x.device, counts is not None, out is not None, False, form)
             return self._op(key, x, counts, out, False, rows, {})
         return self.checked(op._value_, plan, x, True, counts, make)
 
@@ -105,7 +106,7 @@ class FullPath:
         call (in place or not)."""
         compiling = _compiling()
         op = None if compiling else self.ops.get(key)
-        if op is not None and (op.in_place is not None) == in_place:
+        if op is not None:
             return op
         scratch = "caller" if key.form == "" else key.form
         prep = self.runner.prepare(key.plan, Op(key.op), x, partial=key.partial,
@@ -129,7 +130,8 @@ class FullPath:
         if wire is not Wire.NATIVE:
             W.check_wire(wire, plan.mode, tuple(local.shape),
                          str(local.dtype).replace("torch.", ""))
-            no_grad(f"gather(wire='{wire.value}')", local, "local")
+            no_grad(f"gather(wire='{wire.value}')", local, "local",
+                    "gather in the native dtype to differentiate")
             if out is not None and not dequantize:
                 raise DpxValueError("out= takes the dequantized result; with dequantize="
                                     "False the gather returns views of its own wire buffer")
@@ -138,11 +140,14 @@ class FullPath:
         rows = op_rows(plan, Op.GATHER, self.rank, device_counts=counts is not None)
         if local.shape[0] < rows.need:
             c.tensor("local", local, min_rows=rows.need)
-        if not in_place:
-            c.out(out, local, rows.out, compiling=_compiling())
-        elif local.requires_grad and torch.is_grad_enabled():
+        grad = local.requires_grad and torch.is_grad_enabled()
+        if in_place and grad:
             raise DpxValueError("an in-place gather records no autograd graph; gather from "
                                 "a separate input to differentiate")
+        if not in_place:
+            if grad and out is not None:
+                raise DpxValueError("out= cannot be used when local requires grad")
+            c.out(out, local, rows.out, compiling=_compiling())
         return rows, g
 
     def global_checks(self, op: Op, global_, plan, counts, out):
@@ -161,89 +166,131 @@ class FullPath:
         rows = op_rows(plan, op, self.rank, device_counts=counts is not None)
         if global_.shape[0] != rows.need:
             c.tensor(name, global_, rows=rows.need)
+        if out is not None and global_.requires_grad and torch.is_grad_enabled():
+            raise DpxValueError(f"out= cannot be used when {name} requires grad")
         c.out(out, global_, rows.out, compiling=_compiling(),
               rest=(self.layout.world_size * global_.shape[1],) if columns else None)
         return rows
 
     def in_place(self, local: Any, out: Any, plan: Any, counts: Any) -> bool:
-        """Whether ``local`` is this rank's slot view of ``out`` (an in-place gather); a
-        dpx error when it overlaps ``out`` anywhere else."""
-        if out is None or _compiling() or not isinstance(local, torch.Tensor) \
-                or not isinstance(out, torch.Tensor) or not overlaps(local, out):
-            return False
-        if isinstance(plan, DpPlan) and plan.layout == self.layout and out.dim() >= 1 \
-                and out.shape[0] == plan.global_rows and local.shape[1:] == out.shape[1:]:
-            try:
-                first, rows = local_rows(plan, self.rank, device_counts=counts is not None)
-            except DpxValueError as exc:
-                raise DpxValueError(f"local is a view of out, but {exc}") from None
-            stride = out.stride(0) * out.element_size() if out.dim() else 0
-            if local.shape[0] == rows and local.data_ptr() == out.data_ptr() + first * stride:
-                return True
-            raise DpxValueError(f"local overlaps out but is not this rank's slot of it "
-                                f"(rows [{first}, {first + rows}) of out: use "
-                                f"comm.local_slot(out, plan)); a separate input must not "
-                                f"alias out")
-        raise DpxValueError("out overlaps the input in memory; they must not alias (an "
-                            "in-place gather passes comm.local_slot(out, plan))")
+        """:func:`in_place` for this rank."""
+        return in_place(self.layout, self.rank, local, out, plan, counts)
+
+    def slot_of(self, out: Any, plan: Any, counts: Any) -> torch.Tensor:
+        """This rank's rows of a gather's output ``out`` (:meth:`DpComm.local_slot_for`)."""
+        self.checks.plan(plan)
+        if not isinstance(out, torch.Tensor) or out.dim() < 1 \
+                or out.shape[0] != plan.global_rows:
+            raise DpxValueError(f"out must be a tensor of plan.global_rows={plan.global_rows} "
+                                f"rows, got shape {tuple(getattr(out, 'shape', ()))}")
+        first, rows = local_rows(plan, self.rank, device_counts=counts is not None)
+        return out[first:first + rows]
 
     # ------------------------------------------------------------ running
     def run(self, op: PreparedOp, plan: DpPlan, kind: Op, x: torch.Tensor, counts,
-            out, name: str) -> Any:
+            out) -> Any:
         """Run a checked call: through autograd when ``x`` requires grad (the backward is
         the adjoint op's prepared call), else its bound steps."""
-        if x.requires_grad and torch.is_grad_enabled():
-            if out is not None:
-                raise DpxValueError(f"out= cannot be used when {name} requires grad")
+        if x.requires_grad and torch.is_grad_enabled():   # (its checks refused out=)
             return OpFunction.apply(x, self, Call(plan, kind, flat_counts(counts),
-                                                  x.shape[0], op.prep))
+                                                  x.shape[0], op.out_rows, op.prep))
         return op.run(x, counts, out)
 
     def adjoint(self, call: Call, grad: torch.Tensor) -> Call:
         """The call computing ``call``'s backward for the output gradient ``grad``: its
-        op's adjoint, from the output's rows to the input's (a kept prepared op)."""
+        op's adjoint, from the output's rows to the input's (a kept prepared op). Refused
+        once the communicator was destroyed; exchanged first under ``validate=True``, as
+        every call."""
+        self.ops.life.check()
         kind = call.op.adjoint
         key = CallKey(kind._value_, call.plan, True, Wire.NATIVE, True, grad.shape,
-                      grad.dtype, grad.device, call.counts is not None, False,
+                      grad.dtype, grad.device, call.counts is not None, False, False,
                       ("adjoint", call.in_rows))
-        op = None if _compiling() else self.ops.get(key)
-        if op is None:
-            prep = self.runner.prepare(call.plan, kind, grad, partial=True,
-                                       device_counts=call.counts is not None,
-                                       out_rows=call.in_rows)
-            op = self.ops.make(key, prep, grad, counts=None, out=None, in_place=False,
-                               keywords={}, keep=not _compiling())
-        return Call(call.plan, kind, call.counts, call.prep.out_rows, op.prep)
+
+        def make() -> PreparedOp:
+            op = None if _compiling() else self.ops.get(key)
+            if op is None:
+                prep = self.runner.prepare(call.plan, kind, grad, partial=True,
+                                           device_counts=call.counts is not None,
+                                           out_rows=call.in_rows)
+                op = self.ops.make(key, prep, grad, counts=None, out=None, in_place=False,
+                                   keywords={}, keep=not _compiling())
+            return op
+        op = self.checked(kind._value_, call.plan, grad, True, call.counts, make)
+        return Call(call.plan, kind, call.counts, call.out_rows, call.in_rows, op.prep)
 
     def execute(self, call: Call, x: torch.Tensor) -> torch.Tensor:
         """Run a differentiable call (forward or backward) into a new output."""
         return self.runner.execute(call, x)
 
-    def gather_many(self, tensors: Tensors, plan: DpPlan, partial, counts, wire,
+    def gather_many(self, tensors: Tensors, plan: DpPlan, partial, counts, out, wire,
                     dequantize: bool, wire_scale=None) -> tuple:
         """``gather`` of several tensors: each as if gathered alone, the collectives
-        batched (:mod:`dpx.batch`)."""
+        batched (:mod:`dpx.batch`). Under ``validate=True`` the call's own arguments are
+        exchanged first, then each tensor's (named ``gather#i/n``)."""
         n = len(tensors)
-        if n == 0:
-            raise DpxValueError("gather of a tuple needs at least one tensor")
-        partials = per_tensor("partial", partial, n)
-        wires = per_tensor("wire", wire, n)
-        if isinstance(wire_scale, (tuple, list)):
-            scales = per_tensor("wire_scale", wire_scale, n)
-        else:  # one scale for the nvfp4 tensors
-            scales = tuple(wire_scale if Wire.parse(w) is Wire.NVFP4 else None for w in wires)
+
+        def arguments() -> tuple:
+            if n == 0:
+                raise DpxValueError("gather of a tuple needs at least one tensor")
+            if out is not None:
+                raise DpxValueError("out= is for one tensor; gather of a tuple allocates "
+                                    "its results")
+            wires = per_tensor("wire", wire, n)
+            if isinstance(wire_scale, (tuple, list)):
+                scales = per_tensor("wire_scale", wire_scale, n)
+            else:  # one scale for the nvfp4 tensors
+                scales = tuple(wire_scale if Wire.parse(w) is Wire.NVFP4 else None
+                               for w in wires)
+            return per_tensor("partial", partial, n), wires, scales
+        partials, wires, scales = self.checked(f"gather of {n} tensors", plan,
+                                               tensors[0] if n else None, None, counts,
+                                               arguments)
         if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors) \
                 and torch.is_grad_enabled():
-            return tuple(self.run(self.gather(t, plan, p, counts, None, w, dequantize, g),
-                                  plan, Op.GATHER, t, counts, None, "local")
-                         for t, p, w, g in zip(tensors, partials, wires, scales))
-        preps = [self.gather(t, plan, p, counts, None, w, dequantize, g, form=f"caller#{i}").prep
+            return tuple(self.run(self.gather(t, plan, p, counts, None, w, dequantize, g,
+                                              index=f"#{i}/{n}"), plan, Op.GATHER, t,
+                                  counts, None)
+                         for i, (t, p, w, g) in enumerate(zip(tensors, partials, wires,
+                                                              scales)))
+        preps = [self.gather(t, plan, p, counts, None, w, dequantize, g, form=f"caller#{i}",
+                             index=f"#{i}/{n}").prep
                  for i, (t, p, w, g) in enumerate(zip(tensors, partials, wires, scales))]
         batch = self.runner.batch(tuple(preps))
         c = flat_counts(counts)
         res = batch(preps, [(t, new_out(p, t), c) for p, t in zip(preps, tensors)])
         return tuple(split_wire(r, p.shape.wire) if p.out_wire else r
                      for r, p in zip(res, preps))
+
+
+def inside(x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether ``x``'s first byte lies inside ``out`` (an in-place gather's input does: its
+    :class:`~dpx_torch.prepared.CallKey` says so; :func:`in_place` checks the rest)."""
+    o = out.data_ptr()
+    return o <= x.data_ptr() < o + out.nbytes
+
+
+def in_place(layout: DpLayout, rank: int, local: Any, out: Any, plan: Any, counts: Any) -> bool:
+    """Whether ``local`` is rank ``rank``'s slot view of ``out`` (an in-place gather); a
+    dpx error when it overlaps ``out`` anywhere else."""
+    if out is None or _compiling() or not isinstance(local, torch.Tensor) \
+            or not isinstance(out, torch.Tensor) or not overlaps(local, out):
+        return False
+    if isinstance(plan, DpPlan) and plan.layout == layout and out.dim() >= 1 \
+            and out.shape[0] == plan.global_rows and local.shape[1:] == out.shape[1:]:
+        try:
+            first, rows = local_rows(plan, rank, device_counts=counts is not None)
+        except DpxValueError as exc:
+            raise DpxValueError(f"local is a view of out, but {exc}") from None
+        stride = out.stride(0) * out.element_size() if out.dim() else 0
+        if local.shape[0] == rows and local.data_ptr() == out.data_ptr() + first * stride:
+            return True
+        raise DpxValueError(f"local overlaps out but is not this rank's slot of it "
+                            f"(rows [{first}, {first + rows}) of out: use "
+                            f"comm.local_slot(out, plan)); a separate input must not "
+                            f"alias out")
+    raise DpxValueError("out overlaps the input in memory; they must not alias (an "
+                        "in-place gather passes comm.local_slot(out, plan))")
 
 
 def per_tensor(name: str, value, n: int) -> tuple:
@@ -264,14 +311,14 @@ def new_out(prep: PreparedCall, x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((prep.out_rows, *prep.shape.out_rest))
 
 
-def no_grad(form: str, x: Any, arg: str) -> None:
+def no_grad(form: str, x: Any, arg: str,
+            hint: str = "differentiate through the plain call") -> None:
     """A dpx error when ``x`` (the argument ``arg``) requires grad under a call ``form``
     that records no autograd graph (a prepared op, an overlapped call, a quantized
     wire)."""
     if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
         raise DpxValueError(f"{form}: {arg} requires grad; {form} records no autograd "
-                            f"graph (differentiate through the plain call, or pass a "
-                            f"detached tensor)")
+                            f"graph ({hint}, or pass a detached tensor)")
 
 
 def wire_key(wire: Any, wire_scale: Any) -> Any:

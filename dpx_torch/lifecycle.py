@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from dpx.errors import DpxValueError
 
-__all__ = ["Lifecycle", "end_groups", "exit_hook"]
+__all__ = ["destroyed", "end_groups", "exit_hook", "Lifecycle"]
 
 
 class Lifecycle:
@@ -50,8 +50,13 @@ class Lifecycle:
     def check(self) -> None:
         """Raise when the communicator was destroyed."""
         if not self.alive:
-            raise DpxValueError("this DpComm was destroyed (DpComm.destroy()); build a new "
-                                "one to run collectives")
+            raise destroyed()
+
+
+def destroyed() -> DpxValueError:
+    """The error of any call of a destroyed communicator."""
+    return DpxValueError("this DpComm was destroyed (DpComm.destroy()); build a new one to "
+                         "run collectives")
 
 
 def end_groups(owned: tuple, world: Any, *, drain: bool) -> None:

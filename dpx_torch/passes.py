@@ -116,7 +116,8 @@ class Passes:
 
 class TritonPasses(Passes):
     """The passes as ``dpx.kernels`` launches through ``launcher`` (a
-    :class:`~dpx_torch.shims.triton_launch.Launcher`, or :data:`~dpx_torch.shims.triton_launch.JIT`)."""
+    :class:`~dpx_torch.shims.triton_launch.Launcher`, or
+    :data:`~dpx_torch.shims.triton_launch.JIT`)."""
 
     def __init__(self, launcher: Launcher | JitLauncher = JIT, *,
                  max_launches: int = 256) -> None:

@@ -61,9 +61,11 @@ class CallKey(NamedTuple):
     shape: torch.Size
     dtype: torch.dtype
     device: torch.device
-    #: whether device counts / ``out=`` are given
+    #: whether device counts / ``out=`` are given, and whether the input lies inside
+    #: ``out`` (an in-place gather: its own program)
     counts: bool
     out: bool
+    in_place: bool
     #: which form runs it where the forms' programs differ: ``""`` (a call on the caller's
     #: stream), ``"comm"`` (``*_async``), ``"caller#i"`` (tensor ``i`` of a several-tensor
     #: gather), ``("adjoint", rows)`` (a backward into ``rows`` rows)
@@ -144,8 +146,8 @@ class PreparedOp:
 
 class ClassKey(NamedTuple):
     """What the prepared ops of one *structure* share (the key of a
-    :class:`PreparedClass`): a :class:`CallKey` with the plan's structure for the plan,
-    the input's trailing shape for its shape, and whether the gather is in place."""
+    :class:`PreparedClass`): a :class:`CallKey` of the default form with the plan's
+    structure for the plan and the input's trailing shape for its shape."""
 
     op: str
     structure: Structure
@@ -160,12 +162,12 @@ class ClassKey(NamedTuple):
     in_place: bool
 
     @staticmethod
-    def of(key: CallKey, in_place: bool) -> "ClassKey":
+    def of(key: CallKey) -> "ClassKey":
         """The class key of a call (built without NamedTuple's Python-level constructor:
         a new plan of a known structure builds one per call)."""
         return _new(ClassKey, (key.op, key.plan.structure, key.partial, key.wire,
                                key.dequantize, key.shape[1:], key.dtype, key.device,
-                               key.counts, key.out, in_place))
+                               key.counts, key.out, key.in_place))
 
 
 class PreparedClass:
@@ -175,13 +177,17 @@ class PreparedClass:
     the counts, the program bound -- or None where the tensors need the full path (its
     checks say why)."""
 
-    __slots__ = ("runner", "life", "op", "tkey", "shape", "method", "keywords", "_rest")
+    __slots__ = ("runner", "life", "op", "tkey", "shape", "method", "keywords", "_rest",
+                 "_counts_shape")
 
     def __init__(self, runner: Host, life: Lifecycle, op: Op, tkey: TemplateKey,
-                 shape: CallShape, method: Callable[..., Any], keywords: dict) -> None:
+                 shape: CallShape, method: Callable[..., Any], keywords: dict,
+                 counts_shape: torch.Size | None) -> None:
         self.runner, self.life, self.op, self.tkey = runner, life, op, tkey
         self.shape, self.method, self.keywords = shape, method, keywords
         self._rest = torch.Size(shape.out_rest)   # an output row's shape
+        #: the device counts' shape (the structure's: [dp], or [dp, cp] shards)
+        self._counts_shape = counts_shape
 
     def prepare(self, plan: DpPlan, x: torch.Tensor, counts: torch.Tensor | None,
                 out: torch.Tensor | None, in_place: bool) -> PreparedOp | None:
@@ -191,6 +197,8 @@ class PreparedClass:
         if in_rows != rows.need if rows.exact else in_rows < rows.need:
             return None
         if out is not None and (out.shape[0] != rows.out or out.shape[1:] != self._rest):
+            return None
+        if counts is not None and counts.shape != self._counts_shape:
             return None
         variant, hv = runner.schedules.variant(self.tkey, plan.leaf_counts, in_rows,
                                                rows.out)
@@ -213,7 +221,6 @@ class PreparedOps:
         self.life, self.runner = life, runner
         self.ops = LRU(limit)
         self.classes = LRU(limit)
-        self._hit = self.ops.hit
         self._full, self._in_place = full, in_place
         self._held: weakref.WeakSet[PreparedOp] = weakref.WeakSet()
 
@@ -225,17 +232,17 @@ class PreparedOps:
         """The fast path's lookup: the kept op of ``key`` when it admits these tensors, or
         one made from the class of ``key``'s structure (kept), or None: the call needs
         the full path."""
-        op = self._hit(key)
+        op = self.ops.hit(key)
         if op is not None:
             return op if op.admits(x, counts, out) else None
         if not isinstance(key.plan, DpPlan) or (out is not None and out.dim() < 1) \
                 or x.dim() < 1:
             return None
-        in_place = key.op == "gather" and out is not None and \
-            self._in_place(x, out, key.plan, counts)
-        cls = self.classes.hit(ClassKey.of(key, in_place))
+        cls = self.classes.hit(ClassKey.of(key))
         if cls is None:
             return None
+        # an input inside out: exactly this rank's slot of it, or the full path's error
+        in_place = key.in_place and self._in_place(x, out, key.plan, counts)
         op = cls.prepare(key.plan, x, counts, out, in_place)
         if op is not None:
             self.ops.put(key, op)
@@ -258,9 +265,9 @@ class PreparedOps:
         if keep:
             self.ops.put(key, op)
             if key.form == "":
-                self.classes.put(ClassKey.of(key, in_place), PreparedClass(
+                self.classes.put(ClassKey.of(key), PreparedClass(
                     self.runner, self.life, Op(key.op), prep.variant.key, prep.shape,
-                    method, keywords))
+                    method, keywords, op.counts_shape))
         return op
 
     def hold(self, op: PreparedOp) -> PreparedOp:

@@ -71,13 +71,16 @@ class CacheLimits:
 
 class Call(NamedTuple):
     """One differentiable call: its plan, op, device counts (or None), the input's rows
-    (the rows of the gradient the backward returns) and its prepared call."""
+    (the rows of the gradient the backward returns), the output's rows, and its prepared
+    call (None in what an autograd graph keeps: the graph holds no program, so no process
+    group)."""
 
     plan: DpPlan
     op: Op
     counts: torch.Tensor | None
     in_rows: int
-    prep: PreparedCall
+    out_rows: int
+    prep: PreparedCall | None
 
 
 class Runner:

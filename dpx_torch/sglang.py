@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -171,7 +171,7 @@ class DpAttention:
         self._dp_size_override: int | None = None
         self._is_extend = False
         #: the forward's buffer lengths, padding and counts, and its plans
-        self.plans = StepPlans(self.layout, comm.agreement, self._mode, PLAN_CACHE)
+        self.plans = StepPlans(self.layout, comm.sync_shards, self._mode, PLAN_CACHE)
 
     def _cp_group(self, given: dist.ProcessGroup | None
                   ) -> tuple[dist.ProcessGroup | None, tuple]:
@@ -347,7 +347,8 @@ class DpAttention:
                 forward_batch: Any, partial: bool,
                 cp_shard_counts: Sequence[int] | None = None) -> None:
         plan, counts = self.plan_of(forward_batch, cp_shard_counts)
-        self._check_rows("global_tokens", global_tokens, plan.global_rows)
+        self._checked("dp_gather", plan, lambda: self._check_rows(
+            "global_tokens", global_tokens, plan.global_rows))
         self.comm.gather(local_tokens, plan, partial=partial, counts=counts, out=global_tokens)
 
     def dp_gather_partial(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
@@ -373,6 +374,7 @@ class DpAttention:
         ``cp_shard_counts``: this rank's CP shard's); its other rows are zeroed
         (``local_tokens`` may be longer, padded for a CUDA graph)."""
         plan, counts = self.plan_of(forward_batch, cp_shard_counts)
+        self._checked("dp_scatter", plan, lambda: self._check_out(local_tokens, plan, counts))
         self._into(local_tokens, plan, counts, self.comm.scatter, global_tokens)
 
     def dp_reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
@@ -381,8 +383,12 @@ class DpAttention:
         zero, as from ``all_reduce`` + :meth:`dp_scatter` (``input`` is not modified,
         unlike sglang's with attn_tp > 1)."""
         plan, counts = self.plans.combine_plan(input.shape[0] if isinstance(input, torch.Tensor)
-                                          else -1)
-        self._check_rows("input", input, plan.global_rows)
+                                               else -1)
+
+        def check() -> None:
+            self._check_rows("input", input, plan.global_rows)
+            self._check_out(output, plan, counts)
+        self._checked("dp_reduce_scatter_tensor", plan, check)
         self._into(output, plan, counts, self.comm.reduce_scatter, input)
 
     def dp_gather_partial_async(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
@@ -392,7 +398,8 @@ class DpAttention:
         persistent event for ``event_key`` (``torch.cuda.current_stream().wait_event(ev)``
         before reading ``global_tokens``); None on CPU, where the call has completed."""
         plan, counts = self.plan_of(forward_batch)
-        self._check_rows("global_tokens", global_tokens, plan.global_rows)
+        self._checked("dp_gather_partial_async", plan, lambda: self._check_rows(
+            "global_tokens", global_tokens, plan.global_rows))
         _, work = self.comm.gather_async(local_tokens, plan, partial=True, counts=counts,
                                          out=global_tokens, key=event_key)
         return work.event
@@ -404,8 +411,8 @@ class DpAttention:
         each replica's slot) on the comm stream, into ``output_local`` (``sizes[d]``
         rows). Returns the persistent event for ``event_key`` (None on CPU)."""
         plan = self.plans.cached((PaddingMode.GATHERV, "rs", tuple(int(x) for x in sizes)),
-                            lambda: dpx.plan_step([int(x) for x in sizes], self.layout,
-                                                  mode=PaddingMode.GATHERV))
+                                 lambda: dpx.plan_step([int(x) for x in sizes], self.layout,
+                                                       mode=PaddingMode.GATHERV))
         _, work = self.comm.reduce_scatter_async(global_tokens, plan, out=output_local,
                                                  key=event_key)
         return work.event
@@ -445,17 +452,33 @@ class DpAttention:
                                 f"step's plan needs {rows} rows (set_dp_buffer_len and the "
                                 f"forward batch's counts must describe the same step)")
 
+    def _checked(self, label: str, plan: DpPlan, check: Callable[[], None]) -> None:
+        """The drop-in's own checks of a call's buffers: under ``validate=True`` inside
+        the communicator's exchange (every rank raises the same error, as for its
+        calls)."""
+        full = self.comm.full
+        if self.comm.validate and full is not None:
+            full.checked(f"sglang.{label}", plan, None, None, None, check)
+        else:
+            check()
+
+    def _check_out(self, dst: torch.Tensor, plan: DpPlan, counts: torch.Tensor | None) -> None:
+        """An output of this replica's rows (:meth:`_into`): any tensor of at least the
+        rows it receives (its real rows; its slot with device counts)."""
+        if not isinstance(dst, torch.Tensor) or dst.dim() < 1:
+            raise DpxTypeError(f"the output must be a tensor, got {type(dst).__name__}")
+        d = self.coords.attn_dp_rank
+        need = plan.slot_rows[d] if counts is not None else plan.num_tokens[d]
+        if dst.shape[0] < need:
+            raise DpxValueError(f"the output has {dst.shape[0]} rows; replica {d} has "
+                                f"{need} rows to receive")
+
     def _into(self, dst: torch.Tensor, plan: DpPlan, counts: torch.Tensor | None,
               op, src: torch.Tensor) -> None:
         """``op(src, plan, counts=counts, out=...)`` writes this replica's
-        ``plan.slot_rows[d]``-row result; ``dst`` gets it, longer ``dst`` its tail zeroed,
-        shorter ``dst`` (at least the real count: the rest are pad rows) the head."""
+        ``plan.slot_rows[d]``-row result; ``dst`` (:meth:`_check_out`) gets it, longer
+        ``dst`` its tail zeroed, shorter ``dst`` the head."""
         rows = plan.slot_rows[self.coords.attn_dp_rank]
-        if type(dst) is torch.Tensor and dst.shape[0] == rows:
-            op(src, plan, counts=counts, out=dst)
-            return
-        if not isinstance(dst, torch.Tensor) or dst.dim() < 1:
-            raise DpxTypeError(f"the output must be a tensor, got {type(dst).__name__}")
         n = dst.shape[0]
         if n == rows:
             op(src, plan, counts=counts, out=dst)
@@ -463,11 +486,6 @@ class DpAttention:
             op(src, plan, counts=counts, out=dst[:rows])
             dst[rows:].zero_()
         else:
-            need = rows if counts is not None else \
-                plan.num_tokens[self.coords.attn_dp_rank]
-            if n < need:
-                raise DpxValueError(f"the output has {n} rows; replica "
-                                    f"{self.coords.attn_dp_rank} has {need} rows to receive")
             dst.copy_(op(src, plan, counts=counts)[:n])
 
 

@@ -15,7 +15,6 @@ from dpx.geometry import equal_slots
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 from dpx.plan import DpPlan
-from dpx_torch.agreement import Agreement
 from dpx_torch.lru import LRU
 
 __all__ = ["StepPlans"]
@@ -23,11 +22,12 @@ __all__ = ["StepPlans"]
 
 class StepPlans:
     """One drop-in's plans. ``mode_of(padding)``: the dpx mode of a step in sglang's
-    padding mode (None: the forward's recorded one)."""
+    padding mode (None: the forward's recorded one); ``sync_shards``: the communicator's
+    (:meth:`dpx_torch.DpComm.sync_shards`)."""
 
-    def __init__(self, layout: DpLayout, agreement: Agreement,
+    def __init__(self, layout: DpLayout, sync_shards: Callable[..., Any],
                  mode_of: Callable[[Any], PaddingMode], limit: int) -> None:
-        self.layout, self.agreement, self._mode_of = layout, agreement, mode_of
+        self.layout, self._sync_shards, self._mode_of = layout, sync_shards, mode_of
         self.global_len = 0
         self.local_len = 0
         self.max_padding = True
@@ -83,7 +83,7 @@ class StepPlans:
             if cp_shard_counts is None or self.layout.cp_size == 1:
                 return self.cached((mode, counts), lambda: dpx.plan_step(
                     list(counts), self.layout, mode=mode)), None
-            table = self.agreement.sync_shards(cp_shard_counts, counts)
+            table = self._sync_shards(cp_shard_counts, counts)
             return self.cached((mode, counts, table), lambda: dpx.plan_step(
                 list(counts), self.layout, mode=mode, cp_shards=table)), None
         if cp_shard_counts is not None and self.layout.cp_size > 1:

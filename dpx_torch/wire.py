@@ -134,7 +134,7 @@ def _dequantize_fp4(src: torch.Tensor, out: torch.Tensor, wire: Wire, g: float |
     em = torch.tensor(W.E2M1_VALUES, dtype=torch.float64)[(c & 7).long()]
     sb = scales.int()
     if wire is Wire.NVFP4:
-        s = (sb & W.NAN_CODE).to(torch.uint8).view(torch.float8_e4m3fn).float()
+        s = (sb & 0x7F).to(torch.uint8).view(torch.float8_e4m3fn).float()   # magnitude bits
         v = ((em.float() * s[..., None]) / torch.full((1,), g)).double()
     else:
         v = em * torch.pow(2.0, (sb - 127).double())[..., None]

@@ -9,9 +9,10 @@ cannot take the GIL and the process aborts ("terminate called without an active
 exception", 6 of 12 runs under load before: 8 runs all pass by chance 1 time in 256).
 The same abort came from prepared ops held past the teardown (10 of 30 runs) and from a
 reference cycle through a ``validate=True`` error's traceback (7 of 10). The deterministic
-tests check the cause (no group survives the teardown; with the cyclic garbage collector
-off for the last two, so a cycle cannot hide); the last runs every script variant several
-times, 4 at once (their processes load the two cores), and checks every exit status.
+test checks the cause (no group survives the teardown; with the cyclic garbage collector
+off for the last two variants, so a cycle cannot hide); the last runs every script variant
+with dp 2 and 1, 4 at once (their processes load the two cores), and checks every exit
+status (``benchmarks/exit_stress.py`` repeats them many times).
 """
 
 from __future__ import annotations
@@ -35,23 +36,27 @@ def _run(dp: int, variant: str) -> subprocess.CompletedProcess:
         env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-@pytest.mark.parametrize("variant", ["refs", "refs_at_exit", "prepared_refs",
-                                     "validate_refs"])
-def test_no_process_group_outlives_the_teardown(variant):
+def _run_all(runs: list[tuple[int, str]]) -> list[subprocess.CompletedProcess]:
+    """Every run, 4 at once (their processes load the two cores)."""
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda a: _run(*a), runs))
+
+
+def test_no_process_group_outlives_the_teardown():
     """After ``destroy()`` (or the exit hook) and ``dist.destroy_process_group()``, no
     process group the communicator used is alive -- with prepared ops still held, and
     after a caught ``validate=True`` error -- so their worker threads are joined before
-    the interpreter finalizes."""
-    p = _run(1, variant)     # dp 1: attn-tp 2, a subgroup the communicator owns
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stdout.count("alive=0") == 2, p.stdout + p.stderr
+    the interpreter finalizes. dp 1: attn-tp 2, a subgroup the communicator owns."""
+    variants = ["refs", "refs_at_exit", "prepared_refs", "validate_refs"]
+    for v, p in zip(variants, _run_all([(1, v) for v in variants])):
+        assert p.returncode == 0, (v, p.stdout + p.stderr)
+        assert p.stdout.count("alive=0") == 2, (v, p.stdout + p.stderr)
 
 
 def test_scripts_exit_zero_under_load():
-    runs = [(dp, v) for dp in (2, 1)
-            for v in ("both", "pg_only", "prepared", "validate_error")] * 2
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda a: _run(*a), runs))
-    bad = [(a, p.returncode, p.stderr[-400:]) for a, p in zip(runs, results)
+    """Each teardown, with dp 2 and 1, 4 scripts at once: exit status 0 every time
+    (``benchmarks/exit_stress.py`` runs them many times)."""
+    runs = [(dp, v) for dp in (2, 1) for v in ("both", "pg_only", "prepared", "validate_error")]
+    bad = [(a, p.returncode, p.stderr[-400:]) for a, p in zip(runs, _run_all(runs))
            if p.returncode != 0 or p.stdout.count("ok") != 2]
     assert not bad, bad

@@ -275,6 +275,10 @@ def test_the_nvfp4_scale_the_format_implies():
         TorchPasses().quantize(x, 0, 1, out, Wire.NVFP4, wrong)
         TorchPasses().dequantize(out, back, Wire.NVFP4, wrong)
         assert check(back), (wrong, back)
-    for bad in (0.0, -1.0, float("inf"), 1e-30, True):
+    for bad in (0.0, -1.0, float("inf"), float("nan"), 1e-30):
         with pytest.raises(dpx.DpxValueError, match="nvfp4_scale"):
             nvfp4_scale(bad)
+    for bad in (True, "4", None, [4.0]):
+        with pytest.raises(dpx.DpxTypeError, match="amax must be a number"):
+            nvfp4_scale(bad)
+    assert nvfp4_scale(torch.tensor(4.0)) == nvfp4_scale(np.float32(4.0)) == g

@@ -39,7 +39,7 @@ def test_a_hot_prepared_op_survives_a_stream_of_one_off_calls(world1):
     hot_plan = dpx.plan_step([5], L1, mode="sum_len")
     x, out = torch.ones(5, 8), torch.empty(5, 8)
     key = CallKey("gather", hot_plan, True, dpx.Wire.NATIVE, True, x.shape, x.dtype,
-                  x.device, False, True)
+                  x.device, counts=False, out=True, in_place=False)
     comm.gather(x, hot_plan, partial=True, out=out)
     hot = comm.prepared.ops.hit(key)
     assert hot is not None
@@ -91,6 +91,38 @@ def test_a_class_of_calls_admits_only_what_the_full_path_admits(world1):
     comm.destroy()
 
 
+def test_a_class_of_calls_admits_only_counts_of_its_shape(world1):
+    """Device counts of the wrong shape on a new plan of a known structure take the full
+    path's error, as on a first call."""
+    comm = DpComm(L1)
+    for n in (3, 4):
+        p = dpx.plan_step([n], L1, capacity=8)
+        comm.gather(torch.ones(8, 4), p, partial=True,
+                    counts=torch.tensor([n], dtype=torch.int32))
+    p = dpx.plan_step([5], L1, capacity=8)
+    with pytest.raises(dpx.DpxTypeError, match="counts must be a contiguous int32 tensor"):
+        comm.gather(torch.ones(8, 4), p, partial=True,
+                    counts=torch.tensor([5, 0, 0], dtype=torch.int32))
+    comm.destroy()
+
+
+def test_in_place_and_separate_gathers_keep_their_own_ops(world1):
+    """An in-place gather and a gather from a separate input of the same shape are two
+    programs: both stay prepared when they alternate (no rebinding every call)."""
+    comm = DpComm(L1)
+    plan = dpx.plan_step([5], L1, mode="max_len")
+    out, other = torch.empty(5, 8), torch.ones(5, 8)
+    slot = comm.local_slot(out, plan)
+    slot.fill_(2.0)
+    ops = set()
+    for _ in range(3):
+        assert torch.equal(comm.gather(slot, plan, partial=True, out=out), torch.full((5, 8), 2.0))
+        assert torch.equal(comm.gather(other, plan, partial=True, out=torch.empty(5, 8)), other)
+        ops.add(tuple(id(op) for op in comm.prepared.ops.values()))
+    assert len(ops) == 1 and len(comm.prepared.ops) == 2
+    comm.destroy()
+
+
 def test_a_scalar_gets_the_row_rule_on_every_path(world1):
     """A 0-d input after calls of 1-d inputs (whose class has the same trailing shape)
     raises the row-dimension rule, not an IndexError."""
@@ -101,6 +133,10 @@ def test_a_scalar_gets_the_row_rule_on_every_path(world1):
     for p in (plan, dpx.plan_step([2], L1)):
         with pytest.raises(dpx.DpxValueError, match="local must have a row dimension"):
             comm.gather(torch.tensor(1.0), p, partial=False)
+    comm.gather(torch.ones(3), plan, partial=False, out=torch.empty(3))
+    for bad in ([1, 2], "out"):
+        with pytest.raises(dpx.DpxTypeError, match="out must be a torch.Tensor"):
+            comm.gather(torch.ones(3), plan, partial=False, out=bad)
     comm.destroy()
 
 
@@ -136,11 +172,13 @@ def test_validate_runs_the_full_path_on_one_rank(world1):
     op(x)
     comm.gather(x, plan, partial=True)
     comm.scatter(x, plan)
-    assert calls == ["gather", "gather", "scatter"]
+    y = comm.gather(x.clone().requires_grad_(), plan, partial=True)
+    y.sum().backward()                      # the backward's collective is exchanged too
+    assert calls == ["gather", "gather", "scatter", "gather", "reduce_scatter"]
     comm.validate = False
     op(x)
     comm.gather(x, plan, partial=True)
-    assert len(calls) == 3
+    assert len(calls) == 5
     comm.destroy()
 
 
@@ -164,14 +202,27 @@ def test_validate_holds_for_every_call_form(gloo_worlds):
               "prepared_columns": "ranks disagree on width: 2 on ranks [0, 1, 2]; 3 on "
                                   "ranks [3]",
               "async": "ranks disagree on the plan's num_tokens",
-              "dropin": "ranks disagree on op: 'scatter' on ranks [0]; 'reduce_scatter'",
-              "switched_on": "ranks disagree on the plan's num_tokens"}
+              "dropin": "ranks disagree on op: 'sglang.dp_scatter' on ranks [0]; "
+                        "'sglang.dp_reduce_scatter_tensor'",
+              "switched_on": "ranks disagree on the plan's num_tokens",
+              "dropin_rows": "rank 2 rejected its input (DpxValueError: global_tokens has "
+                             "shape (5, 6)",
+              "batch_vs_one": "ranks disagree on op: 'gather of 2 tensors' on ranks [0]; "
+                              "'gather' on ranks [1, 2, 3]"}
     for key, text in expect.items():
         msgs = {(r[key]["cls"], r[key]["msg"]) for r in res}
         assert len(msgs) == 1, (key, msgs)
         cls, msg = msgs.pop()
         assert cls is not None and text in msg, (key, cls, msg)
     assert all(r["ok"] for r in res)
+
+
+def test_destroy_leaves_no_group_behind(gloo_worlds):
+    """The sglang drop-in, a prepared op and an autograd graph hold no reference to a
+    destroyed communicator's groups; a backward after destroy() raises its error."""
+    for r in gloo_worlds(4).run("trust_jobs:destroy_drops_the_groups"):
+        assert r["owned"] == 1 and r["alive"] == 0 and r["prep"], r
+        assert "this DpComm was destroyed" in r["backward"], r
 
 
 def test_validate_keeps_the_error_class(gloo_worlds):

@@ -69,7 +69,13 @@ def validate_forms(ctx) -> dict:
     sg.dp_gather_partial(glob, x[:[3, 2][d]], batch)
     res["dropin"] = _one(lambda: sg.dp_scatter(loc, glob, batch) if r == 0 else
                          sg.dp_reduce_scatter_tensor(loc, glob))
+    short = torch.zeros(sp.global_rows - 1, 6)
+    res["dropin_rows"] = _one(lambda: sg.dp_gather_partial(short if r == 2 else glob,
+                                                           x[:[3, 2][d]], batch))
     sg.teardown()
+    # several tensors on one rank, one tensor on the others
+    res["batch_vs_one"] = _one(lambda: comm.gather((x, x) if r == 0 else x, plan,
+                                                   partial=True))
     # validate switched on after ops were prepared without it
     plain = ctx.comm(layout)
     pop = plain.prepare_gather(x, plan, partial=True)
@@ -102,3 +108,30 @@ def validate_kinds(ctx) -> dict:
         disagree=_one(lambda: comm.gather(x, plan, partial=r != 0)),
         scalar=raised(lambda: comm.gather(torch.tensor(1.0), plan, partial=False)),
     )
+
+
+def destroy_drops_the_groups(ctx) -> dict:
+    """The drop-in, an autograd graph and a held prepared op do not keep a destroyed
+    communicator's groups: after ``destroy()`` no reference to its own subgroup is left,
+    and a backward through a dpx call refuses to run."""
+    import gc
+    import weakref
+
+    import dpx_torch.sglang as sg
+    from dpx_torch import DpComm
+
+    layout = dpx.DpLayout(4, 2)                       # attn-tp 2: a subgroup it owns
+    comm = DpComm(layout)
+    owned = [weakref.ref(g) for g in comm.groups.owned]
+    sg.setup(comm, hidden_size=4, dtype=torch.float32, device="cpu")
+    plan = dpx.plan_step([3, 2], layout)
+    x = torch.ones(3, 4, requires_grad=True)
+    y = comm.gather(x, plan, partial=True)            # a graph through dpx
+    op = comm.prepare_gather(x.detach(), plan, partial=True)
+    op(x.detach())
+    comm.destroy()
+    gc.collect()
+    res = dict(owned=len(owned), alive=sum(w() is not None for w in owned),
+               prep=op.prep is None, backward=raised(lambda: y.sum().backward()))
+    sg.teardown()
+    return res

@@ -1,6 +1,6 @@
 """The private torch and Triton APIs dpx_torch uses, each in one small module that names the
 versions it was checked on and falls back to the public API when the private one is
-missing or fails on its first use (tests/test_private.py forces every fallback):
+missing or fails on its first use (tests/test_shims.py forces every fallback):
 
 ========================  ==========================================  ===========================
 module                    private                                     public fallback

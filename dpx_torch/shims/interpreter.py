@@ -37,12 +37,16 @@ def _private() -> tuple[Any, Any] | None:
     return InterpretedFunction, JITFunction
 
 
+#: Held while ``JITFunction.__call__`` is patched: the attribute is process-wide, so is the
+#: lock (any number of :class:`Interpreter` objects share it).
+_PATCH_LOCK = threading.RLock()
+
+
 class Interpreter:
-    """Interpreted launches (see the module docstring); one per process is enough, several
-    are safe (each holds a lock; the patch is restored after every launch)."""
+    """Interpreted launches (see the module docstring); the patch is made under one
+    process-wide lock and restored after every launch."""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
         self._api = _private()
         #: jit function -> its interpreted (rewritten) Python function: a fixed set
         self._rewritten: dict[Any, Callable[..., Any]] = {}
@@ -69,7 +73,7 @@ class Interpreter:
                 f = rewritten[fn.fn] = self._api[0](fn.fn).rewrite()
             return f(*a, **k)
 
-        with self._lock:
+        with _PATCH_LOCK:
             saved = jit_function.__call__
             jit_function.__call__ = call
             try:

@@ -39,9 +39,11 @@ def _options(cls_name: str, *, reduce: bool) -> Any:
 
 def method_call(group: Any, method_name: str, opts_name: str, public: Callable[..., Any], *,
                 reduce: bool, listed: bool = False) -> FirstUse:
-    """``.fn(*tensors)``: the collective ``method_name`` of ``group`` with its options,
-    waited on (``listed``: the method takes its one tensor in a list), or ``public(*tensors,
-    group=group)``."""
+    """``.fn(*tensors) -> work``: the collective ``method_name`` of ``group`` with its
+    options (``listed``: the method takes its one tensor in a list), whose work the caller
+    waits on, or ``public(*tensors, group=group)``, synchronous (``None``). The first use
+    covers the call alone: a failing ``wait()`` is the collective's own error, never
+    retried through the public function."""
     method = getattr(group, method_name, None)
     opts = _options(opts_name, reduce=reduce)
 
@@ -52,13 +54,9 @@ def method_call(group: Any, method_name: str, opts_name: str, public: Callable[.
         return FirstUse(None, by_public)
 
     if listed:
-        def private(buf: Any) -> None:
-            work = method([buf], opts)
-            if work is not None:
-                work.wait()
+        def private(buf: Any) -> Any:
+            return method([buf], opts)
     else:
-        def private(out: Any, inp: Any) -> None:
-            work = method(out, inp, opts)
-            if work is not None:
-                work.wait()
+        def private(out: Any, inp: Any) -> Any:
+            return method(out, inp, opts)
     return FirstUse(private, by_public)
