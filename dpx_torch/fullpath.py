@@ -31,7 +31,7 @@ from dpx_torch.rows import overlaps
 from dpx_torch.runner import Call, Runner
 from dpx_torch.wire import split_wire
 
-__all__ = ["FullPath", "flat_counts", "gather_label", "in_place", "inside", "wire_key"]
+__all__ = ["FullPath", "flat_counts", "gather_label", "in_place", "wire_key"]
 
 _compiling = torch.compiler.is_compiling
 Tensors = tuple[torch.Tensor, ...]
@@ -261,13 +261,6 @@ class FullPath:
         res = batch(preps, [(t, new_out(p, t), c) for p, t in zip(preps, tensors)])
         return tuple(split_wire(r, p.shape.wire) if p.out_wire else r
                      for r, p in zip(res, preps))
-
-
-def inside(x: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether ``x``'s first byte lies inside ``out`` (an in-place gather's input does: its
-    :class:`~dpx_torch.prepared.CallKey` says so; :func:`in_place` checks the rest)."""
-    o = out.data_ptr()
-    return o <= x.data_ptr() < o + out.nbytes
 
 
 def in_place(layout: DpLayout, rank: int, local: Any, out: Any, plan: Any, counts: Any) -> bool:

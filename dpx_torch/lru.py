@@ -49,6 +49,12 @@ class LRU:
         self._order.move_to_end(e[1])
         return e[0]
 
+    def lookups(self) -> tuple[Any, Any]:
+        """``(get, touch)`` for a hot path that inlines :meth:`hit`: ``e = get(key)`` is
+        ``None`` or ``[value, tag]``, and ``touch(e[1])`` refreshes the entry (bound once;
+        valid for the cache's life)."""
+        return self._map.get, self._order.move_to_end
+
     def put(self, key: Any, value: Any) -> Any:
         """Keep ``value`` under ``key`` as the most recently used entry, evicting the least
         recently used one past the limit; returns ``value``."""

@@ -38,6 +38,7 @@ from dpx.schedule import TemplateKey
 from dpx_torch.lifecycle import Lifecycle
 from dpx_torch.lru import LRU
 from dpx_torch.program import CallShape, Host, PreparedCall
+from dpx_torch.rows import inside
 from dpx_torch.wire import split_wire
 
 __all__ = ["CallKey", "ClassKey", "PreparedClass", "PreparedOp", "PreparedOps"]
@@ -221,6 +222,7 @@ class PreparedOps:
         self.life, self.runner = life, runner
         self.ops = LRU(limit)
         self.classes = LRU(limit)
+        self._get, self._touch = self.ops.lookups()
         self._full, self._in_place = full, in_place
         self._held: weakref.WeakSet[PreparedOp] = weakref.WeakSet()
 
@@ -231,13 +233,15 @@ class PreparedOps:
              out: torch.Tensor | None) -> PreparedOp | None:
         """The fast path's lookup: the kept op of ``key`` when it admits these tensors, or
         one made from the class of ``key``'s structure (kept), or None: the call needs
-        the full path."""
-        op = self.ops.hit(key)
-        if op is not None:
-            return op if op.admits(x, counts, out) else None
-        if not isinstance(key.plan, DpPlan) or (out is not None and out.dim() < 1) \
-                or x.dim() < 1:
-            return None
+        the full path, or (an input inside ``out`` looked up under a key that is not in
+        place) its in-place key."""
+        e = self._get(key)            # ops.hit(key), inlined
+        if e is not None:
+            self._touch(e[1])
+            return e[0] if e[0].admits(x, counts, out) else None
+        if not isinstance(key.plan, DpPlan) or x.dim() < 1 or (out is not None and (
+                out.dim() < 1 or (not key.in_place and inside(x, out)))):
+            return None   # the full path's errors, or an in-place gather's own key
         cls = self.classes.hit(ClassKey.of(key))
         if cls is None:
             return None

@@ -30,7 +30,7 @@ from dpx.kernels.launch import Tile
 from dpx_torch import ops
 from dpx_torch.passes import Index, Passes, passes_for
 
-__all__ = ["check_out", "Index", "overlaps", "pack_rows", "place_rows", "take_rows",
+__all__ = ["check_out", "Index", "inside", "overlaps", "pack_rows", "place_rows", "take_rows",
            "unpack_rows", "zero_rows_"]
 
 
@@ -47,6 +47,14 @@ def _split_index(name: str, value: Index, device: torch.device) -> tuple[torch.T
     if value < 0 or value >= 2**31:
         raise DpxValueError(f"{name}={value} must be in [0, 2**31)")
     return None, value
+
+
+def inside(x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether ``x``'s first byte lies inside ``out``: an in-place gather's input does (its
+    prepared op has a key of its own; :func:`dpx_torch.fullpath.in_place` checks that it
+    is exactly this rank's slot)."""
+    o = out.data_ptr()
+    return o <= x.data_ptr() < o + out.nbytes
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

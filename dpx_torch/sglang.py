@@ -172,6 +172,7 @@ class DpAttention:
         self._is_extend = False
         #: the forward's buffer lengths, padding and counts, and its plans
         self.plans = StepPlans(self.layout, comm.sync_shards, self._mode, PLAN_CACHE)
+        self._life = comm._life   # whether the communicator validates (read per call)
 
     def _cp_group(self, given: dist.ProcessGroup | None
                   ) -> tuple[dist.ProcessGroup | None, tuple]:
@@ -347,8 +348,11 @@ class DpAttention:
                 forward_batch: Any, partial: bool,
                 cp_shard_counts: Sequence[int] | None = None) -> None:
         plan, counts = self.plan_of(forward_batch, cp_shard_counts)
-        self._checked("dp_gather", plan, lambda: self._check_rows(
-            "global_tokens", global_tokens, plan.global_rows))
+        if self._life.validate:
+            self._checked("dp_gather", plan, self._check_rows, "global_tokens", global_tokens,
+                          plan.global_rows)
+        else:
+            self._check_rows("global_tokens", global_tokens, plan.global_rows)
         self.comm.gather(local_tokens, plan, partial=partial, counts=counts, out=global_tokens)
 
     def dp_gather_partial(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
@@ -374,7 +378,8 @@ class DpAttention:
         ``cp_shard_counts``: this rank's CP shard's); its other rows are zeroed
         (``local_tokens`` may be longer, padded for a CUDA graph)."""
         plan, counts = self.plan_of(forward_batch, cp_shard_counts)
-        self._checked("dp_scatter", plan, lambda: self._check_out(local_tokens, plan, counts))
+        if self._life.validate:   # (without, _into raises these on this rank)
+            self._checked("dp_scatter", plan, self._check_out, local_tokens, plan, counts)
         self._into(local_tokens, plan, counts, self.comm.scatter, global_tokens)
 
     def dp_reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
@@ -384,11 +389,8 @@ class DpAttention:
         unlike sglang's with attn_tp > 1)."""
         plan, counts = self.plans.combine_plan(input.shape[0] if isinstance(input, torch.Tensor)
                                                else -1)
-
-        def check() -> None:
-            self._check_rows("input", input, plan.global_rows)
-            self._check_out(output, plan, counts)
-        self._checked("dp_reduce_scatter_tensor", plan, check)
+        self._checked("dp_reduce_scatter_tensor", plan, self._check_combine, input, output,
+                      plan, counts)
         self._into(output, plan, counts, self.comm.reduce_scatter, input)
 
     def dp_gather_partial_async(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
@@ -398,8 +400,8 @@ class DpAttention:
         persistent event for ``event_key`` (``torch.cuda.current_stream().wait_event(ev)``
         before reading ``global_tokens``); None on CPU, where the call has completed."""
         plan, counts = self.plan_of(forward_batch)
-        self._checked("dp_gather_partial_async", plan, lambda: self._check_rows(
-            "global_tokens", global_tokens, plan.global_rows))
+        self._checked("dp_gather_partial_async", plan, self._check_rows, "global_tokens",
+                      global_tokens, plan.global_rows)
         _, work = self.comm.gather_async(local_tokens, plan, partial=True, counts=counts,
                                          out=global_tokens, key=event_key)
         return work.event
@@ -452,15 +454,23 @@ class DpAttention:
                                 f"step's plan needs {rows} rows (set_dp_buffer_len and the "
                                 f"forward batch's counts must describe the same step)")
 
-    def _checked(self, label: str, plan: DpPlan, check: Callable[[], None]) -> None:
-        """The drop-in's own checks of a call's buffers: under ``validate=True`` inside
-        the communicator's exchange (every rank raises the same error, as for its
-        calls)."""
-        full = self.comm.full
-        if self.comm.validate and full is not None:
-            full.checked(f"sglang.{label}", plan, None, None, None, check)
+    def _checked(self, label: str, plan: DpPlan, check: Callable[..., None],
+                 *args: Any) -> None:
+        """``check(*args)``, the drop-in's own checks of a call's buffers: under
+        ``validate=True`` inside the communicator's exchange (every rank raises the same
+        error, as for its calls; the hot calls test ``validate`` themselves and call their
+        check directly without it)."""
+        if self._life.validate and self.comm.full is not None:
+            self.comm.full.checked(f"sglang.{label}", plan, None, None, None,
+                                   lambda: check(*args))
         else:
-            check()
+            check(*args)
+
+    def _check_combine(self, input: torch.Tensor, output: torch.Tensor, plan: DpPlan,
+                       counts: torch.Tensor | None) -> None:
+        self._check_rows("input", input, plan.global_rows)
+        if self._life.validate:   # (without, _into raises these on this rank)
+            self._check_out(output, plan, counts)
 
     def _check_out(self, dst: torch.Tensor, plan: DpPlan, counts: torch.Tensor | None) -> None:
         """An output of this replica's rows (:meth:`_into`): any tensor of at least the
@@ -476,13 +486,15 @@ class DpAttention:
     def _into(self, dst: torch.Tensor, plan: DpPlan, counts: torch.Tensor | None,
               op, src: torch.Tensor) -> None:
         """``op(src, plan, counts=counts, out=...)`` writes this replica's
-        ``plan.slot_rows[d]``-row result; ``dst`` (:meth:`_check_out`) gets it, longer
-        ``dst`` its tail zeroed, shorter ``dst`` the head."""
+        ``plan.slot_rows[d]``-row result; ``dst`` gets it, longer ``dst`` its tail zeroed,
+        shorter ``dst`` (at least the rows it receives: :meth:`_check_out`) the head."""
         rows = plan.slot_rows[self.coords.attn_dp_rank]
-        n = dst.shape[0]
-        if n == rows:
+        if type(dst) is torch.Tensor and dst.shape[0] == rows:
             op(src, plan, counts=counts, out=dst)
-        elif n > rows:
+            return
+        self._check_out(dst, plan, counts)
+        n = dst.shape[0]
+        if n > rows:
             op(src, plan, counts=counts, out=dst[:rows])
             dst[rows:].zero_()
         else:
