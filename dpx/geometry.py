@@ -26,7 +26,7 @@ from typing import Any, Callable, NamedTuple
 from dpx.layout import DpLayout
 from dpx.modes import Group, PaddingMode
 
-__all__ = ["capacity_rows", "equal_slots", "Geometry", "geometry", "INTS", "Ints", "slots",
+__all__ = ["capacity_of", "capacity_rows", "equal_slots", "Geometry", "geometry", "INTS", "Ints", "slots",
            "Structure"]
 
 
@@ -276,6 +276,13 @@ def capacity_rows(capacity: int, mode: PaddingMode, dp: int, m: int) -> tuple[in
     GATHERV: the whole buffer's)."""
     c = INTS.ceil_align(capacity, m)
     return capacity, c * dp if mode is PaddingMode.MAX_LEN else c, c
+
+
+def capacity_of(mode: PaddingMode, slot_rows: int, global_rows: int) -> int:
+    """The ``capacity=`` of a plan in ``mode`` for buffers of ``slot_rows`` rows per slot
+    and ``global_rows`` in all: a MAX_LEN capacity is a slot's rows, a SUM_LEN / GATHERV
+    capacity the whole buffer's (the other side of :func:`capacity_rows`)."""
+    return slot_rows if mode is PaddingMode.MAX_LEN else global_rows
 
 
 def equal_slots(global_rows: int, dp: int) -> tuple[int, tuple[int, ...]]:

@@ -42,7 +42,7 @@ from dpx_torch.fullpath import FullPath, flat_counts, in_place
 from dpx_torch.groups import DpGroups, adopt_groups, build_groups, mesh_groups
 from dpx_torch.lifecycle import Lifecycle, end_groups, exit_hook
 from dpx_torch.overlap import DpWork
-from dpx_torch.padrows import mask_pad_rows, pad_row_mask
+from dpx_torch.padrows import pad_row_mask
 from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps
 from dpx_torch.rows import inside
 from dpx_torch.runner import CacheLimits, Runner
@@ -358,14 +358,7 @@ class DpComm:
         captured graph replays it) and, with device counts, their check (the overflow
         flag)."""
         self._life.check()
-        self.checks.plan(plan)
-        runner = self.runner
-        passes = runner.passes_for(t.device) if isinstance(t, torch.Tensor) else None
-        out = mask_pad_rows(t, plan, counts=counts, fill=fill, tables=runner.tables,
-                            passes=passes)
-        if counts is not None:
-            runner.flags.check(flat_counts(counts), plan.count_rule, passes)
-        return out
+        return self.full.mask_pad_rows(t, plan, counts, fill)
 
     def pad_row_mask(self, plan: DpPlan, *, counts: torch.Tensor | None = None,
                      device: torch.device | str | None = None) -> torch.Tensor:

@@ -25,6 +25,7 @@ from dpx.plan import DpPlan
 from dpx_torch.agreement import Agreement
 from dpx_torch.autograd import OpFunction
 from dpx_torch.checks import InputChecks
+from dpx_torch.padrows import mask_pad_rows
 from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps
 from dpx_torch.program import PreparedCall
 from dpx_torch.rows import overlaps
@@ -175,6 +176,18 @@ class FullPath:
     def in_place(self, local: Any, out: Any, plan: Any, counts: Any) -> bool:
         """:func:`in_place` for this rank."""
         return in_place(self.layout, self.rank, local, out, plan, counts)
+
+    def mask_pad_rows(self, t: Any, plan: Any, counts: Any, fill: int | float) -> Any:
+        """:meth:`DpComm.mask_pad_rows`: the communicator's device tables, and with device
+        counts their check (the overflow flag)."""
+        self.checks.plan(plan)
+        runner = self.runner
+        passes = runner.passes_for(t.device) if isinstance(t, torch.Tensor) else None
+        out = mask_pad_rows(t, plan, counts=counts, fill=fill, tables=runner.tables,
+                            passes=passes)
+        if counts is not None:
+            runner.flags.check(flat_counts(counts), plan.count_rule, passes)
+        return out
 
     def slot_of(self, out: Any, plan: Any, counts: Any) -> torch.Tensor:
         """This rank's rows of a gather's output ``out`` (:meth:`DpComm.local_slot_for`)."""

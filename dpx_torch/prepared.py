@@ -20,7 +20,11 @@ drops every held op's program (and so every reference it kept to a process group
 first out, ``CacheLimits.calls`` entries), keyed by :class:`CallKey`: every call form
 looks its program up there -- the implicit fast path, the full path, autograd (forward and
 backward), ``*_async`` and several-tensor gathers. It hands out the explicit ops of
-``prepare_*`` and keeps track of them for ``destroy()``.
+``prepare_*`` and keeps track of them for ``destroy()``. With each op of the default form
+it keeps its :class:`PreparedClass`: what the ops of one plan *structure* share, from
+which a plan of that structure with new counts (a serving step's first call of each op) is
+prepared without the full path -- its rows, ``out=`` and device counts checked against the
+structure, the schedule template evaluated for the counts, the program bound.
 """
 
 from __future__ import annotations
@@ -138,6 +142,8 @@ class PreparedOp:
     def __call__(self, x: torch.Tensor, *, counts: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> Any:
         if self.life.fast and type(x) is torch.Tensor and not _compiling() \
+                and (out is None or type(out) is torch.Tensor) \
+                and (counts is None or type(counts) is torch.Tensor) \
                 and x.shape == self.shape and x.dtype is self.dtype \
                 and x.device == self.device and self.admits(x, counts, out):
             return self.run(x, counts, out)

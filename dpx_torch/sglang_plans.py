@@ -11,7 +11,7 @@ import torch
 
 import dpx
 from dpx.errors import DpxValueError
-from dpx.geometry import equal_slots
+from dpx.geometry import capacity_of, equal_slots
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 from dpx.plan import DpPlan
@@ -98,7 +98,7 @@ class StepPlans:
     def device_plan(self, mode: PaddingMode, dev: torch.Tensor
                      ) -> tuple[DpPlan, torch.Tensor]:
         """The capacity plan of a step with device counts only, and the counts."""
-        cap = self.local_len if mode is PaddingMode.MAX_LEN else self.global_len
+        cap = capacity_of(mode, self.local_len, self.global_len)
         plan = self.cached((mode, "capacity", cap), lambda: dpx.plan_step(
             [0] * self.layout.dp_size, self.layout, mode=mode, capacity=cap))
         counts = dev if dev.dtype == torch.int32 and dev.is_contiguous() else \
