@@ -38,12 +38,13 @@ from dpx.schedule import Schedule, build_schedule
 from dpx_torch.agreement import Agreement
 from dpx_torch.checks import InputChecks
 from dpx_torch.exchange import CountsExchange
-from dpx_torch.fullpath import FullPath, flat_counts, in_place
+from dpx_torch.fullpath import FullPath, in_place
 from dpx_torch.groups import DpGroups, adopt_groups, build_groups, mesh_groups
 from dpx_torch.lifecycle import Lifecycle, end_groups, exit_hook
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import pad_row_mask
 from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps
+from dpx_torch.program import flat_counts
 from dpx_torch.rows import inside
 from dpx_torch.runner import CacheLimits, Runner
 
@@ -180,16 +181,14 @@ class DpComm:
                 and (out is None or type(out) is torch.Tensor) \
                 and (counts is None or type(counts) is torch.Tensor) and not _compiling() \
                 and (wire_scale is None or type(wire_scale) is float):
-            wkey = wire if wire_scale is None else (wire, wire_scale)
+            fields = (_GATHER, plan, partial,   # wire_key(wire, wire_scale), inlined
+                      wire if wire_scale is None else (wire, wire_scale), dequantize,
+                      local.shape, local.dtype, local.device, counts is not None,
+                      out is not None)
             find = self.prepared.find
-            op = find(_key(CallKey, (_GATHER, plan, partial, wkey, dequantize, local.shape,
-                                     local.dtype, local.device, counts is not None,
-                                     out is not None, False, "")), local, counts, out)
+            op = find(_key(CallKey, fields + (False, "")), local, counts, out)
             if op is None and out is not None and inside(local, out):   # in place
-                op = find(_key(CallKey, (_GATHER, plan, partial, wkey, dequantize,
-                                         local.shape, local.dtype, local.device,
-                                         counts is not None, True, True, "")),
-                          local, counts, out)
+                op = find(_key(CallKey, fields + (True, "")), local, counts, out)
             if op is not None:
                 return op.run(local, counts, out)
         self._life.check()

@@ -27,12 +27,12 @@ from dpx_torch.autograd import OpFunction
 from dpx_torch.checks import InputChecks
 from dpx_torch.padrows import mask_pad_rows
 from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps
-from dpx_torch.program import PreparedCall
+from dpx_torch.program import flat_counts
 from dpx_torch.rows import overlaps
 from dpx_torch.runner import Call, Runner
 from dpx_torch.wire import split_wire
 
-__all__ = ["FullPath", "flat_counts", "gather_label", "in_place", "wire_key"]
+__all__ = ["FullPath", "gather_label", "in_place", "wire_key"]
 
 _compiling = torch.compiler.is_compiling
 Tensors = tuple[torch.Tensor, ...]
@@ -271,7 +271,7 @@ class FullPath:
                  for i, (t, p, w, g) in enumerate(zip(tensors, partials, wires, scales))]
         batch = self.runner.batch(tuple(preps))
         c = flat_counts(counts)
-        res = batch(preps, [(t, new_out(p, t), c) for p, t in zip(preps, tensors)])
+        res = batch(preps, [(t, p.new_out(t), c) for p, t in zip(preps, tensors)])
         return tuple(split_wire(r, p.shape.wire) if p.out_wire else r
                      for r, p in zip(res, preps))
 
@@ -310,13 +310,6 @@ def per_tensor(name: str, value, n: int) -> tuple:
     return (value,) * n
 
 
-def new_out(prep: PreparedCall, x: torch.Tensor) -> torch.Tensor:
-    """A new output of a prepared call for the input ``x``."""
-    if prep.out_wire:
-        return x.new_empty((prep.out_rows, prep.shape.out_width), dtype=torch.uint8)
-    return x.new_empty((prep.out_rows, *prep.shape.out_rest))
-
-
 def no_grad(form: str, x: Any, arg: str,
             hint: str = "differentiate through the plain call") -> None:
     """A dpx error when ``x`` (the argument ``arg``) requires grad under a call ``form``
@@ -343,7 +336,3 @@ def gather_label(wire: Any, wire_scale: object) -> str:
         return "gather"
     return f"gather/{name}" + ("" if wire_scale is None else f" scale={wire_scale!r}")
 
-
-def flat_counts(counts: torch.Tensor | None) -> torch.Tensor | None:
-    """Device counts as the schedules read them: a shard table ``[dp, cp]`` row by row."""
-    return counts.reshape(-1) if counts is not None and counts.dim() == 2 else counts

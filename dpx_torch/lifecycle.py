@@ -61,9 +61,10 @@ def destroyed() -> DpxValueError:
 
 def end_groups(owned: tuple, world: Any, *, drain: bool) -> None:
     """Destroy the process groups a communicator created. ``drain`` (``destroy()``, every
-    rank calling it): each group is drained with a barrier first and the world after, so
-    no rank tears a group down while a peer still uses it; without (interpreter exit), a
-    group already destroyed with the world is passed over."""
+    rank calling it): each group is drained with a barrier first and the world after
+    (``world=None``: not), so no rank tears a group down while a peer still uses it;
+    without (interpreter exit), a group already destroyed with the world is passed
+    over."""
     for pg in owned:
         if drain:
             dist.barrier(group=pg)
@@ -73,7 +74,7 @@ def end_groups(owned: tuple, world: Any, *, drain: bool) -> None:
             dist.destroy_process_group(pg)
         except (ValueError, RuntimeError):  # already destroyed with the world
             pass
-    if drain and owned:
+    if drain and owned and world is not None:
         dist.barrier(group=world)
 
 

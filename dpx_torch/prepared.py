@@ -41,7 +41,7 @@ from dpx.plan import DpPlan
 from dpx.schedule import TemplateKey
 from dpx_torch.lifecycle import Lifecycle
 from dpx_torch.lru import LRU
-from dpx_torch.program import CallShape, Host, PreparedCall
+from dpx_torch.program import CallShape, Host, PreparedCall, flat_counts
 from dpx_torch.rows import inside
 from dpx_torch.wire import split_wire
 
@@ -131,12 +131,8 @@ class PreparedOp:
             out: torch.Tensor | None) -> Any:
         """The bound steps (the caller checked :meth:`admits` and the lifecycle)."""
         prep = self.prep
-        if out is None:
-            out = (x.new_empty((self.out_rows, prep.shape.out_width), dtype=torch.uint8)
-                   if prep.out_wire else x.new_empty((self.out_rows, *prep.shape.out_rest)))
-        if counts is not None and counts.dim() == 2:
-            counts = counts.reshape(-1)
-        res = prep.run(x, out, counts)
+        res = prep.run(x, prep.new_out(x) if out is None else out,
+                       counts if counts is None else flat_counts(counts))
         return split_wire(res, prep.shape.wire) if self.split else res
 
     def __call__(self, x: torch.Tensor, *, counts: torch.Tensor | None = None,

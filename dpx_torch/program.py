@@ -38,7 +38,8 @@ from dpx_torch import collectives as C
 from dpx_torch.passes import DEVICE, Passes
 
 __all__ = [
-    "BatchProgram", "BINDERS", "CallShape", "DeviceTables", "DeviceValues", "FreshTables",
+    "BatchProgram", "BINDERS", "CallShape", "DeviceTables", "DeviceValues", "flat_counts",
+    "FreshTables",
     "Host", "PreparedCall", "Program", "StepFn", "tables_for_call"
 ]
 
@@ -100,6 +101,11 @@ class FreshTables:
     @staticmethod
     def get(values: tuple, device: torch.device) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def flat_counts(counts: torch.Tensor | None) -> torch.Tensor | None:
+    """Device counts as the schedules read them: a shard table ``[dp, cp]`` row by row."""
+    return counts.reshape(-1) if counts is not None and counts.dim() == 2 else counts
 
 
 def tables_for_call(tables: DeviceTables) -> DeviceTables | FreshTables:
@@ -552,6 +558,12 @@ class PreparedCall:
         if sh.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             for key, dtype in self._pool_keys:
                 pool.capture(key, dtype, sh.device)
+
+    def new_out(self, x: torch.Tensor) -> torch.Tensor:
+        """A new output for the input ``x``: wire rows (uint8) or rows of ``x``'s dtype."""
+        if self.shape.out_wire:
+            return x.new_empty((self.out_rows, self.shape.out_width), dtype=torch.uint8)
+        return x.new_empty((self.out_rows, *self.shape.out_rest))
 
     def device_values(self, counts: torch.Tensor | None) -> DeviceValues | None:
         if counts is None:

@@ -188,8 +188,7 @@ class Runner:
     # ------------------------------------------------------------ running
     def execute(self, call: Call, x: torch.Tensor) -> torch.Tensor:
         """Run a differentiable call (forward or backward) into a new output."""
-        out = x.new_empty((call.prep.out_rows, *call.prep.shape.out_rest))
-        return call.prep.run(x, out, call.counts)
+        return call.prep.run(x, call.prep.new_out(x), call.counts)
 
     def coalesced(self, group: Group, device: torch.device, *, collected: bool = False):
         """One grouped launch of the collectives issued inside, on ``group``, where the

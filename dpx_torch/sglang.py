@@ -52,6 +52,7 @@ from dpx.modes import PaddingMode
 from dpx.plan import DpPlan
 from dpx.policy import fits_one_allreduce, sglang_mode
 from dpx_torch.comm import DpComm
+from dpx_torch.lifecycle import end_groups
 from dpx_torch.padrows import real_rows
 from dpx_torch.sglang_plans import StepPlans
 from dpx_torch.collectives import all_gather_single, reduce_scatter_single
@@ -193,9 +194,7 @@ class DpAttention:
 
     def destroy(self) -> None:
         """Destroy the attn-CP groups this object created (collective)."""
-        for pg in self._owned:
-            dist.barrier(group=pg)
-            dist.destroy_process_group(pg)
+        end_groups(self._owned, None, drain=True)
         self._owned = ()
         self.attn_cp_group = None
 

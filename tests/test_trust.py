@@ -159,6 +159,39 @@ def test_prepared_ops_refuse_work_after_destroy(world1, form):
         getattr(comm, form)(x, plan, **({"partial": True} if form == "gather" else {}))
 
 
+def test_every_call_form_refuses_work_after_destroy(world1):
+    """After ``destroy()``: the overlapped calls, the count exchanges, the pad masks and
+    the sglang drop-in raise what every call raises, before touching a group."""
+    from types import SimpleNamespace
+
+    import dpx_torch.sglang as sg
+
+    comm = DpComm(L1)
+    plan = dpx.plan_step([3], L1)
+    x = torch.ones(3, 4)
+    att = sg.setup(comm, hidden_size=4, dtype=torch.float32, device="cpu")
+    att.set_dp_buffer_len(3, 3, True, [3])
+    batch = SimpleNamespace(global_num_tokens_cpu=[3], global_num_tokens_gpu=None,
+                            dp_padding_mode=sg.DpPaddingMode.MAX_LEN,
+                            dp_local_start_pos=None, dp_local_num_tokens=None)
+    sg.dp_gather_partial(torch.empty(3, 4), x, batch)          # prepared, then destroyed
+    comm.destroy()
+    calls = [lambda: comm.gather_async(x, plan, partial=True),
+             lambda: comm.reduce_scatter_async(x, plan),
+             lambda: comm.exchange_counts(torch.tensor([3], dtype=torch.int32)),
+             lambda: comm.sync_counts(3), lambda: comm.mask_pad_rows(x, plan),
+             lambda: comm.pad_row_mask(plan),
+             lambda: sg.dp_gather_partial(torch.empty(3, 4), x, batch),
+             lambda: sg.dp_scatter(torch.empty(3, 4), x, batch),
+             lambda: sg.dp_reduce_scatter_tensor(torch.empty(3, 4), x)]
+    try:
+        for call in calls:
+            with pytest.raises(dpx.DpxValueError, match="this DpComm was destroyed"):
+                call()
+    finally:
+        sg.teardown()
+
+
 def test_validate_runs_the_full_path_on_one_rank(world1):
     """With validate=True, neither implicit nor prepared calls take the fast path (a
     world of one still exchanges: the full path's host exchange runs)."""
@@ -202,6 +235,7 @@ def test_validate_holds_for_every_call_form(gloo_worlds):
               "prepared_columns": "ranks disagree on width: 2 on ranks [0, 1, 2]; 3 on "
                                   "ranks [3]",
               "async": "ranks disagree on the plan's num_tokens",
+              "async_rs": "ranks disagree on the plan's num_tokens",
               "dropin": "ranks disagree on op: 'sglang.dp_scatter' on ranks [0]; "
                         "'sglang.dp_reduce_scatter_tensor'",
               "switched_on": "ranks disagree on the plan's num_tokens",

@@ -58,6 +58,9 @@ def validate_forms(ctx) -> dict:
     res["prepared_columns"] = _one(lambda: pc(g[:, :3].contiguous() if r == 3 else
                                               g[:, :2].contiguous()))
     res["async"] = _one(lambda: comm.gather_async(x, other if r == 1 else plan, partial=True))
+    g_other = torch.ones(other.global_rows, 6)
+    res["async_rs"] = _one(lambda: comm.reduce_scatter_async(g_other if r == 1 else g,
+                                                             other if r == 1 else plan))
     # the drop-in: ranks disagreeing on is_dp_max_padding() scatter and reduce-scatter
     att = sg.setup(comm, hidden_size=6, dtype=torch.float32, device="cpu")
     batch = SimpleNamespace(global_num_tokens_cpu=[3, 2], global_num_tokens_gpu=None,
