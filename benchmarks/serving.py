@@ -1,6 +1,8 @@
-"""Serving features: bytes on the wire (bf16 vs fp8, nvfp4 and mxfp4, from the schedules), and
-on a GPU the fused quantize-and-place kernels, pad-row masking, a three-tensor gather and the
-device count exchange, each against its baseline measured in the same run.
+"""Serving features: bytes on the wire (bf16 vs fp8, nvfp4 and mxfp4, from the schedules) of
+the gather and of the combine (the quantized reduce_scatter), and on a GPU the fused
+quantize-and-place kernels, the combine's summing pass and the whole combine, pad-row
+masking, a three-tensor gather and the device count exchange, each against its baseline
+measured in the same run.
 
     python benchmarks/serving.py            # the wire-bytes table only (no GPU needed)
     python benchmarks/serving.py --gpu      # plus the GPU tables (one H200: world size 1)
@@ -13,12 +15,19 @@ GPU tables (hidden 7168 bf16; device times from one CUDA graph of 50 calls, medi
              into a scratch, then place the wire rows); and the dequantize of those wire
              rows back to bf16 vs a copy of its output bytes (``n`` bf16 rows read and
              written);
+  combine  : the combine's summing pass (``dequantize_sum``: ``parts`` wire copies of ``n``
+             rows read, ``n`` bf16 rows written; simulated sources, one rank's receive
+             buffer) at parts 2, 4, 8 vs a copy of its input's bytes (read and written:
+             ``vs_input_copy``) and vs a copy of the bytes it reads and writes
+             (``vs_copy``); the whole ``reduce_scatter(wire=...)`` at NCCL world 1, CUDA
+             graph of 50 calls, vs the native ``reduce_scatter`` (``vs_native``);
   decode   : mask_pad_rows at decode (8 replicas x 32 rows x 8 ids, device counts); a
              three-tensor gather (hidden, top-k ids, top-k weights) vs three gathers, and
              the NCCL collectives each issues (ProcessGroupNCCL's ``nccl:*`` profiler
              ranges); exchange_counts replayed in a graph vs sync_counts eager (host wall
              time per call).
-Writes serving_wire.csv, serving_quantize.csv, serving_decode.csv and serving.png to $OUT
+Writes serving_wire.csv, serving_combine_bytes.csv, serving_quantize.csv,
+serving_combine.csv, serving_decode.csv, serving.png and serving_combine.png to $OUT
 or benchmarks/out. The quantize kernel's launch shapes are swept by launch_sweep.py.
 """
 
@@ -77,7 +86,80 @@ def wire_table() -> list[dict]:
     return rows
 
 
-def gpu_tables() -> tuple[list[dict], list[dict]]:
+def combine_table() -> list[dict]:
+    """Bytes each rank sends in one reduce_scatter, per mode: the bf16 reduce-scatter vs the
+    combine on each quantized wire (the slowest rank of the schedules dpx_torch runs;
+    attn-tp 1 and 2, every replica busy or half of them idle)."""
+    rows = []
+    model = CostModel()
+    for world, dp in ((8, 8), (8, 4)):
+        lay = dpx.DpLayout(world, dp)
+        for size, n in SIZES:
+            for pattern, counts in (("busy", [n] * dp),
+                                    ("half idle", [n if i % 2 == 0 else 0 for i in range(dp)])):
+                for mode in ("max_len", "sum_len", "gatherv"):
+                    plan = dpx.plan_step(counts, lay, mode=mode)
+                    sent = {}
+                    for wire in ("native", *WIRES):
+                        w = dpx.Wire.parse(wire)
+                        sent[wire] = max(
+                            sum(s.moved for s in price(
+                                build_schedule(plan, "reduce_scatter", rank=r, wire=w),
+                                row_bytes=2 * H, cost_model=model,
+                                wire_row_bytes=None if wire == "native"
+                                else wire_row_bytes(H, w)))
+                            for r in range(world))
+                    row = dict(layout=lay.describe(), size=size, pattern=pattern, mode=mode,
+                               bf16_MiB=sent["native"] / 2**20)
+                    for wire in WIRES:
+                        row[f"{wire}_MiB"] = sent[wire] / 2**20
+                        row[f"{wire}_vs_bf16"] = sent[wire] / sent["native"]
+                    rows.append(row)
+    return rows
+
+
+def combine_gpu(copies: dict) -> list[dict]:
+    """The combine's summing pass against copies, and the whole combine against the native
+    reduce_scatter at NCCL world 1 (the caller's process group)."""
+    import torch
+
+    from common import cuda_time_us
+    from dpx_torch import DpComm
+    from dpx_torch.passes import TritonPasses
+    from dpx_torch.wire import quantize_rows
+
+    kernels = TritonPasses()
+    comm = DpComm(dpx.DpLayout(1, 1))
+    out = []
+    for wire in WIRES:
+        w = dpx.Wire.parse(wire)
+        g = NV_SCALE if w is dpx.Wire.NVFP4 else None
+        wrb = wire_row_bytes(H, w)
+        for parts in (2, 4, 8):
+            for n in (3072, 6144, 16384):   # 42, 84, 224 MiB of bf16 output
+                src = torch.empty(parts * n, wrb, device="cuda", dtype=torch.uint8)
+                kernels.quantize(torch.randn(parts * n, H, device="cuda",
+                                             dtype=torch.bfloat16), 0, parts * n, src, w, g)
+                y = torch.empty(n, H, device="cuda", dtype=torch.bfloat16)
+                t = cuda_time_us(lambda: kernels.dequantize_sum(src, y, parts, w, g))
+                read = parts * n * wrb
+                out.append(dict(what=f"dequantize_sum x{parts}", wire=wire, rows=n,
+                                input_MiB=read / 2**20, us=t,
+                                vs_input_copy=copy_us(2 * read, copies) / t,
+                                vs_copy=copy_us(read + n * H * 2, copies) / t))
+        for n in (32, 512, 4096):
+            plan = dpx.plan_step([n], comm.layout, mode="max_len")
+            x = torch.randn(plan.global_rows, H, device="cuda", dtype=torch.bfloat16)
+            t = cuda_time_us(lambda: comm.reduce_scatter(x, plan, wire=w, wire_scale=g))
+            t_native = cuda_time_us(lambda: comm.reduce_scatter(x, plan))
+            out.append(dict(what="reduce_scatter world 1", wire=wire, rows=n,
+                            input_MiB=n * H * 2 / 2**20, us=t, native_us=t_native,
+                            vs_native=t_native / t))
+    comm.destroy()
+    return out
+
+
+def gpu_tables() -> tuple[list[dict], list[dict], list[dict]]:
     import torch
     import torch.distributed as dist
 
@@ -116,6 +198,7 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
                               vs_two_launch=t_two / t_fused,
                               fused_GBs=moved / t_fused / 1e3, dequantize_us=t_deq,
                               dequantize_vs_copy=t_in_copy / t_deq))
+    quant_combine = combine_gpu(copies)
     comm = DpComm(dpx.DpLayout(1, 1))
     dec = []
     lay8 = dpx.DpLayout(8, 8)
@@ -161,7 +244,7 @@ def gpu_tables() -> tuple[list[dict], list[dict]]:
                     baseline="sync_counts eager (host us)", baseline_us=t_sync,
                     ratio=t_sync / t_ex))
     dist.destroy_process_group()
-    return quant, dec
+    return quant, quant_combine, dec
 
 
 def _plot(quant: list[dict], path) -> None:
@@ -188,6 +271,26 @@ def _plot(quant: list[dict], path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _plot_combine(rows: list[dict], path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for wire in WIRES:
+        for parts in (2, 4, 8):
+            sel = [r for r in rows if r["wire"] == wire and r["what"] == f"dequantize_sum x{parts}"]
+            ax.plot([r["input_MiB"] for r in sel], [r["vs_input_copy"] for r in sel], "o-",
+                    label=f"{wire} x{parts}")
+    ax.axhline(0.9, ls=":", c="gray")
+    ax.set_xscale("log")
+    ax.set_xlabel("MiB of wire rows read")
+    ax.set_ylabel("speed vs a copy of the input (same run)")
+    ax.set_title(f"the combine's summing pass, hidden {H}, bf16 out")
+    ax.legend(ncol=3, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", action="store_true", help="also run the GPU tables")
@@ -197,9 +300,19 @@ def main() -> None:
     print_table(wire, ["layout", "size", "pattern", "mode", "bf16_MiB",
                        *(f"{w}_{k}" for w in WIRES for k in ("MiB", "vs_bf16"))])
     write_csv(od / "serving_wire.csv", wire)
+    comb = combine_table()
+    print_table(comb, ["layout", "size", "pattern", "mode", "bf16_MiB",
+                       *(f"{w}_{k}" for w in WIRES for k in ("MiB", "vs_bf16"))])
+    write_csv(od / "serving_combine_bytes.csv", comb)
     if not args.gpu:
         return
-    quant, dec = gpu_tables()
+    quant, quant_combine, dec = gpu_tables()
+    print_table([r for r in quant_combine if "vs_copy" in r],
+                ["what", "wire", "rows", "input_MiB", "us", "vs_input_copy", "vs_copy"])
+    print_table([r for r in quant_combine if "vs_native" in r],
+                ["what", "wire", "rows", "input_MiB", "us", "native_us", "vs_native"])
+    write_csv(od / "serving_combine.csv", quant_combine)
+    _plot_combine(quant_combine, od / "serving_combine.png")
     print_table(quant, ["wire", "rows", "input_MiB", "fused_us", "copy_us", "two_launch_us",
                         "vs_copy", "vs_input_copy", "vs_two_launch", "dequantize_us",
                         "dequantize_vs_copy"])

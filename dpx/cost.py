@@ -22,8 +22,9 @@ from dpx.modes import Group, Op, PaddingMode, Transport
 from dpx.plan import DpPlan
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
 from dpx.steps import (AllGather, AllGatherV, AllReduce, AllToAll, BroadcastV, CheckCounts,
-                       Dequantize, JoinColumns, Move, Pack, Quantize, ReduceScatter,
-                       ReduceScatterV, ReduceV, SplitColumns, Step, Unpack, Zero)
+                       Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
+                       ReduceScatter, ReduceScatterV, ReduceV, SplitColumns, Step, Unpack,
+                       Zero)
 
 __all__ = [
     "CostModel", "estimate", "estimate_op", "group_size", "ModeEstimate",
@@ -140,6 +141,8 @@ PRICERS: dict[type[Step], Callable[[Any, _Pricing], StepCost]] = {
         s, max(p.val(s.count), 0) * p.row_bytes + p.val(s.rows) * p.wire_row_bytes),
     Dequantize: lambda s, p: p.model.local_pass(
         s, p.val(s.rows) * (p.wire_row_bytes + p.row_bytes)),
+    DequantizeSum: lambda s, p: p.model.local_pass(
+        s, p.val(s.rows) * (s.parts * p.wire_row_bytes + p.row_bytes)),
     Pack: lambda s, p: p.local(s, p.val(s.rows) + sum(p.val(s.lens)), s.dst.buf),
     Unpack: lambda s, p: p.local(s, p.val(s.rows) + sum(p.val(s.lens)), s.dst.buf),
     AllGather: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),

@@ -15,7 +15,7 @@ from dpx.modes import Group, Op, PaddingMode, Transport, Wire
 from dpx.plan import CountRule
 from dpx.routes import RankRef, choose_route
 from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, BroadcastV,
-                       CheckCounts, Dequantize, JoinColumns, Move, Pack, Quantize,
+                       CheckCounts, Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
                        ReduceScatter, ReduceScatterV, ReduceV, Ref, SplitColumns, Step,
                        Unpack, Zero)
 from dpx.wire import check_wire_mode
@@ -49,7 +49,8 @@ class Emitter:
         self.notes: list[str] = []
         self.guards: dict[tuple, tuple[Any, int]] = {}
         self.route = choose_route(geo, op, transport, device_counts=device_counts,
-                                  rank_known=not rank.is_symbolic, known=self.known)
+                                  rank_known=not rank.is_symbolic, known=self.known,
+                                  quantized=self.quantized)
 
     # ------------------------------------------------------------ decisions
     def host_known(self, v: Any) -> bool:
@@ -339,6 +340,30 @@ class Emitter:
         self.steps.append(ReduceScatterV(Group.WORLD, g.global_rows, *g.chunk_table(), g.block,
                                          Ref(IN), chunk))
         self.finish_slot(chunk, g.block)
+
+    def rs_all_to_all(self) -> None:
+        """The quantized combine (any mode): every destination rank's chunk quantized into
+        a ``B``-row block of wire rows -- in one pass when the input's chunks already are
+        its blocks in rank order, else packed first -- one world all-to-all of the wire
+        rows, then one pass dequantizing the ``W`` copies of each row of this rank's chunk
+        and summing them in float32 in rank order, then the slot (:meth:`finish_slot`)."""
+        g = self.geo
+        B, W = g.block, g.layout.world_size
+        span = X.mul(W, B)
+        if g.mode is not PaddingMode.SUM_LEN and self.known(g.equal_chunks()):
+            src = Ref(IN)
+        else:
+            self.notes.append("the chunks are packed into equal blocks before the quantize "
+                              "(one all-to-all of equal blocks on every transport)")
+            src = self.buffer("packed", span)
+            self.steps.append(Pack(Ref(IN), src, span, *g.chunk_table(), B))
+        send = self.buffer("wire_send", span, wire=True)
+        self.steps.append(Quantize(src, send, span, 0, span))
+        recv = self.buffer("wire_recv", span, wire=True)
+        self.steps.append(AllToAll(Group.WORLD, send, recv, B))
+        chunk = self.buffer("chunk", B)
+        self.steps.append(DequantizeSum(recv, chunk, B, W))
+        self.finish_slot(chunk, B)
 
     def rs_per_root(self) -> None:
         g, r = self.geo, self.rank

@@ -46,16 +46,17 @@ def buffer_picture(plan: DpPlan) -> list[str]:
 def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostModel,
                    transport: Transport, device_counts: bool, hidden: int,
                    wire: Wire = Wire.NATIVE) -> list[str]:
-    """Rank ``rank``'s priced steps for a partial gather, a replicated gather (on
-    ``wire``) and a reduce_scatter (inputs as large as the plan needs)."""
+    """Rank ``rank``'s priced steps for a partial gather, a replicated gather and a
+    reduce_scatter, each on ``wire`` (inputs as large as the plan needs)."""
     out = []
     cases = ((Op.GATHER, True, "gather(partial=True)"), (Op.GATHER, False,
              "gather(partial=False)"), (Op.REDUCE_SCATTER, True, "reduce_scatter"))
     for op, partial, title in cases:
         in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
-        w = wire if op is Op.GATHER else Wire.NATIVE
+        w = wire
         if w is not Wire.NATIVE:
-            title = title.replace(")", f", wire='{w.value}')")
+            title = (title.replace(")", f", wire='{w.value}')") if "(" in title
+                     else f"{title}(wire='{w.value}')")
         try:
             sched = build_schedule(plan, op, rank=rank, partial=partial, transport=transport,
                                    device_counts=device_counts, in_rows=in_rows, wire=w)
@@ -82,8 +83,8 @@ def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
             transport: Transport | str = Transport.PER_ROOT, device_counts: bool = False,
             wire: Wire | str = Wire.NATIVE, vocab: int | None = None) -> str:
     """A human-readable account of ``plan``: layout, slots, a picture, every mode's
-    estimate, and the priced schedules (partial and replicated gather on ``wire``,
-    reduce_scatter) of ``ranks`` (``None``: all). Prices rows of ``hidden`` elements of
+    estimate, and the priced schedules (partial and replicated gather and
+    reduce_scatter, on ``wire``) of ``ranks`` (``None``: all). Prices rows of ``hidden`` elements of
     ``itemsize`` bytes; ``vocab``: also the LM-head scatter of logits of ``vocab`` columns
     against an all-gather of the columns and a scatter."""
     model = cost_model or CostModel()

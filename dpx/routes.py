@@ -78,12 +78,16 @@ def route_of(mode: PaddingMode, transport: Transport, *, equal: bool,
 
 
 def choose_route(geo: Geometry, op: Op, transport: Transport, *, device_counts: bool,
-                 rank_known: bool, known: Callable[[Any], bool]) -> Route:
+                 rank_known: bool, known: Callable[[Any], bool],
+                 quantized: bool = False) -> Route:
     """The route of ``op`` for a plan of geometry ``geo`` on ``transport``. ``known(cond)``
-    answers whether a condition on the counts holds (and may record it as a guard)."""
+    answers whether a condition on the counts holds (and may record it as a guard).
+    ``quantized``: the rows travel on a quantized wire (a reduce_scatter on one sums after
+    an all-to-all, in every mode)."""
     if op in (Op.SCATTER, Op.SCATTER_ADJOINT):
         return Route.LOCAL
-    if op in (Op.SCATTER_COLUMNS, Op.SCATTER_COLUMNS_ADJOINT):
+    if op in (Op.SCATTER_COLUMNS, Op.SCATTER_COLUMNS_ADJOINT) \
+            or (quantized and op is Op.REDUCE_SCATTER):
         return Route.ALL_TO_ALL
     equal = geo.mode is not PaddingMode.SUM_LEN and known(geo.equal_chunks())
     return route_of(geo.mode, transport, equal=equal,

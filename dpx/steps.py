@@ -21,8 +21,8 @@ from dpx.plan import CountRule
 
 __all__ = [
     "AllGather", "AllGatherV", "AllReduce", "AllToAll", "BroadcastV", "CheckCounts",
-    "Dequantize", "JoinColumns", "kinds_for", "SplitColumns", "len_of", "Move", "moved_buffer",
-    "Pack", "Quantize", "ReduceScatter", "ReduceScatterV", "ReduceV", "Ref", "Step",
+    "Dequantize", "DequantizeSum", "JoinColumns", "kinds_for", "SplitColumns", "len_of",
+    "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter", "ReduceScatterV", "ReduceV", "Ref", "Step",
     "STEP_KINDS", "Unpack", "VARIABLE_KINDS", "Zero",
 ]
 
@@ -158,6 +158,19 @@ class Dequantize(Step):
     dst: Ref
     rows: Any
     text = "dequantize {src}[{rows} wire rows] -> {dst}"
+
+
+@dataclass(eq=False, slots=True)
+class DequantizeSum(Step):
+    """``dst[j]`` for ``j < rows``: the float32 sum, over ``p = 0 .. parts-1`` in that order
+    from +0.0, of ``dequantize(src[p*rows + j])``, rounded to ``dst``'s dtype (the
+    quantized combine, docs/semantics.md "The quantized combine")."""
+
+    src: Ref
+    dst: Ref
+    rows: Any
+    parts: int
+    text = "dequantize_sum {src}[{parts} x {rows} wire rows] -> {dst}[{rows}], float32 in order"
 
 
 @dataclass(eq=False, slots=True)
@@ -317,8 +330,8 @@ class ReduceScatterV(_Variable):
 
 #: Every step kind, local passes first.
 STEP_KINDS: tuple[type[Step], ...] = (
-    CheckCounts, Move, Zero, Quantize, Dequantize, Pack, Unpack, JoinColumns, SplitColumns,
-    AllGather, ReduceScatter, AllReduce, AllToAll, BroadcastV, ReduceV, AllGatherV,
+    CheckCounts, Move, Zero, Quantize, Dequantize, DequantizeSum, Pack, Unpack, JoinColumns,
+    SplitColumns, AllGather, ReduceScatter, AllReduce, AllToAll, BroadcastV, ReduceV, AllGatherV,
     ReduceScatterV)
 
 VARIABLE_KINDS: tuple[type[Step], ...] = (BroadcastV, ReduceV, AllGatherV, ReduceScatterV)

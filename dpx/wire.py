@@ -5,7 +5,9 @@ states each format in full: the scales, the rounding, non-finite values, error b
 A row of ``H`` elements travels as ``wire_row_bytes(H, wire)`` bytes: the payload (``H``
 e4m3 bytes for fp8; ``H / 2`` bytes of two e2m1 codes for nvfp4 and mxfp4), then one scale
 per block of ``block(wire)`` elements (a float32 for fp8; a byte for nvfp4 and mxfp4).
-Rows that are not real rows are zero bytes. Gathers only, in copy modes (MAX_LEN, GATHERV).
+Rows that are not real rows are zero bytes. A gather travels quantized in the copy modes
+(MAX_LEN, GATHERV); a reduce_scatter (the combine) in every mode, its sum taken in float32
+after the wire (docs/semantics.md, "The quantized combine").
 """
 
 from __future__ import annotations
@@ -96,13 +98,18 @@ def nvfp4_scale(amax: float) -> float:
 
 
 def check_wire_mode(mode: PaddingMode, wire: Wire = Wire.FP8, op: Op = Op.GATHER) -> None:
-    """A quantized wire carries a gather in a copy mode: a sum cannot run on quantized rows."""
+    """A quantized wire carries a gather in a copy mode (a sum cannot run on quantized
+    rows, and sum_len's gather is an all-reduce), or a reduce_scatter in any mode (each
+    rank's rows travel quantized and are summed in float32 after the wire)."""
+    if op is Op.REDUCE_SCATTER:
+        return
+    if op is not Op.GATHER:
+        raise DpxValueError(f"wire='{wire.value}' applies to gather and reduce_scatter, not "
+                            f"{op.value}")
     if mode is PaddingMode.SUM_LEN:
         raise DpxValueError(f"wire='{wire.value}' needs a copy mode (max_len or gatherv): "
                             f"sum_len adds the slots in an all-reduce, and a sum cannot run "
                             f"on {wire.value}")
-    if op is not Op.GATHER:
-        raise DpxValueError(f"wire='{wire.value}' applies to gather, not {op.value}")
 
 
 def check_wire_scale(wire: Wire, scale: object) -> float | None:
@@ -129,11 +136,11 @@ def check_wire_scale(wire: Wire, scale: object) -> float | None:
 
 
 def check_wire(wire: Wire, mode: PaddingMode, shape: tuple, dtype_name: str,
-               name: str = "local") -> None:
-    """The rules of a quantized gather (raised before any collective, alike on every rank
-    for the shared ``mode``): a copy mode, a float input of shape ``[rows, H]``, ``H`` a
-    positive multiple of the wire's block."""
-    check_wire_mode(mode, wire)
+               name: str = "local", op: Op = Op.GATHER) -> None:
+    """The rules of a quantized gather or reduce_scatter (``op``; raised before any
+    collective, alike on every rank for the shared ``mode``): :func:`check_wire_mode`, a
+    float input of shape ``[rows, H]``, ``H`` a positive multiple of the wire's block."""
+    check_wire_mode(mode, wire, op)
     w = wire.value
     if dtype_name not in FLOAT_DTYPES:
         raise DpxTypeError(f"wire='{w}' quantizes {', '.join(FLOAT_DTYPES)}; {name} has "
@@ -145,3 +152,4 @@ def check_wire(wire: Wire, mode: PaddingMode, shape: tuple, dtype_name: str,
     if shape[1] % b or shape[1] == 0:
         raise DpxValueError(f"wire='{w}' quantizes blocks of {b} elements: H="
                             f"{shape[1]} must be a positive multiple of {b}")
+

@@ -23,12 +23,12 @@ from dpx.errors import DpxValueError
 from dpx.modes import Group
 from dpx.schedule import Schedule
 from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, CheckCounts,
-                       Dequantize, JoinColumns, Move, Pack, Quantize, ReduceScatter,
-                       ReduceScatterV, Ref, SplitColumns, Step, Unpack, Zero)
+                       Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
+                       ReduceScatter, ReduceScatterV, Ref, SplitColumns, Step, Unpack, Zero)
 from dpx.wire import wire_row_bytes
 from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, _pack, _unpack, move
-from dpx_jax.wire import dequantize, quantize_take
+from dpx_jax.wire import dequantize, dequantize_sum, quantize_take
 
 __all__ = ["group_axes", "HANDLERS", "JaxValues", "run_schedule"]
 
@@ -178,6 +178,11 @@ def _dequantize(s: Dequantize, run: _Run) -> None:
                                 run.wire_scale))
 
 
+def _dequantize_sum(s: DequantizeSum, run: _Run) -> None:
+    run.write(s.dst, dequantize_sum(run.read(s.src), s.parts, run.dtype, run.impl, run.wire,
+                                    run.wire_scale))
+
+
 def _zero(s: Zero, run: _Run) -> None:
     # keep the window, zero the rest: a move of the window onto itself
     start = run.value(s.keep_start)
@@ -288,7 +293,8 @@ def _reduce_scatter_v(s: ReduceScatterV, run: _Run) -> None:
 #: transports: :func:`dpx.steps.kinds_for`).
 HANDLERS: dict[type[Step], Callable[[Any, _Run], None]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
-    Dequantize: _dequantize, Pack: _pack_step, Unpack: _unpack_step, AllGather: _all_gather,
+    Dequantize: _dequantize, DequantizeSum: _dequantize_sum, Pack: _pack_step,
+    Unpack: _unpack_step, AllGather: _all_gather,
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, AllGatherV: _all_gather_v,
     ReduceScatterV: _reduce_scatter_v, JoinColumns: _join_columns, SplitColumns: _split_columns,
     AllToAll: _all_to_all,

@@ -7,6 +7,7 @@ attn-tp rank ``t``; ``n_d`` real rows; ``H...`` trailing dims)::
     gather(local [>= rows needed, H...], plan, partial) -> [plan.global_rows, H...]
     scatter(global_ [global_rows, H...], plan)          -> [plan.max_slot_rows, H...]
     reduce_scatter(global_ [global_rows, H...], plan)   -> [plan.max_slot_rows, H...]
+    reduce_scatter(..., wire="fp8" | "nvfp4" | "mxfp4")  the quantized combine, same shapes
 
 The first ``plan.slot_rows[d]`` rows of a scatter/reduce_scatter output equal what
 ``dpx_torch`` returns for replica d; every row past ``n_d`` is zero. ``plan`` is static;
@@ -68,7 +69,9 @@ class _Spec:
                               dequantize=self.dequantize)
 
     def adjoint(self) -> "_Spec":
-        if self.wire is not Wire.NATIVE:
+        """The backward's call: the adjoint op, in the native dtype (a quantized combine's
+        gradient passes the quantization straight through)."""
+        if self.wire is not Wire.NATIVE and self.op is Op.GATHER:
             raise DpxValueError(f"gather(wire='{self.wire.value}') has no gradient "
                                 f"({self.wire.value} rounding); gather in the native dtype to "
                                 f"differentiate")
@@ -232,15 +235,29 @@ def scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None
 
 
 def reduce_scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None,
-                   impl: Impl | str = Impl.AUTO, axes: Axes = DEFAULT_AXES) -> jax.Array:
+                   impl: Impl | str = Impl.AUTO, axes: Axes = DEFAULT_AXES,
+                   wire: Wire | str = Wire.NATIVE, wire_scale=None) -> jax.Array:
     """Per device ``global_ [global_rows, H...] -> [plan.max_slot_rows, H...]``: row
     ``j < n_d`` is the sum over every device of ``global_[off_d + j]``; other rows are 0.
-    The adjoint of ``gather(partial=True)``."""
+    The adjoint of ``gather(partial=True)``.
+
+    ``wire="fp8"`` / ``"nvfp4"`` / ``"mxfp4"`` (the quantized combine; every mode, float
+    ``[global_rows, H]``, ``H`` a multiple of 128 / 16 / 32; nvfp4 takes ``wire_scale=g``):
+    each device's rows travel on the gather's wire format and row ``j < n_d`` is the
+    float32 sum over world ranks in order, from +0.0, of the dequantized rows, rounded to
+    ``global_``'s dtype -- bit for bit ``dpx_torch``'s (docs/semantics.md, "The quantized
+    combine"). Differentiable: the gradient is the native gather of the cotangent (the
+    quantization passed straight through)."""
     _check_plan(plan)
+    wire = Wire.parse(wire)
     c = _counts(plan, counts)
     _check_rows("global_", global_, plan.global_rows, exact=True)
+    g = W.check_wire_scale(wire, wire_scale)
+    if wire is not Wire.NATIVE:
+        W.check_wire(wire, plan.mode, tuple(global_.shape), jnp.dtype(global_.dtype).name,
+                     "global_", Op.REDUCE_SCATTER)
     return _call(global_, plan, Op.REDUCE_SCATTER, True, c, impl, plan.max_slot_rows,
-                 axes=axes)
+                 wire, True, axes, g)
 
 
 def scatter_columns(shard: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None,

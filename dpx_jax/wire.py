@@ -8,6 +8,12 @@ bits).
 ``quantize_take(src [m, H], start, count, rows, impl, wire, g) -> uint8 [rows,
 wire_row_bytes(H, wire)]``
 ``dequantize(src uint8 [rows, wire_row_bytes(H, wire)], dtype, impl, wire, g) -> [rows, H]``
+``dequantize_sum(src uint8 [parts * rows, wire_row_bytes(H, wire)], parts, dtype, impl, wire,
+g) -> [rows, H]``: the combine's sum (docs/semantics.md, "The quantized combine"): row ``j``
+is the float32 sum from +0.0, over ``p`` in order, of the dequantized ``src[p * rows + j]``,
+rounded to ``dtype``. XLA's additions are written with integer operations
+(:func:`add_f32_bits`): XLA on CPU flushes subnormal sums to zero and may fuse a product
+into an addition on GPUs; the definition does neither.
 ``split_wire(buf, wire)``: fp8 ``(payload float8_e4m3fn [rows, H], scales float32 [rows,
 H/128])``; fp4 ``(payload uint8 [rows, H/2], scales uint8 [rows, H/16 or H/32])``.
 """
@@ -23,7 +29,7 @@ from dpx import wire as W
 from dpx.modes import Wire
 from dpx_jax.rows import Impl, _index, _take_xla, vary_like
 
-__all__ = ["dequantize", "quantize_take", "split_wire"]
+__all__ = ["add_f32_bits", "dequantize", "dequantize_sum", "quantize_take", "split_wire"]
 
 def _div_rn(a, b):
     """``a / b`` rounded to nearest even, by integer operations (float32 ``a`` finite,
@@ -133,6 +139,69 @@ def dequantize(src, dtype, impl: Impl, wire: Wire = Wire.FP8, g: float | None = 
 
     return _triton(launch.dequantize_launch(wire, rows, h, jnp.dtype(dtype).name,
                                             compiled=True), (rows, h), dtype, src, rows)
+
+
+def add_f32_bits(a, b):
+    """The bits (int32) of the float32 sum ``a + b`` of float32 bits ``a``, ``b`` (int32),
+    rounded to nearest even with subnormals kept, by integer operations; a zero sum is +0.0
+    and a non-finite one comes from XLA's own addition (which a flush cannot change)."""
+    big = (b & 0x7FFFFFFF) > (a & 0x7FFFFFFF)
+    x, y = jnp.where(big, b, a), jnp.where(big, a, b)        # |x| >= |y|
+    ex, ey = (x >> 23) & 0xFF, (y >> 23) & 0xFF
+    mx = ((x & 0x7FFFFF) | jnp.where(ex > 0, 0x800000, 0)) << 3   # 3 guard bits
+    my = ((y & 0x7FFFFF) | jnp.where(ey > 0, 0x800000, 0)) << 3
+    ex, ey = jnp.maximum(ex, 1), jnp.maximum(ey, 1)
+    d = jnp.minimum(ex - ey, 27)
+    my = (my >> d) | ((my & ((1 << d) - 1)) != 0).astype(jnp.int32)   # sticky bit
+    m = jnp.where((x ^ y) >= 0, mx + my, mx - my)
+    carry = m >= (1 << 27)
+    m = jnp.where(carry, (m >> 1) | (m & 1), m)
+    e = ex + carry.astype(jnp.int32)
+    sh = jnp.clip(jnp.minimum(lax.clz(m) - 5, e - 1), 0, 31)   # normalise, not below e = 1
+    m, e = m << sh, e - sh
+    low, m = m & 7, m >> 3
+    m = m + ((low > 4) | ((low == 4) & ((m & 1) == 1))).astype(jnp.int32)
+    over = m >= (1 << 24)
+    m, e = jnp.where(over, m >> 1, m), e + over.astype(jnp.int32)
+    bits = jnp.where(m >= (1 << 23), e << 23, 0) | (m & 0x7FFFFF)
+    bits = jnp.where(e >= 255, 0x7F800000, bits) | (x & jnp.int32(-2**31))
+    bits = jnp.where(m == 0, 0, bits)
+    finite = ((a & 0x7F800000) != 0x7F800000) & ((b & 0x7F800000) != 0x7F800000)
+    return jnp.where(finite, bits, _u32(_f32(a) + _f32(b)))
+
+
+def _round_to(v, dtype):
+    """float32 ``v`` rounded to ``dtype`` (nearest even; bfloat16 by bits), a NaN as the
+    dtype's canonical quiet NaN."""
+    dt = jnp.dtype(dtype)
+    nan = jnp.isnan(v)
+    if dt == jnp.float32:
+        return _f32(jnp.where(nan, W.CANONICAL_NAN["float32"], _u32(v)))
+    if dt == jnp.bfloat16:
+        u = lax.bitcast_convert_type(v, jnp.uint32)
+        r = (u + jnp.uint32(0x7FFF) + ((u >> 16) & jnp.uint32(1))) >> 16
+        r = jnp.where(nan, jnp.uint32(W.CANONICAL_NAN["bfloat16"]), r).astype(jnp.uint16)
+        return lax.bitcast_convert_type(r, jnp.bfloat16)
+    h16 = lax.bitcast_convert_type(jnp.where(nan, 0.0, v).astype(jnp.float16), jnp.uint16)
+    return lax.bitcast_convert_type(jnp.where(nan, jnp.uint16(W.CANONICAL_NAN["float16"]),
+                                              h16), jnp.float16)
+
+
+def dequantize_sum(src, parts: int, dtype, impl: Impl, wire: Wire = Wire.FP8,
+                   g: float | None = None):
+    rows = src.shape[0] // parts
+    h = W.width_of(src.shape[1], wire)
+    if impl is Impl.TRITON and rows:
+        from dpx.kernels import launch
+
+        return _triton(launch.dequantize_sum_launch(wire, rows, parts, h,
+                                                    jnp.dtype(dtype).name, compiled=True),
+                       (rows, h), dtype, src, rows, np.float32(launch.fp4_scale(g)))
+    acc = jnp.zeros((rows, h), jnp.int32)
+    for p in range(parts):
+        v = dequantize(src[p * rows:(p + 1) * rows], jnp.float32, Impl.XLA, wire, g)
+        acc = add_f32_bits(acc, _u32(v))
+    return _round_to(_f32(acc), dtype)
 
 
 def split_wire(buf, wire: Wire = Wire.FP8):

@@ -51,7 +51,7 @@ from dpx_torch.runner import CacheLimits, Runner
 __all__ = ["DpComm", "counts_tensor"]
 
 _compiling = torch.compiler.is_compiling
-_GATHER, _NATIVE = Op.GATHER._value_, Wire.NATIVE
+_GATHER, _REDUCE_SCATTER, _NATIVE = Op.GATHER._value_, Op.REDUCE_SCATTER._value_, Wire.NATIVE
 #: ``_key(CallKey, fields)``: a key from all its fields in order, without NamedTuple's
 #: Python-level constructor (a quarter of a microsecond of the fast path)
 _key = tuple.__new__
@@ -237,12 +237,36 @@ class DpComm:
         return self._global_op(Op.SCATTER, global_, plan, counts, out)
 
     def reduce_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
-                       counts: torch.Tensor | None = None,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+                       counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                       wire: Wire | str = Wire.NATIVE,
+                       wire_scale: float | None = None) -> torch.Tensor:
         """``global_ [global_rows, H...] -> [plan.slot_rows[d], H...]`` on every rank of
         replica d: row ``j < n_d`` is the sum over all ranks of ``global_[offsets[d] + j]``;
-        other rows are 0. The adjoint of ``gather(partial=True)`` (and its gradient)."""
-        return self._global_op(Op.REDUCE_SCATTER, global_, plan, counts, out)
+        other rows are 0. The adjoint of ``gather(partial=True)`` (and its gradient).
+
+        ``wire="fp8"`` / ``"nvfp4"`` / ``"mxfp4"`` (the quantized combine; every mode,
+        float ``[global_rows, H]`` input, ``H`` a multiple of 128 / 16 / 32; nvfp4 takes
+        ``wire_scale=g``): each rank's rows travel on the gather's wire format and row
+        ``j < n_d`` is ``round(sum over source ranks s = 0 .. world_size-1, in that order,
+        from +0.0, in float32, of dequantize(quantize(global_ on s)[offsets[d] + j]))`` in
+        ``global_``'s dtype -- the same bits in every frontend (docs/semantics.md, "The
+        quantized combine"). Differentiable: the backward is the native (unquantized)
+        gather of the output gradient, the quantization passed straight through."""
+        if self._life.fast and type(global_) is torch.Tensor and not _compiling() \
+                and (out is None or type(out) is torch.Tensor) \
+                and (counts is None or type(counts) is torch.Tensor) \
+                and (wire_scale is None or type(wire_scale) is float):
+            op = self.prepared.find(_key(CallKey, (
+                _REDUCE_SCATTER, plan, True,
+                wire if wire_scale is None else (wire, wire_scale), True, global_.shape,
+                global_.dtype, global_.device, counts is not None, out is not None, False,
+                "")), global_, counts, out)
+            if op is not None:
+                return op.run(global_, counts, out)
+        self._life.check()
+        op = self.full.global_op(Op.REDUCE_SCATTER, global_, plan, counts, out, wire=wire,
+                                 wire_scale=wire_scale)
+        return self.full.run(op, plan, Op.REDUCE_SCATTER, global_, counts, out)
 
     def scatter_columns(self, shard: torch.Tensor, plan: DpPlan, *,
                         counts: torch.Tensor | None = None,
@@ -262,9 +286,14 @@ class DpComm:
 
     def prepare_reduce_scatter(self, global_: torch.Tensor, plan: DpPlan, *,
                                counts: torch.Tensor | None = None,
-                               out: torch.Tensor | None = None) -> PreparedOp:
+                               out: torch.Tensor | None = None,
+                               wire: Wire | str = Wire.NATIVE,
+                               wire_scale: float | None = None) -> PreparedOp:
         """:meth:`reduce_scatter` decided once (see :meth:`prepare_gather`)."""
-        return self._prepare_global(Op.REDUCE_SCATTER, global_, plan, counts, out)
+        self._life.check()
+        return self.prepared.hold(self.full.global_op(
+            Op.REDUCE_SCATTER, global_, plan, counts, out,
+            refuse_grad="prepare_reduce_scatter", wire=wire, wire_scale=wire_scale))
 
     def prepare_scatter_columns(self, shard: torch.Tensor, plan: DpPlan, *,
                                 counts: torch.Tensor | None = None,
@@ -307,13 +336,15 @@ class DpComm:
 
     def reduce_scatter_async(self, global_: torch.Tensor, plan: DpPlan, *,
                              counts: torch.Tensor | None = None,
-                             out: torch.Tensor | None = None,
-                             key: object = 0) -> tuple[torch.Tensor, DpWork]:
+                             out: torch.Tensor | None = None, key: object = 0,
+                             wire: Wire | str = Wire.NATIVE,
+                             wire_scale: float | None = None) -> tuple[torch.Tensor, DpWork]:
         """:meth:`reduce_scatter` on :attr:`comm_stream`; see :meth:`gather_async` (``out``
         or a pooled buffer keyed by ``("reduce_scatter", key)``)."""
         self._life.check()
         op = self.full.global_op(Op.REDUCE_SCATTER, global_, plan, counts, out,
-                                 form=_async_form(global_), refuse_grad="reduce_scatter_async")
+                                 form=_async_form(global_), refuse_grad="reduce_scatter_async",
+                                 wire=wire, wire_scale=wire_scale)
         return self.runner.overlap.launch("reduce_scatter", key, global_, op.out_rows,
                                           _bound(op, global_, counts), out=out)
 

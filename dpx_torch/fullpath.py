@@ -89,17 +89,27 @@ class FullPath:
                             counts, make)
 
     def global_op(self, op: Op, x, plan, counts, out, form: Any = "",
-                  refuse_grad: str | None = None) -> PreparedOp:
+                  refuse_grad: str | None = None, wire: Any = Wire.NATIVE,
+                  wire_scale: Any = None) -> PreparedOp:
         """The checked scatter, reduce_scatter or scatter_columns: its prepared op
-        (``refuse_grad``: see :meth:`gather`)."""
+        (``refuse_grad``: see :meth:`gather`; ``wire``, ``wire_scale``: the quantized
+        combine's, reduce_scatter only)."""
         def make() -> PreparedOp:
             if refuse_grad:
                 no_grad(refuse_grad, x, "shard" if op is Op.SCATTER_COLUMNS else "global_")
+            w = Wire.parse(wire)
             rows = self.global_checks(op, x, plan, counts, out)
-            key = CallKey(op._value_, plan, True, Wire.NATIVE, True, x.shape, x.dtype,
-                          x.device, counts is not None, out is not None, False, form)
-            return self._op(key, x, counts, out, False, rows, {})
-        return self.checked(op._value_, plan, x, True, counts, make)
+            g = W.check_wire_scale(w, wire_scale)
+            if w is not Wire.NATIVE:
+                W.check_wire(w, plan.mode, tuple(x.shape), str(x.dtype).replace("torch.", ""),
+                             "global_", op)
+            key = CallKey(op._value_, plan, True, wire_key(wire, wire_scale), True, x.shape,
+                          x.dtype, x.device, counts is not None, out is not None, False, form)
+            return self._op(key, x, counts, out, False, rows,
+                            {} if w is Wire.NATIVE else dict(wire=wire, wire_scale=wire_scale),
+                            wire=w, wire_scale=g)
+        return self.checked(gather_label(wire, wire_scale, op._value_), plan, x, True, counts,
+                            make)
 
     def _op(self, key: CallKey, x: torch.Tensor, counts, out, in_place: bool, rows,
             keywords: dict, **flags) -> PreparedOp:
@@ -325,14 +335,15 @@ def wire_key(wire: Any, wire_scale: Any) -> Any:
     return wire if wire_scale is None else (wire, wire_scale)
 
 
-def gather_label(wire: Any, wire_scale: object) -> str:
-    """A gather's name in a ``validate=True`` exchange: its wire, and nvfp4's scale (so that
-    a wire or scale that differs between ranks raises on every rank)."""
+def gather_label(wire: Any, wire_scale: object, op: str = "gather") -> str:
+    """A call's name in a ``validate=True`` exchange: its op (``gather`` unless given), its
+    wire and nvfp4's scale (so that a wire or scale that differs between ranks raises on
+    every rank)."""
     try:
         name = Wire.parse(wire).value
     except DpxError:   # raised by the checks, inside the exchange
         name = repr(wire)
     if name == Wire.NATIVE.value:
-        return "gather"
-    return f"gather/{name}" + ("" if wire_scale is None else f" scale={wire_scale!r}")
+        return op
+    return f"{op}/{name}" + ("" if wire_scale is None else f" scale={wire_scale!r}")
 

@@ -166,8 +166,19 @@ def dequantize_rows_out(src: torch.Tensor, out: torch.Tensor, wire: str, g: floa
     passes_for(out.device).dequantize(src, out, Wire(wire), g)
 
 
+@torch.library.custom_op("dpx::dequantize_sum_rows_out", mutates_args=("out",))
+def dequantize_sum_rows_out(src: torch.Tensor, out: torch.Tensor, parts: int, wire: str,
+                            g: float) -> None:
+    passes_for(out.device).dequantize_sum(src, out, parts, Wire(wire), g)
+
+
 @quantize_rows_out.register_fake
 def _(src, s_t, n_t, s, n, out, wire, g) -> None:
+    return None
+
+
+@dequantize_sum_rows_out.register_fake
+def _(src, out, parts, wire, g) -> None:
     return None
 
 
@@ -236,6 +247,11 @@ class OpPasses(Passes):
     @staticmethod
     def dequantize(src, out, wire: Wire = Wire.FP8, g: float | None = None) -> None:
         dequantize_rows_out(src, out, wire.value, fp4_scale(g))
+
+    @staticmethod
+    def dequantize_sum(src, out, parts: int, wire: Wire = Wire.FP8,
+                       g: float | None = None) -> None:
+        dequantize_sum_rows_out(src, out, parts, wire.value, fp4_scale(g))
 
     @staticmethod
     def mask(t, firsts, lens, fill) -> None:

@@ -21,7 +21,9 @@ on the data's device:
 src[firsts[r] + j]``. ``firsts`` / ``lens``: int32 ``[n]`` tensors.
 ``quantize(src, start, n, out, wire, g)``: ``out[j]`` = the ``wire`` row (:mod:`dpx.wire`;
 ``g`` nvfp4's global scale) of ``src[start + j]`` for ``j < n``, zero bytes after.
-``dequantize(src, out, wire, g)``.
+``dequantize(src, out, wire, g)``. ``dequantize_sum(src, out, parts, wire, g)``: ``out[j]`` =
+the float32 sum over ``p < parts`` in order of the dequantized ``src[p * rows + j]``,
+rounded to ``out``'s dtype (the combine, :class:`dpx.steps.DequantizeSum`).
 ``mask(t, firsts, lens, fill)``: rows outside every range ``[firsts[k], firsts[k] +
 lens[k])`` become ``fill`` (in place). ``check(counts, flag, rule)``: ``flag |=`` the bits
 of the :class:`dpx.CountRule` ``rule`` that ``counts`` break.
@@ -42,7 +44,7 @@ from dpx.modes import Wire
 from dpx.plan import CountRule
 from dpx_torch.shims.triton_launch import JIT, BoundKernel, JitLauncher, Launcher
 from dpx_torch.lru import LRU
-from dpx_torch.wire import dequantize_rows, quantize_rows
+from dpx_torch.wire import dequantize_rows, dequantize_sum_rows, quantize_rows
 
 __all__ = ["DEVICE", "Index", "Passes", "passes_for", "rows_width", "TorchPasses",
            "TritonPasses"]
@@ -112,6 +114,12 @@ class Passes:
                         g: float | None = None) -> Callable[..., None]:
         """``go(src, out)``."""
         return lambda src, out: self.dequantize(src, out, wire, g)
+
+    def bind_dequantize_sum(self, rows: int, parts: int, hidden: int, dtype: torch.dtype,
+                            device: torch.device | None = None, wire: Wire = Wire.FP8,
+                            g: float | None = None) -> Callable[..., None]:
+        """``go(src, out)``."""
+        return lambda src, out: self.dequantize_sum(src, out, parts, wire, g)
 
 
 class TritonPasses(Passes):
@@ -246,6 +254,16 @@ class TritonPasses(Passes):
         gv = _tiles.fp4_scale(g)
         return lambda src, out: go_t(grid, (src, rows, gv, out))
 
+    def bind_dequantize_sum(self, rows, parts, hidden, dtype, device=None, wire=Wire.FP8,
+                            g=None):
+        if rows == 0:
+            return _nothing
+        lt = _tiles.dequantize_sum_launch(wire, rows, parts, hidden, _dtype_name(dtype),
+                                          compiled=device.type == "cuda")
+        go_t, grid, gv = self._bind(lt, device, (torch.uint8, dtype)).tensors, lt.grid, \
+            _tiles.fp4_scale(g)
+        return lambda src, out: go_t(grid, (src, rows, gv, out))
+
     # ---------------------------------------------------------------- calls
     def move(self, src, ss: Index, ds: Index, n: Index, out,
              tile: _tiles.Tile | None = None) -> None:
@@ -279,6 +297,11 @@ class TritonPasses(Passes):
     def dequantize(self, src, out, wire: Wire = Wire.FP8, g: float | None = None) -> None:
         self.bind_dequantize(out.shape[0], out.shape[1], out.dtype, out.device, wire,
                              g)(src, out)
+
+    def dequantize_sum(self, src, out, parts: int, wire: Wire = Wire.FP8,
+                       g: float | None = None) -> None:
+        self.bind_dequantize_sum(out.shape[0], parts, out.shape[1], out.dtype, out.device,
+                                 wire, g)(src, out)
 
     def mask(self, t, firsts, lens, fill) -> None:
         if t.numel() == 0:
@@ -407,6 +430,11 @@ class TorchPasses(Passes):
     @staticmethod
     def dequantize(src, out, wire: Wire = Wire.FP8, g: float | None = None) -> None:
         dequantize_rows(src, out, wire, g)
+
+    @staticmethod
+    def dequantize_sum(src, out, parts: int, wire: Wire = Wire.FP8,
+                       g: float | None = None) -> None:
+        dequantize_sum_rows(src, out, parts, wire, g)
 
     @staticmethod
     def mask(t, firsts, lens, fill) -> None:

@@ -31,8 +31,8 @@ from dpx.errors import DpxValueError
 from dpx.modes import Group, Wire
 from dpx.schedule import Variant
 from dpx.steps import (IN, OUT, AllGather, AllReduce, AllToAll, BroadcastV, CheckCounts,
-                       Dequantize, JoinColumns, Move, Pack, Quantize, ReduceScatter, ReduceV,
-                       Ref, SplitColumns, Step, Unpack, Zero, len_of)
+                       Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
+                       ReduceScatter, ReduceV, Ref, SplitColumns, Step, Unpack, Zero, len_of)
 from dpx.wire import wire_row_bytes
 from dpx_torch import collectives as C
 from dpx_torch.passes import DEVICE, Passes
@@ -355,6 +355,15 @@ def _dequantize(s: Dequantize, b: _Bind) -> StepFn:
     return lambda x, out, dv: go(src(x, out), dst(x, out))
 
 
+def _dequantize_sum(s: DequantizeSum, b: _Bind) -> StepFn:
+    src, _ = b.buffer(s.src)
+    dst, rows = b.buffer(s.dst, s.rows)
+    sh = b.shape
+    go = sh.passes.bind_dequantize_sum(rows, s.parts, sh.width, sh.dtype, sh.device,
+                                       sh.wire, sh.wire_scale)
+    return lambda x, out, dv: go(src(x, out), dst(x, out))
+
+
 def _chunks(pack: bool) -> Callable[[Pack | Unpack, _Bind], StepFn]:
     def bind(s: Pack | Unpack, b: _Bind) -> StepFn:
         src, src_rows = b.buffer(s.src)
@@ -463,7 +472,8 @@ def _per_root(fn_name: str, key: str) -> Callable[[BroadcastV | ReduceV, _Bind],
 #: transport: :func:`dpx.steps.kinds_for`).
 BINDERS: dict[type[Step], Callable[[Any, _Bind], StepFn]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
-    Dequantize: _dequantize, Pack: _chunks(True), Unpack: _chunks(False),
+    Dequantize: _dequantize, DequantizeSum: _dequantize_sum, Pack: _chunks(True),
+    Unpack: _chunks(False),
     AllGather: _all_gather, ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
     BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
     JoinColumns: _join_columns, SplitColumns: _split_columns, AllToAll: _all_to_all,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import os
 from typing import Any, Callable, Iterator, Sequence
 
@@ -48,9 +49,10 @@ import dpx
 from dpx.errors import DpxTypeError, DpxValueError, check_int
 from dpx.geometry import equal_slots
 from dpx.layout import DpLayout
-from dpx.modes import PaddingMode
+from dpx.modes import Op, PaddingMode, Wire
 from dpx.plan import DpPlan
 from dpx.policy import fits_one_allreduce, sglang_mode
+from dpx.wire import check_wire, check_wire_scale
 from dpx_torch.comm import DpComm
 from dpx_torch.lifecycle import end_groups
 from dpx_torch.padrows import real_rows
@@ -140,13 +142,18 @@ class DpAttention:
     ``sum_len_allreduce_bytes``: sglang's decode rule (None: off, as in the reference; a
     byte limit: a decode step with no idle replica whose summed buffer of ``hidden_size``
     x ``dtype`` rows fits one all-reduce of that many bytes takes SUM_LEN).
+    ``combine_wire`` (None: off, sglang's numerics) and ``combine_wire_scale``: the combine
+    -- :meth:`dp_reduce_scatter_tensor`, :meth:`dp_reduce_scatterv_async` -- runs as the
+    quantized combine on that wire (``DpComm.reduce_scatter(..., wire=, wire_scale=)``).
     """
 
     def __init__(self, comm: DpComm, *, hidden_size: int, dtype: torch.dtype,
                  device: torch.device | str, use_gatherv: bool = False,
                  max_len_with_idle: bool = False,
                  attn_cp_group: dist.ProcessGroup | None = None,
-                 sum_len_allreduce_bytes: int | None = None) -> None:
+                 sum_len_allreduce_bytes: int | None = None,
+                 combine_wire: Wire | str | None = None,
+                 combine_wire_scale: float | None = None) -> None:
         if not isinstance(comm, DpComm):
             raise DpxTypeError(f"comm={comm!r} must be a dpx_torch.DpComm")
         if type(hidden_size) is not int or hidden_size < 1:
@@ -168,6 +175,8 @@ class DpAttention:
                                         check_int("sum_len_allreduce_bytes",
                                                   sum_len_allreduce_bytes))
         self.row_bytes = hidden_size * dtype.itemsize
+        self._combine = _combine_op(comm, combine_wire, combine_wire_scale, hidden_size,
+                                    dtype)
         self.attn_cp_group, self._owned = self._cp_group(attn_cp_group)
         self._dp_size_override: int | None = None
         self._is_extend = False
@@ -390,7 +399,7 @@ class DpAttention:
                                                else -1)
         self._checked("dp_reduce_scatter_tensor", plan, self._check_combine, input, output,
                       plan, counts)
-        self._into(output, plan, counts, self.comm.reduce_scatter, input)
+        self._into(output, plan, counts, self._combine, input)
 
     def dp_gather_partial_async(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
                                 forward_batch: Any, event_key: Any = ("gather", 0)
@@ -415,7 +424,7 @@ class DpAttention:
                                  lambda: dpx.plan_step([int(x) for x in sizes], self.layout,
                                                        mode=PaddingMode.GATHERV))
         _, work = self.comm.reduce_scatter_async(global_tokens, plan, out=output_local,
-                                                 key=event_key)
+                                                 key=event_key, **self._combine.keywords)
         return work.event
 
     def get_tbo_persistent_buffer(self, key: Any, rows: int, hidden: int,
@@ -500,6 +509,19 @@ class DpAttention:
             dst.copy_(op(src, plan, counts=counts)[:n])
 
 
+def _combine_op(comm: DpComm, wire: Wire | str | None, scale: float | None,
+                hidden_size: int, dtype: torch.dtype) -> functools.partial:
+    """The combine's call: ``comm.reduce_scatter`` with the wire's keywords (none when
+    off), its rules checked now (a hidden size or dtype the wire cannot take, a scale)."""
+    w = Wire.parse("native" if wire is None else wire)
+    g = check_wire_scale(w, scale)
+    if w is Wire.NATIVE:
+        return functools.partial(comm.reduce_scatter)
+    check_wire(w, PaddingMode.MAX_LEN, (1, hidden_size), str(dtype).replace("torch.", ""),
+               "the combine's rows", Op.REDUCE_SCATTER)
+    return functools.partial(comm.reduce_scatter, wire=w, wire_scale=g)
+
+
 def _reduce_scatter(group, output: torch.Tensor, input: torch.Tensor) -> None:
     if group is None:
         output.copy_(input)
@@ -524,18 +546,23 @@ def setup(comm: DpComm, *, hidden_size: int, dtype: torch.dtype, device: torch.d
           use_gatherv: bool = False, max_len_with_idle: bool = False,
           attn_cp_group: dist.ProcessGroup | None = None,
           use_gatherv_from_env: bool = False,
-          sum_len_allreduce_bytes: int | None = None) -> DpAttention:
+          sum_len_allreduce_bytes: int | None = None,
+          combine_wire: Wire | str | None = None,
+          combine_wire_scale: float | None = None) -> DpAttention:
     """Build a :class:`DpAttention` on ``comm`` and install it for the module functions
     (replacing any installed one). ``use_gatherv_from_env=True`` reads sglang's
     ``SGLANG_DP_USE_GATHERV`` ("1"/"true" turn GATHERV on) instead of ``use_gatherv``.
     ``sum_len_allreduce_bytes``: the decode rule's all-reduce limit (None: off).
-    Collective when the layout has CP and no ``attn_cp_group`` is given."""
+    ``combine_wire`` / ``combine_wire_scale``: the combine on a quantized wire (None: off;
+    see :class:`DpAttention`). Collective when the layout has CP and no ``attn_cp_group``
+    is given."""
     if use_gatherv_from_env:
         use_gatherv = os.environ.get("SGLANG_DP_USE_GATHERV", "").lower() in ("1", "true")
     state = DpAttention(comm, hidden_size=hidden_size, dtype=dtype, device=device,
                         use_gatherv=use_gatherv, max_len_with_idle=max_len_with_idle,
                         attn_cp_group=attn_cp_group,
-                        sum_len_allreduce_bytes=sum_len_allreduce_bytes)
+                        sum_len_allreduce_bytes=sum_len_allreduce_bytes,
+                        combine_wire=combine_wire, combine_wire_scale=combine_wire_scale)
     _Installed.state = state
     return state
 

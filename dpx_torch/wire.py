@@ -5,6 +5,11 @@ picks) -- and the views of a wire buffer.
 ``quantize_rows(src [k, H] float, out uint8 [k, wire_row_bytes(H, wire)], wire, g)``: every
 row of ``src`` as a wire row (``g``: nvfp4's global scale).
 ``dequantize_rows(src uint8 [k, wire_row_bytes(H, wire)], out [k, H], wire, g)``.
+``dequantize_sum_rows(src uint8 [parts * k, wire_row_bytes(H, wire)], out [k, H], parts,
+wire, g)``: the combine's sum (docs/semantics.md, "The quantized combine"): ``out[j]`` is
+the float32 sum from +0.0, over ``p`` in order, of ``dequantize(src[p*k + j])`` in float32,
+rounded to ``out``'s dtype (a NaN: the canonical one). CPU float32 additions are IEEE with
+subnormals (torch leaves the flush-to-zero mode off).
 ``split_wire(buf, wire)``: fp8 ``(payload float8_e4m3fn [rows, H], scales float32 [rows,
 H/128])``; fp4 ``(payload uint8 [rows, H/2], scales uint8 [rows, H/16 or H/32])``: views of
 a wire buffer (strided views of its bytes, no copy).
@@ -23,7 +28,7 @@ import torch
 from dpx import wire as W
 from dpx.modes import Wire
 
-__all__ = ["dequantize_rows", "quantize_rows", "split_wire"]
+__all__ = ["dequantize_rows", "dequantize_sum_rows", "quantize_rows", "split_wire"]
 
 #: The canonical quiet NaN a dequantized NaN code becomes, by output dtype: its bits
 #: (:data:`dpx.wire.CANONICAL_NAN`) and the int dtype they are written in.
@@ -59,7 +64,23 @@ def dequantize_rows(src: torch.Tensor, out: torch.Tensor, wire: Wire = Wire.FP8,
         return
     k, h = out.shape
     payload, scales = split_wire(src)
-    v = (payload.float().view(k, h // W.GROUP, W.GROUP) * scales[..., None]).view(k, h)
+    _write_rounded((payload.float().view(k, h // W.GROUP, W.GROUP)
+                    * scales[..., None]).view(k, h), out)
+
+
+def dequantize_sum_rows(src: torch.Tensor, out: torch.Tensor, parts: int,
+                        wire: Wire = Wire.FP8, g: float | None = None) -> None:
+    k, h = out.shape
+    acc = torch.zeros((k, h), dtype=torch.float32)
+    v = torch.empty((k, h), dtype=torch.float32)
+    for p in range(parts):
+        dequantize_rows(src[p * k:(p + 1) * k], v, wire, g)
+        acc += v
+    _write_rounded(acc, out)
+
+
+def _write_rounded(v: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = v`` rounded to ``out``'s dtype (nearest even), a NaN as the canonical one."""
     res = v.to(out.dtype)
     nan = torch.isnan(v)
     if bool(nan.any()):

@@ -45,7 +45,7 @@ from dpx.kernels.blocks import (block_index, div_corrected, e2m1_code, e4m3_code
 from dpx.kernels.constants import (E2M1_MAX, E2M1_RECIP, FP8_MAX, MX_BLOCK, MX_NAN_SCALE,
                                    NAN_BF16, NAN_F16, NAN_F32, NV_BLOCK, NV_NAN_SCALE)
 
-__all__ = ["dequantize_fp4_kernel", "quantize_fp4_kernel"]
+__all__ = ["dequantize_fp4_kernel", "fp4_value_bits", "quantize_fp4_kernel"]
 
 
 @triton.jit(do_not_specialize=["start_val", "count_val", "src_rows", "out_rows", "g"])
@@ -160,24 +160,15 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
     tl.store(base + H // 2 + grp, tl.where(real, scale_byte, 0).to(tl.uint8), mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["rows_n", "g"])
-def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
-                          ROW_BYTES: tl.constexpr, NV: tl.constexpr, OUT_KIND: tl.constexpr,
-                          BLOCK_B: tl.constexpr, COMPILED: tl.constexpr, WIDE: tl.constexpr):
-    """``out[:rows_n] = dequantize(src[:rows_n])``: uint8 ``[rows_n, ROW_BYTES]`` wire rows ->
-    ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16); a block whose
-    scale byte is the NaN code gives the output's canonical quiet NaN."""
+@triton.jit
+def fp4_value_bits(byte, sb, g, BLOCK_B: tl.constexpr, NV: tl.constexpr,
+                   COMPILED: tl.constexpr):
+    """``(bits, sign, nan_blk)`` of ``BLOCK_B`` fp4 blocks: the float32 bits (int32 ``[BLOCK_B,
+    GS]``, sign included) of the elements of payload bytes ``byte`` (int32 ``[BLOCK_B,
+    GS / 2]``) with scale bytes ``sb`` (int32 ``[BLOCK_B]``; nvfp4's global scale ``g``),
+    their sign bits, and which blocks are NaN blocks (their bits are left as computed):
+    the dequantized values before the rounding to an output dtype."""
     GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
-    HALF: tl.constexpr = GS // 2
-    NB: tl.constexpr = H // GS
-    f = block_index(0, BLOCK_B, WIDE)
-    row = f // NB
-    grp = f % NB
-    ok = row < rows_n
-    base = src_ptr + row * ROW_BYTES
-    byte = tl.load((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],
-                   mask=ok[:, None], other=0).to(tl.int32)              # [B, HALF]
-    sb = tl.load(base + H // 2 + grp, mask=ok, other=0).to(tl.int32)     # [B]
     c = tl.reshape(tl.join(byte & 15, byte >> 4), [BLOCK_B, GS])         # element 2k: low
     m = c & 7
     sign = (c & 8) << 28
@@ -219,6 +210,28 @@ def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
                                    (0x800000 | mant) >> tl.maximum(1 - b, 0)))
             yb = tl.where(m == 0, 0, yb)
     yb = yb | sign
+    return yb, sign, nan_blk
+
+
+@triton.jit(do_not_specialize=["rows_n", "g"])
+def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
+                          ROW_BYTES: tl.constexpr, NV: tl.constexpr, OUT_KIND: tl.constexpr,
+                          BLOCK_B: tl.constexpr, COMPILED: tl.constexpr, WIDE: tl.constexpr):
+    """``out[:rows_n] = dequantize(src[:rows_n])``: uint8 ``[rows_n, ROW_BYTES]`` wire rows ->
+    ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16); a block whose
+    scale byte is the NaN code gives the output's canonical quiet NaN."""
+    GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
+    HALF: tl.constexpr = GS // 2
+    NB: tl.constexpr = H // GS
+    f = block_index(0, BLOCK_B, WIDE)
+    row = f // NB
+    grp = f % NB
+    ok = row < rows_n
+    base = src_ptr + row * ROW_BYTES
+    byte = tl.load((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],
+                   mask=ok[:, None], other=0).to(tl.int32)              # [B, HALF]
+    sb = tl.load(base + H // 2 + grp, mask=ok, other=0).to(tl.int32)     # [B]
+    yb, sign, nan_blk = fp4_value_bits(byte, sb, g, BLOCK_B, NV, COMPILED)
     nan = nan_blk[:, None]
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
     okk = ok[:, None]

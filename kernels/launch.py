@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from dpx import wire as W
+from dpx.kernels import combine as _combine
 from dpx.kernels import counts as _counts
 from dpx.kernels import fp4 as _fp4
 from dpx.kernels import mask as _mask
@@ -20,7 +21,8 @@ from dpx.kernels import wire as _wire
 from dpx.modes import Wire
 
 __all__ = [
-    "check_launch", "chunks_launch", "DEFAULT_TILE", "dequantize_launch", "FP4_BY_BLOCK",
+    "check_launch", "chunks_launch", "DEFAULT_TILE", "dequantize_launch",
+    "dequantize_sum_launch", "FP4_BY_BLOCK",
     "fp4_grid", "fp4_scale", "fp4_shape", "Fp4Shape", "grid", "Launch", "mask_launch",
     "move_launch", "OUT_KIND", "QUANTIZE_BY_BYTES", "quantize_grid", "quantize_launch",
     "quantize_shape", "QuantizeShape", "row_blocks", "STREAM_BYTES", "Tile", "tile_for",
@@ -272,3 +274,27 @@ def dequantize_launch(wire: Wire, rows: int, hidden: int, out_dtype: str, *,
                   f.warps, dict(H=hidden, ROW_BYTES=rb, NV=wire is Wire.NVFP4,
                                 OUT_KIND=OUT_KIND[out_dtype], BLOCK_B=f.block_b,
                                 COMPILED=compiled, WIDE=big), (0, 3))
+
+
+#: 128-element groups per program of the combine's fp8 receive pass.
+_FP8_SUM_GROUPS = 16
+
+
+def dequantize_sum_launch(wire: Wire, rows: int, parts: int, hidden: int, out_dtype: str, *,
+                          compiled: bool) -> Launch:
+    """:func:`~dpx.kernels.combine.dequantize_sum_kernel` of ``parts * rows`` wire rows
+    into ``[rows, hidden]`` of ``out_dtype`` (runtime arguments: the source, ``rows``,
+    :func:`fp4_scale`, the output)."""
+    rb = W.wire_row_bytes(hidden, wire)
+    big = wide(parts * rows * rb, rows * hidden)
+    gs = W.block(wire)
+    if wire is Wire.FP8:
+        block_b, warps = _FP8_SUM_GROUPS, 4
+    else:
+        f = fp4_shape(rows, hidden, gs)
+        block_b, warps = f.block_b, f.warps
+    return Launch(_combine.dequantize_sum_kernel, (-(-rows * (hidden // gs) // block_b),),
+                  warps, dict(H=hidden, ROW_BYTES=rb, FP4=wire is not Wire.FP8,
+                              NV=wire is Wire.NVFP4, PARTS=parts,
+                              OUT_KIND=OUT_KIND[out_dtype], BLOCK_B=block_b,
+                              COMPILED=compiled, WIDE=big), (0, 3))

@@ -31,7 +31,7 @@ ORDER = (
     "test_errors",
     "test_torch_comm", "test_torch_autograd", "test_torch_compile", "test_faults", "test_trust",
     "test_exit",
-    "test_torch_serving", "test_torch_groups", "test_torch_hotpath", "test_sglang",
+    "test_torch_serving", "test_combine", "test_torch_groups", "test_torch_hotpath", "test_sglang",
     "test_jax", "test_jax_serving", "test_jax_axes", "test_jax_multiprocess",
     "test_fuzz",
     "test_torch_gpu",

@@ -28,7 +28,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from dpx.kernels import counts, fp4, mask, rows, wire
+from dpx.kernels import combine, counts, fp4, mask, rows, wire
 
 _TARGET = GPUTarget("cuda", 90, 32)
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -85,6 +85,14 @@ def _cases() -> list[tuple]:
                              dict(src_ptr=u8, out_ptr=dtype),
                              dict(H=7168, ROW_BYTES=rb, NV=nv, OUT_KIND=kind, BLOCK_B=bb,
                                   COMPILED=True, WIDE=False), w))
+    for tag, fp4_, nv, bb, w in (("fp8", False, False, 16, 4), ("nvfp4", True, True, 64, 2),
+                                 ("mxfp4", True, False, 128, 4)):
+        rb = 7168 + 56 * 4 if not fp4_ else 7168 // 2 + 7168 // (16 if nv else 32)
+        for kind, dtype in enumerate(("*fp32", "*bf16", "*fp16")):
+            out.append(_case(f"{tag} dequantize_sum x8 {dtype}", combine.dequantize_sum_kernel,
+                             dict(src_ptr=u8, out_ptr=dtype),
+                             dict(H=7168, ROW_BYTES=rb, FP4=fp4_, NV=nv, PARTS=8,
+                                  OUT_KIND=kind, BLOCK_B=bb, COMPILED=True, WIDE=False), w))
     out.append(_case("mask", mask.mask_rows_kernel,
                      dict(firsts_ptr=i32, lens_ptr=i32, buf_ptr=bf), dict(row, BLOCK_R=4), 16))
     out.append(_case("check_counts", counts.check_counts_kernel,

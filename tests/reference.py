@@ -278,6 +278,36 @@ def dequantize_fp4(payload: np.ndarray, scales: np.ndarray, wire: str,
     return bits.astype(np.uint32).view(np.float32).reshape(rows, h)
 
 
+def wire_round_trip(x: np.ndarray, wire: str, g: float | None = None) -> np.ndarray:
+    """float32 values of every row of float32 ``x [rows, H]`` sent on ``wire``: quantized,
+    then dequantized to float32 (NaN as the canonical quiet NaN)."""
+    real = np.ones(x.shape[0], bool)
+    x = x.astype(np.float32)
+    if wire == "fp8":
+        return dequantize_fp8(*quantize_fp8(x, real))
+    return dequantize_fp4(*quantize_fp4(x, real, wire, g), wire, g)
+
+
+def combine_sum(globals_: list[np.ndarray], wire: str, g: float | None = None) -> np.ndarray:
+    """The quantized combine's float32 sum (docs/semantics.md, "The quantized combine"):
+    every rank's rows through the wire, added in rank order from +0.0 in float32, NaN as
+    the canonical quiet NaN. ``globals_``: each rank's buffer as float32 values."""
+    acc = np.zeros(globals_[0].shape, np.float32)
+    with np.errstate(all="ignore"):
+        for x in globals_:
+            acc = acc + wire_round_trip(x, wire, g)
+    bits = np.where(np.isnan(acc), np.uint32(0x7FC00000), acc.view(np.uint32))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def ref_combine_rank(globals_: list[np.ndarray], plan: DpPlan, rank: int, wire: str,
+                     dtype_name: str, g: float | None = None, counts=None) -> np.ndarray:
+    """The rank's result of ``reduce_scatter(..., wire=wire)``: its slot of
+    :func:`combine_sum` (zeros past its real rows), rounded to ``dtype_name``."""
+    return as_dtype(ref_scatter_rank(combine_sum(globals_, wire, g), plan, rank, counts),
+                    dtype_name)
+
+
 def as_dtype(v: np.ndarray, name: str) -> np.ndarray:
     """float32 ``v`` rounded to the dtype ``name`` (float32, bfloat16, float16) to nearest
     even, NaN to that dtype's canonical quiet NaN (what dequantize writes), as a NumPy

@@ -25,7 +25,7 @@ from dpx import expr as X
 from dpx import values as V
 from dpx.modes import Group
 from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, BroadcastV,
-                       CheckCounts, Dequantize, JoinColumns, Move, Pack, Quantize,
+                       CheckCounts, Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
                        ReduceScatter, ReduceScatterV, ReduceV, Ref, SplitColumns, Unpack, Zero)
 from dpx.schedule import Schedule
 
@@ -124,7 +124,7 @@ class _Rank:
         return self.sched.steps[self.pc] if self.pc < len(self.sched.steps) else None
 
 
-def _fp8_round_trip(x: np.ndarray) -> np.ndarray:
+def fp8_round_trip(x: np.ndarray) -> np.ndarray:
     """Wire rows as values: each real row quantized and dequantized (docs/semantics.md)."""
     from reference import dequantize_fp8, quantize_fp8
 
@@ -168,12 +168,22 @@ def _quantize(rank: _Rank, s: Quantize) -> None:
     rows = _int(rank.val(s.rows))
     assert 0 <= count <= rows and 0 <= start and start + count <= src.shape[0], str(s)
     out = np.zeros((rows, *src.shape[1:]))
-    out[:count] = _fp8_round_trip(src[start:start + count])
+    out[:count] = fp8_round_trip(src[start:start + count])
     rank.write(s.dst, out)
 
 
 def _dequantize(rank: _Rank, s: Dequantize) -> None:
     rank.write(s.dst, rank.ref(s.src).copy())
+
+
+def _dequantize_sum(rank: _Rank, s: DequantizeSum) -> None:
+    # the wire copies' values summed in source order
+    src, rows = rank.ref(s.src), _int(rank.val(s.rows))
+    assert src.shape[0] == s.parts * rows, str(s)
+    acc = np.zeros((rows, *src.shape[1:]))
+    for p in range(s.parts):
+        acc = acc + src[p * rows:(p + 1) * rows]
+    rank.write(s.dst, acc)
 
 
 def _chunks(rank: _Rank, s: Pack | Unpack) -> None:
@@ -218,7 +228,7 @@ def _split(rank: _Rank, s: SplitColumns) -> None:
 #: The simulator's handler of every local step kind.
 LOCAL: dict[type, Callable[[_Rank, Any], None]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
-    Dequantize: _dequantize, Pack: _chunks, Unpack: _chunks, JoinColumns: _join,
+    Dequantize: _dequantize, DequantizeSum: _dequantize_sum, Pack: _chunks, Unpack: _chunks, JoinColumns: _join,
     SplitColumns: _split,
 }
 

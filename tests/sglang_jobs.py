@@ -303,3 +303,57 @@ def newer_surface(ctx, layout_args) -> dict:
         _nan(4), _rows(2, 4 * dp), fb, cp_shard_counts=[1] * cp))
     sg.teardown()
     return out
+
+
+def dropin_combine_wire(ctx, layout_args, cases) -> int:
+    """``setup(..., combine_wire=...)``: ``dp_reduce_scatter_tensor`` (host counts in every
+    mode, a graph step's device counts) and ``dp_reduce_scatterv_async`` equal the quantized
+    combine of the dpx-native call on the same plan, bit for bit; a hidden size the wire
+    cannot take and nvfp4 without a scale are refused at set-up. Returns ``(checks, how
+    many combines differ from the native one)``."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    r, dp = ctx.rank, layout.dp_size
+    d = layout.coords(r).attn_dp_rank
+    H = 128
+    done = changed = 0
+    for i, case in enumerate(cases):
+        wire, g = case["wire"], case.get("scale")
+        sg.setup(comm, hidden_size=H, dtype=torch.bfloat16, device="cpu",
+                 use_gatherv=case.get("gatherv", False), combine_wire=wire,
+                 combine_wire_scale=g)
+        counts, pmode = case["counts"], sg.DpPaddingMode[case["mode"]]
+        gv = case.get("gatherv") and layout.attn_tp_size == 1 and layout.cp_size == 1
+        mode = "max_len" if pmode.is_max_len() else ("gatherv" if gv else "sum_len")
+        if case.get("device"):
+            plan = dpx.plan_step([0] * dp, layout, mode=mode, capacity=case["capacity"])
+            ct = torch.tensor(counts, dtype=torch.int32)
+            sg.set_dp_buffer_len(plan.global_rows, plan.slot_rows[d], pmode.is_max_len(),
+                                 None, ct)
+        else:
+            plan, ct = dpx.plan_step(counts, layout, mode=mode), None
+            sg.set_dp_buffer_len(plan.global_rows, plan.slot_rows[d], pmode.is_max_len(),
+                                 list(counts))
+        glob = (_rows(300 + 7 * i + r, plan.global_rows).repeat(1, H // HID) * 3).to(
+            torch.bfloat16)
+        want = comm.reduce_scatter(glob, plan, counts=ct, wire=wire, wire_scale=g)
+        changed += not torch.equal(want, comm.reduce_scatter(glob, plan, counts=ct))
+        out = torch.full((plan.slot_rows[d], H), float("nan"), dtype=torch.bfloat16)
+        sg.dp_reduce_scatter_tensor(out, glob)
+        _same("dp_reduce_scatter_tensor(combine_wire)", out.view(torch.int16),
+              want.view(torch.int16), case)
+        done += 1
+        if plan.mode is dpx.PaddingMode.GATHERV:
+            out = torch.full_like(out, float("nan"))
+            sg.dp_reduce_scatterv_async(out, glob, list(plan.aligned_tokens), ("combine", 0))
+            _same("dp_reduce_scatterv_async(combine_wire)", out.view(torch.int16),
+                  want.view(torch.int16), case)
+            done += 1
+    bad = {"width": raised(lambda: sg.setup(comm, hidden_size=100, dtype=torch.bfloat16,
+                                              device="cpu", combine_wire="fp8")),
+           "scale": raised(lambda: sg.setup(comm, hidden_size=H, dtype=torch.bfloat16,
+                                              device="cpu", combine_wire="nvfp4"))}
+    assert "H=100 must be a positive multiple of 128" in bad["width"], bad
+    assert "needs wire_scale=" in bad["scale"], bad
+    sg.teardown()
+    return done, changed

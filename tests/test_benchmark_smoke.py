@@ -88,6 +88,36 @@ def test_serving_wire_bytes_table(tmp_path):
                 assert idle == pytest.approx(bf16 / 2)
 
 
+def test_serving_combine_bytes_table(tmp_path):
+    """The combine's bytes table of ``benchmarks/serving.py`` (``serving_combine_bytes.csv``,
+    no GPU): with attn-tp 1 MAX_LEN sends as many wire rows as the bf16 reduce-scatter sends
+    rows, SUM_LEN with every replica busy half as many (its native all-reduce sends twice);
+    with attn-tp 2 the bf16 all-gather of the summed chunks stays; fp4 always sends less."""
+    from dpx.modes import Wire
+    from dpx.wire import wire_row_bytes
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    res = subprocess.run([sys.executable, "serving.py"], cwd=bench, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "OUT": str(tmp_path)})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "serving_combine_bytes.csv").open()))
+    assert len(rows) == 2 * 3 * 2 * 3
+    for r in rows:
+        bf16 = float(r["bf16_MiB"])
+        for w in (Wire.FP8, Wire.NVFP4, Wire.MXFP4):
+            row_ratio = wire_row_bytes(7168, w) / (2 * 7168)
+            ratio = float(r[f"{w.value}_vs_bf16"])
+            assert bf16 > 0 and ratio == pytest.approx(float(r[f"{w.value}_MiB"]) / bf16)
+            if w is not Wire.FP8:
+                assert ratio < 1
+            if "attn_tp=1" in r["layout"] and r["mode"] == "max_len":
+                assert ratio == pytest.approx(row_ratio, rel=1e-12)
+            if "attn_tp=1" in r["layout"] and r["mode"] == "sum_len" and r["pattern"] == "busy":
+                assert ratio == pytest.approx(row_ratio / 2, rel=1e-12)
+            if "attn_tp=2" in r["layout"] and r["mode"] == "max_len":
+                assert row_ratio < ratio < 1
+
+
 def test_lm_head_bytes_table(tmp_path):
     """benchmarks/lm_head.py's bytes table: every row's ratio is the ratio of its two byte
     counts, 1 / dp in MAX_LEN, and never above 1."""

@@ -132,6 +132,18 @@ CASES = {
                                              wire_scale=1.0),
                           DpxValueError, r"wire_scale applies to wire='nvfp4', not "
                                          r"wire='mxfp4'"),
+    "combine-op": (lambda c: dpx.build_schedule(P5, "scatter", rank=0, wire="fp8"),
+                   DpxValueError, r"wire='fp8' applies to gather and reduce_scatter, not "
+                                  r"scatter"),
+    "combine-width": (lambda c: c.reduce_scatter(_x(5, 100), P5, wire="fp8"),
+                      DpxValueError, r"wire='fp8' quantizes blocks of 128 elements: H=100 "
+                                     r"must be a positive multiple of 128"),
+    "combine-dtype": (lambda c: c.reduce_scatter(_x(5, 64, torch.int32), P5, wire="mxfp4"),
+                      DpxTypeError, r"wire='mxfp4' quantizes float32, bfloat16, float16; "
+                                    r"global_ has dtype int32"),
+    "combine-shape": (lambda c: c.reduce_scatter(torch.zeros(5, 2, 128), P5, wire="fp8"),
+                      DpxValueError, r"wire='fp8' needs global_ of shape \[rows, H\]; got "
+                                     r"\(5, 2, 128\)"),
     "wire-grad": (lambda c: c.gather(_x(6, 128).requires_grad_(), P5_MAX, partial=True,
                                      wire="fp8"),
                   DpxValueError, r"gather\(wire='fp8'\) records no autograd graph"),
@@ -342,6 +354,8 @@ _PRIMES = {
     "columns-out-dtype": lambda c: c.scatter_columns(_x(5), P5, out=_x(5)),
     "comm-out-alias": lambda c: c.gather(_x(6), P5, partial=True, out=_x(5)),
     "comm-global-rows": lambda c: c.reduce_scatter(_x(5), P5),
+    "combine-width": lambda c: c.reduce_scatter(_x(5, 128), P5, wire="fp8"),
+    "combine-dtype": lambda c: c.reduce_scatter(_x(5, 64), P5, wire="mxfp4"),
     "comm-partial": lambda c: c.gather(_x(), P5, partial=True),
     "comm-counts-dtype": lambda c: c.gather(_x(8), _CAP8, partial=True,
                                             counts=torch.tensor([1], dtype=torch.int32)),

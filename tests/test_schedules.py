@@ -20,7 +20,7 @@ from dpx.steps import CheckCounts, Move, Zero
 from reference import (dequantize_fp8, global_inputs, held, local_inputs, quantize_fp8,
                        real_rows, ref_gather, ref_reduce_scatter_rank,
                        ref_scatter_rank)
-from schedule_sim import simulate
+from schedule_sim import fp8_round_trip, simulate
 
 LAYOUTS = [(1, 1), (2, 2), (2, 1), (3, 3), (3, 1), (4, 4), (4, 2), (4, 1), (6, 3), (6, 2),
            (8, 2), (8, 4), (8, 8)]
@@ -136,6 +136,8 @@ def check_plan(plan, *, run=None, seed=0) -> int:
                         ("reduce_scatter", rs[r], ref_reduce_scatter_rank(globs, plan, r, eff))):
                     np.testing.assert_array_equal(got[:k], want, err_msg=f"{name} r{r} {kw}")
                     assert not got[k:].any(), f"{name} rank {r}: rows past the slot"
+            if transport is TRANSPORTS[0]:   # its route is the same on every transport
+                checks += _check_quantized_combine(plan, kw, dev_vec, eff, seed)
             # scatter's adjoint: the rank's rows back at their place, zeros elsewhere
             slots = [s[:plan.slot_rows[lay.coords(r).attn_dp_rank]] if not symbolic else s
                      for r, s in enumerate(sc)]
@@ -149,6 +151,26 @@ def check_plan(plan, *, run=None, seed=0) -> int:
                 np.testing.assert_array_equal(adj[r], want, err_msg=f"scatter_adjoint r{r}")
             checks += _check_scatter_columns(plan, globs, kw, dev_vec, eff)
     return checks
+
+
+def _check_quantized_combine(plan, kw, dev_vec, eff, seed) -> int:
+    """The fp8 combine: every rank's rows (pad rows too) as their quantize round trip,
+    summed over the ranks in rank order, then each rank's slot (the simulator sums the
+    values in float64: the float32 rounding is the frontends' tests')."""
+    lay, W = plan.layout, plan.layout.world_size
+    globs8 = global_inputs(seed, plan, (128,), floats=True)
+    got = simulate(_schedules(plan, Op.REDUCE_SCATTER, partial=True,
+                              in_rows=[plan.global_rows] * W, wire="fp8", **kw),
+                   globs8, dev_vec)
+    total = np.zeros_like(globs8[0])
+    for g in globs8:
+        total = total + fp8_round_trip(g)
+    for r in range(W):
+        k = plan.slot_rows[lay.coords(r).attn_dp_rank]
+        np.testing.assert_array_equal(got[r][:k], ref_scatter_rank(total, plan, r, eff),
+                                      err_msg=f"fp8 reduce_scatter r{r} {kw}")
+        assert not got[r][k:].any(), f"fp8 reduce_scatter rank {r}: rows past the slot"
+    return 1
 
 
 def _check_scatter_columns(plan, globs, kw, dev_vec, eff) -> int:

@@ -44,6 +44,25 @@ def test_each_function_equals_the_dpx_call(gloo_worlds, layout):
     assert res == [len(cases)] * layout[0]
 
 
+@pytest.mark.parametrize("layout", [(2, 2), (4, 2), (4, 4), (4, 1, 2)], ids=IDS)
+def test_combine_wire_runs_the_quantized_combine(gloo_worlds, layout):
+    """``setup(..., combine_wire=...)`` (fp8, nvfp4, mxfp4): the drop-in's combines are the
+    quantized combine of the same plan, host counts in every mode, device counts, GATHERV's
+    async form."""
+    dp = layout[1]
+    ragged = [3 + 2 * e if e % 2 == 0 else 0 for e in range(dp)]
+    cases = [dict(counts=ragged, mode="MAX_LEN", wire="fp8"),
+             dict(counts=ragged, mode="SUM_LEN", wire="nvfp4", scale=0.75),
+             dict(counts=ragged, mode="SUM_LEN", wire="mxfp4", gatherv=True),
+             dict(counts=[min(c, 8) for c in ragged], mode="MAX_LEN", wire="fp8",
+                  device=True, capacity=8)]
+    done = gloo_worlds(layout[0]).run("sglang_jobs:dropin_combine_wire", layout, cases,
+                                      timeout=300)
+    gv = 1 if layout[0] == dp else 0   # GATHERV where attn_tp is 1 (no CP)
+    assert [n for n, _ in done] == [len(cases) + gv] * layout[0]
+    assert done[0][1] == len(cases)   # replica 0 is busy: its quantized sums differ
+
+
 @pytest.mark.parametrize("layout", [(2, 2), (4, 2), (2, 1, 2), (4, 2, 2), (4, 1, 2)], ids=IDS)
 def test_todays_sglang_surface(gloo_worlds, layout):
     """cp_shard_counts, the decode rule (padding mode, CUDA-graph default, plan_step's

@@ -101,3 +101,20 @@ def test_lm_head_scatter_compiles(comm1, mode):
     x = torch.randn(cap.global_rows, 6)
     got = _compiled_equals_eager(lambda s, c: comm1.scatter_columns(s, cap, counts=c), x, ct)
     assert torch.equal(got, comm1.scatter(x, cap, counts=ct))
+
+
+@pytest.mark.parametrize("wire,g", [("fp8", None), ("nvfp4", 0.75), ("mxfp4", None)])
+def test_quantized_combine_compiles(comm1, wire, g):
+    """reduce_scatter(wire=...) under torch.compile(fullgraph=True), host counts and a
+    capacity plan with device counts: the bits of the eager call."""
+    plan = dpx.plan_step([5], comm1.layout, mode="gatherv")
+    x = torch.randn(plan.global_rows, 128).to(torch.bfloat16)
+    got = _compiled_equals_eager(
+        lambda s: comm1.reduce_scatter(s * 2, plan, wire=wire, wire_scale=g), x)
+    assert got.dtype == torch.bfloat16 and 0 < (got.float() - 2 * x[:5].float()).abs().max() < 1
+    cap = dpx.plan_step([0], comm1.layout, mode="sum_len", capacity=8)
+    ct = torch.tensor([3], dtype=torch.int32)
+    x = torch.randn(cap.global_rows, 128)
+    got = _compiled_equals_eager(
+        lambda s, c: comm1.reduce_scatter(s, cap, counts=c, wire=wire, wire_scale=g), x, ct)
+    assert not got[3:].any() and got[:3].abs().sum() > 0

@@ -211,6 +211,53 @@ def test_wire_gather_replays_under_cuda_graphs_with_new_counts(nccl1, mode, wire
         assert torch.equal(res["deq"].cpu().view(torch.int16), ref.view(torch.int16)), n
 
 
+@pytest.mark.parametrize("wire,g", WIRES, ids=[w for w, _ in WIRES])
+@pytest.mark.parametrize("mode", ["max_len", "sum_len", "gatherv"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_nccl_world1_combine_matches_reference(nccl1, mode, dtype, wire, g):
+    """The quantized combine through the compiled kernels (the quantize, the summing pass)
+    on NCCL: bit for bit the reference, edge values included."""
+    import numpy as np
+
+    from combine_jobs import inputs
+    from reference import bits_of, ref_combine_rank
+
+    plan = dpx.plan_step([37], nccl1.layout, mode=mode)
+    globs = inputs(plan, 3, getattr(torch, dtype))
+    got = nccl1.reduce_scatter(_t(globs[0], getattr(torch, dtype)), plan, wire=wire,
+                               wire_scale=g)
+    want = bits_of(ref_combine_rank(globs, plan, 0, wire, dtype, g))
+    assert np.array_equal(_bytes(got).view(want.dtype).reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("wire,g", WIRES, ids=[w for w, _ in WIRES])
+@pytest.mark.parametrize("mode", ["max_len", "sum_len"])
+def test_combine_replays_under_cuda_graphs_with_new_counts(nccl1, mode, wire, g):
+    """A capacity plan's quantized combine with device counts, captured once and replayed
+    with new counts: bit for bit the reference every time."""
+    import numpy as np
+
+    from reference import bits_of, ref_combine_rank
+
+    H, cap = 512, 48
+    plan = dpx.plan_step([1], nccl1.layout, capacity=cap, mode=mode)
+    counts = torch.tensor([cap], dtype=torch.int32, device="cuda")
+    x = (torch.randn(plan.global_rows, H, device="cuda") * 5).to(torch.bfloat16)
+    res = {}
+
+    def step():
+        res["out"] = nccl1.reduce_scatter(x, plan, counts=counts, wire=wire, wire_scale=g)
+
+    graph, _ = capture(step)
+    glob = [x.float().cpu().numpy()]
+    for n in (0, 5, cap, 17):
+        counts.fill_(n)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = bits_of(ref_combine_rank(glob, plan, 0, wire, "bfloat16", g, (n,)))
+        assert np.array_equal(_bytes(res["out"]).view(np.uint16).reshape(want.shape), want), n
+
+
 def test_captured_step_exchanges_counts_masks_and_gathers(nccl1):
     """exchange_counts -> capacity-plan gather of (hidden, ids) -> mask_pad_rows, captured
     once in a CUDA graph and replayed with new counts written into n_local."""
@@ -321,6 +368,37 @@ def test_jax_wire_rows_equal_torch_bitwise_on_gpu(nccl1, impl, wire, g):
 
 
 @pytest.mark.skipif(not __import__("conftest").jax_gpu_available(), reason="needs JAX on GPU")
+@pytest.mark.parametrize("wire,g", WIRES, ids=[w for w, _ in WIRES])
+@pytest.mark.parametrize("impl", ["triton", "xla"])
+def test_jax_combine_equals_torch_bitwise_on_gpu(nccl1, impl, wire, g):
+    """The quantized combine on the GPU: jax-triton's kernels and XLA's path give torch's
+    bits."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import dpx_jax
+    from combine_jobs import inputs
+
+    if impl == "triton":
+        from dpx_jax.triton_shim import jax_triton
+
+        if jax_triton() is None:
+            pytest.skip("needs jax-triton")
+    plan = dpx.plan_step([37], nccl1.layout, mode="gatherv")
+    x = inputs(plan, 9, torch.bfloat16)[0]
+    tout = nccl1.reduce_scatter(_t(x, torch.bfloat16), plan, wire=wire, wire_scale=g)
+    mesh = dpx_jax.make_mesh(plan.layout, jax.devices("gpu"))
+    f = jax.jit(jax.shard_map(
+        lambda v: dpx_jax.reduce_scatter(v, plan, wire=wire, wire_scale=g, impl=impl),
+        mesh=mesh, in_specs=P(dpx_jax.AXES), out_specs=P(dpx_jax.AXES)))
+    jout = f(jnp.asarray(x, jnp.bfloat16))
+    assert np.array_equal(np.asarray(jout)[:tout.shape[0]].view(np.int16),
+                          tout.view(torch.int16).cpu().numpy())
+
+
+@pytest.mark.skipif(not __import__("conftest").jax_gpu_available(), reason="needs JAX on GPU")
 def test_fp4_kernels_compile_to_the_same_ptx_under_torch_and_jax(tmp_path, monkeypatch):
     """The fp4 quantize-and-place and dequantize kernels that jax-triton compiles for a
     gather are, PTX for PTX, the ones the torch launch compiles for the same shapes
@@ -412,6 +490,10 @@ def test_gloo_with_cuda_tensors_on_one_gpu(gloo_worlds, layout):
                          timeout=300) == [len(cases)] * layout[0]
         res = world.run("hotpath_jobs:over_capacity", layout, hp._over_cases(dp, cp))
         assert all(r["flagged"] and r["untouched"] for rank in res for r in rank)
+        import test_combine as tc
+
+        assert world.run("combine_jobs:check_combine", layout, tc._cases(dp, cp),
+                         timeout=300)[0] > 0
     finally:
         world.run("torch_jobs:use_device", "cpu")
 

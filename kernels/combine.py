@@ -1,0 +1,87 @@
+"""The quantized combine's receive pass (:class:`dpx.steps.DequantizeSum`, docs/semantics.md
+"The quantized combine"): the ``PARTS`` wire copies of each row -- one from every source
+rank, block ``p`` of the all-to-all's receive buffer -- dequantized to float32, summed in
+float32 in source order from +0.0, rounded once to the output dtype. One pass: every
+source's bytes are read once, the output written once.
+
+The float32 values are the dequantize kernels' (fp8: ``e4m3 * scale`` as
+:func:`~dpx.kernels.wire.dequantize_rows_kernel` computes it; nvfp4 / mxfp4:
+:func:`~dpx.kernels.fp4.fp4_value_bits`). The additions are IEEE round-to-nearest-even
+with subnormals: on a GPU (``COMPILED``) each is a PTX ``add.rn.f32``, which the compiler
+never fuses with the fp8 product into a multiply-add (a plain ``add.f32`` it may); in
+Triton's interpreter a NumPy float32 addition. A NaN anywhere gives the output's canonical
+quiet NaN; a zero result is +0.0 (as the sum from +0.0 defines it, whatever a compiler
+does with its first addition). The rounding to bfloat16 is by bits, to float16 the
+conversion (round to nearest even in both builds), as the dequantize kernels do.
+
+Grid: ``(cdiv(rows * H / GS, BLOCK_B),)``, ``GS`` the wire's block (fp8: its 128-element
+group): one program covers ``BLOCK_B`` consecutive blocks of the row-major ``[rows, H /
+GS]`` block grid as a ``[BLOCK_B, GS]`` tile.
+"""
+
+import triton
+import triton.language as tl
+
+from dpx.kernels.blocks import block_index, e4m3_signed_value
+from dpx.kernels.constants import (GROUP, MX_BLOCK, NAN_BF16, NAN_CODE, NAN_F16, NAN_F32,
+                                   NV_BLOCK)
+from dpx.kernels.fp4 import fp4_value_bits
+
+__all__ = ["dequantize_sum_kernel"]
+
+
+@triton.jit(do_not_specialize=["rows_n", "g"])
+def dequantize_sum_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
+                          ROW_BYTES: tl.constexpr, FP4: tl.constexpr, NV: tl.constexpr,
+                          PARTS: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK_B: tl.constexpr,
+                          COMPILED: tl.constexpr, WIDE: tl.constexpr):
+    """``out[j] = round(sum_p dequantize(src[p * rows_n + j]))`` for ``j < rows_n``: uint8
+    ``[PARTS * rows_n, ROW_BYTES]`` wire rows (fp8 unless ``FP4``; nvfp4 with global scale
+    ``g`` when ``NV``, else mxfp4) -> ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1:
+    bfloat16, 2: float16), the float32 sum over ``p = 0 .. PARTS-1`` in that order.
+    ``WIDE``: index math in int64, else int32."""
+    GS: tl.constexpr = (NV_BLOCK if NV else MX_BLOCK) if FP4 else GROUP
+    HALF: tl.constexpr = GS // 2
+    NB: tl.constexpr = H // GS
+    f = block_index(0, BLOCK_B, WIDE)
+    row = f // NB
+    grp = f % NB
+    ok = row < rows_n
+    okk = ok[:, None]
+    acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
+    for p in tl.static_range(PARTS):
+        base = src_ptr + (row + p * rows_n) * ROW_BYTES
+        if FP4:
+            byte = tl.load((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],
+                           mask=okk, other=0).to(tl.int32)              # [B, HALF]
+            sb = tl.load(base + H // 2 + grp, mask=ok, other=0).to(tl.int32)
+            yb, _, nan_blk = fp4_value_bits(byte, sb, g, BLOCK_B, NV, COMPILED)
+            v = tl.where(nan_blk[:, None], float("nan"), yb.to(tl.float32, bitcast=True))
+        else:
+            c = tl.load((base + grp * GS)[:, None] + tl.arange(0, GS)[None, :], mask=okk,
+                        other=0).to(tl.int32)
+            scale = tl.load((base + H + grp * 4).to(tl.pointer_type(tl.float32)), mask=ok,
+                            other=0.0)
+            v = tl.where((c & 0x7F) == NAN_CODE, float("nan"),
+                         e4m3_signed_value(c) * scale[:, None])
+        if COMPILED:
+            acc = tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [acc, v],
+                                            dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            acc = acc + v
+    u = acc.to(tl.uint32, bitcast=True)
+    u = tl.where((u & 0x7FFFFFFF) == 0, 0, u).to(tl.uint32)   # a zero is +0.0
+    nan = acc != acc
+    offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
+    if OUT_KIND == 0:
+        out32 = out_ptr.to(tl.pointer_type(tl.uint32))
+        tl.store(out32 + offs, tl.where(nan, NAN_F32, u).to(tl.uint32), mask=okk)
+    elif OUT_KIND == 1:   # float32 -> bfloat16, round to nearest even, by bits
+        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
+        tl.store(out16 + offs, tl.where(nan, NAN_BF16, r).to(tl.uint16), mask=okk)
+    else:
+        h16 = u.to(tl.float32, bitcast=True).to(tl.float16).to(tl.uint16, bitcast=True)
+        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
+        tl.store(out16 + offs, tl.where(nan, NAN_F16, h16.to(tl.int32)).to(tl.uint16),
+                 mask=okk)
