@@ -21,7 +21,7 @@ from dpx.extents import op_rows
 from dpx.modes import Group, Op, PaddingMode, Transport
 from dpx.plan import DpPlan
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
-from dpx.steps import (AllGather, AllGatherV, AllReduce, AllToAll, BroadcastV, CheckCounts,
+from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll, BroadcastV, CheckCounts,
                        Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
                        ReduceScatter, ReduceScatterV, ReduceV, SplitColumns, Step, Unpack,
                        Zero)
@@ -146,6 +146,8 @@ PRICERS: dict[type[Step], Callable[[Any, _Pricing], StepCost]] = {
     Pack: lambda s, p: p.local(s, p.val(s.rows) + sum(p.val(s.lens)), s.dst.buf),
     Unpack: lambda s, p: p.local(s, p.val(s.rows) + sum(p.val(s.lens)), s.dst.buf),
     AllGather: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
+    # (the counts add 4 bytes a rank to the same launch)
+    AllGatherCounts: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
     ReduceScatter: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
     AllReduce: lambda s, p: p.collective(s, s.rows, s.buf.buf, 2),
     AllToAll: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),

@@ -14,7 +14,7 @@ from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
 from dpx.plan import CountRule
 from dpx.routes import RankRef, choose_route
-from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, BroadcastV,
+from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll, BroadcastV,
                        CheckCounts, Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
                        ReduceScatter, ReduceScatterV, ReduceV, Ref, SplitColumns, Step,
                        Unpack, Zero)
@@ -30,8 +30,13 @@ class Emitter:
     def __init__(self, geo: Geometry, op: Op, *, partial: bool, rank: RankRef,
                  device_counts: bool, transport: Transport, wire: Wire, dequantize: bool,
                  in_place: bool, in_rows_known: bool, rule: CountRule | None,
-                 example: V.HostOps) -> None:
+                 example: V.HostOps, ride: bool = False) -> None:
         self.geo, self.op, self.rank = geo, op, rank
+        #: the counts ride the world collective: no ragged route (its collective reads
+        #: every count), the count check after the collective
+        self.ride = ride
+        if ride:
+            transport = Transport.EQUAL
         self.partial = partial or op is Op.GATHER_SUM
         self.device_counts, self.transport = device_counts, transport
         self.wire, self.dequantize, self.in_place = wire, dequantize, in_place
@@ -93,12 +98,23 @@ class Emitter:
     def emit(self) -> None:
         """The steps: the device count check, then the method named ``<op>_<route>``
         (gather_sum runs gather's, reduce_scatter's are ``rs_<route>``)."""
-        if self.rule is not None:
+        if self.rule is not None and not self.ride:
             self.steps.append(CheckCounts(self.rule))
         if self.quantized:
             check_wire_mode(self.geo.mode, self.wire, self.op)
         family = {Op.GATHER_SUM: "gather", Op.REDUCE_SCATTER: "rs"}.get(self.op, self.op.value)
         getattr(self, f"{family}_{self.route.value}")()
+        if self.ride:
+            self.ride_counts()
+
+    def ride_counts(self) -> None:
+        """The counts ride the world all-gather (the steps before it read only this rank's
+        own count: the route's chunk; the count check follows it)."""
+        i, s = next((i, s) for i, s in enumerate(self.steps)
+                    if type(s) is AllGather and s.group is Group.WORLD)
+        self.steps[i] = AllGatherCounts(s.group, s.src, s.dst, s.rows)
+        if self.rule is not None:
+            self.steps.insert(i + 1, CheckCounts(self.rule))
 
     def scatter_local(self, src: Ref = Ref(IN)) -> None:
         """``out``: this rank's rows of the global buffer ``src``."""

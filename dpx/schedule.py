@@ -21,7 +21,7 @@ from dpx.emit import Emitter
 from dpx.errors import DpxValueError, check_int
 from dpx.extents import op_rows
 from dpx.geometry import Structure
-from dpx.modes import Op, Transport, Wire
+from dpx.modes import Op, PaddingMode, Transport, Wire
 from dpx.plan import DpPlan, count_rule
 from dpx.routes import RankRef, Route, concrete_rank, symbolic_geometry, symbolic_rank
 from dpx.steps import IN, OUT, Ref, Step, moved_buffer
@@ -85,6 +85,8 @@ class TemplateKey(NamedTuple):
     dequantize: bool
     in_place: bool
     in_rows_known: bool
+    #: the counts ride the gather's world collective (:class:`~dpx.steps.AllGatherCounts`)
+    ride: bool = False
 
 
 class Variant:
@@ -189,7 +191,7 @@ def _emit(key: TemplateKey, counts: tuple, in_rows: int | None, out_rows: int, *
     e = Emitter(geo, Op(key.op), partial=key.partial, rank=rank,
                 device_counts=key.device_counts, transport=Transport(key.transport),
                 wire=Wire(key.wire), dequantize=key.dequantize,
-                in_place=key.in_place, in_rows_known=key.in_rows_known,
+                in_place=key.in_place, in_rows_known=key.in_rows_known, ride=key.ride,
                 rule=count_rule(structure) if key.device_counts else None,
                 example=V.HostOps(() if key.device_counts else counts, params=params))
     e.emit()
@@ -249,7 +251,8 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
                    device_counts: bool = False, transport: Transport | str = Transport.PER_ROOT,
                    in_rows: int | None = None, out_rows: int | None = None,
                    wire: Wire | str = Wire.NATIVE, dequantize: bool = True,
-                   in_place: bool = False, cache: ScheduleCache | None = None) -> Schedule:
+                   in_place: bool = False, counts_ride: bool = False,
+                   cache: ScheduleCache | None = None) -> Schedule:
     """The schedule of ``op`` on ``rank`` (``None``: one symbolic program for every rank).
 
     ``partial`` applies to gather. ``device_counts`` (capacity plans only): the counts are
@@ -259,14 +262,18 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
     ``out_rows`` defaults to :func:`dpx.extents.op_rows`. ``in_place``: a gather whose
     input is this rank's rows inside ``out`` (:func:`dpx.extents.local_rows`). ``cache``
     keeps the templates (a :class:`ScheduleCache`); without one the schedule is built
-    afresh.
+    afresh. ``counts_ride``: a gather with device counts whose passes before its world
+    collective read only the rank's own count, the others arriving with the collective
+    (:class:`~dpx.steps.AllGatherCounts`; MAX_LEN and GATHERV, docs/semantics.md "Counts
+    that ride the gather").
     """
     op = op if type(op) is Op else Op.parse(op)
     transport = transport if type(transport) is Transport else Transport.parse(transport)
     wire = wire if type(wire) is Wire else Wire.parse(wire)
-    if device_counts or in_place or (rank is not None and type(rank) is not int):
+    if device_counts or in_place or counts_ride or (rank is not None
+                                                    and type(rank) is not int):
         check_call(plan, op, rank=rank, device_counts=device_counts, wire=wire,
-                   in_place=in_place, in_rows=in_rows)
+                   in_place=in_place, in_rows=in_rows, counts_ride=counts_ride)
     if out_rows is None:
         out_rows = op_rows(plan, op, rank, device_counts=device_counts).out
     if in_rows is None and op is Op.SCATTER_COLUMNS_ADJOINT:  # its input is exactly a slot
@@ -274,7 +281,7 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
     key = TemplateKey(plan.structure, op._value_, bool(partial) or op is Op.GATHER_SUM, rank,
                       bool(device_counts), transport._value_, wire._value_,
                       bool(dequantize) or wire is Wire.NATIVE, bool(in_place),
-                      in_rows is not None)
+                      in_rows is not None, bool(counts_ride))
     counts = plan.leaf_counts
     one_off = cache is None  # a schedule for one call: evaluated without generated code
     variant, values = (ScheduleCache(max_templates=1) if one_off else cache).variant(
@@ -284,10 +291,12 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
 
 
 def check_call(plan: DpPlan, op: Op, *, rank: int | None, device_counts: bool, wire: Wire,
-               in_place: bool, in_rows: int | None) -> None:
+               in_place: bool, in_rows: int | None, counts_ride: bool = False) -> None:
     """The rules of a schedule request that do not depend on tensors."""
     if device_counts and plan.capacity is None:
         raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
+    if counts_ride:
+        check_ride(plan, op, in_place=in_place)
     if in_place:
         if op is not Op.GATHER or rank is None:
             raise DpxValueError("in_place applies to a gather on a known rank")
@@ -296,3 +305,20 @@ def check_call(plan: DpPlan, op: Op, *, rank: int | None, device_counts: bool, w
                                 f"wire='{wire.value}' gathers from a separate input")
     if rank is not None:
         check_int("rank", rank)
+
+
+def check_ride(plan: DpPlan, op: Op, *, in_place: bool = False) -> None:
+    """The rules of counts that ride a gather (raised alike on every rank): a capacity plan
+    in MAX_LEN or GATHERV, a gather from a separate input."""
+    if op is not Op.GATHER:
+        raise DpxValueError(f"counts ride a gather, not {op.value}")
+    if plan.capacity is None:
+        raise DpxValueError("counts ride the gather of a capacity plan (plan_step(..., "
+                            "capacity=)): other plans know every count on the host")
+    if plan.mode is PaddingMode.SUM_LEN:
+        raise DpxValueError("counts ride a gather in max_len or gatherv: sum_len places "
+                            "every replica's rows at offsets of every count before its "
+                            "collective (exchange_counts first)")
+    if in_place:
+        raise DpxValueError("counts ride a gather from a separate input, not an in-place "
+                            "one")

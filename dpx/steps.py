@@ -20,7 +20,7 @@ from dpx.modes import Group, Transport
 from dpx.plan import CountRule
 
 __all__ = [
-    "AllGather", "AllGatherV", "AllReduce", "AllToAll", "BroadcastV", "CheckCounts",
+    "AllGather", "AllGatherCounts", "AllGatherV", "AllReduce", "AllToAll", "BroadcastV", "CheckCounts",
     "Dequantize", "DequantizeSum", "JoinColumns", "kinds_for", "SplitColumns", "len_of",
     "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter", "ReduceScatterV", "ReduceV", "Ref", "Step",
     "STEP_KINDS", "Unpack", "VARIABLE_KINDS", "Zero",
@@ -244,6 +244,16 @@ class AllGather(Step):
 
 
 @dataclass(eq=False, slots=True)
+class AllGatherCounts(AllGather):
+    """:class:`AllGather`, and beside it every rank's own count (its replica's, or its CP
+    shard's: the one device count the steps before it read) exchanged as
+    ``exchange_counts`` exchanges them (:func:`dpx.counts.sources`): the step's counts from
+    here on (docs/semantics.md, "Counts that ride the gather")."""
+
+    text = "all_gather     {group}: {src}[{rows}] -> {dst}, with every rank's count"
+
+
+@dataclass(eq=False, slots=True)
 class ReduceScatter(Step):
     """``dst`` (``rows``): this rank's block of the group's sum of ``src``."""
 
@@ -331,7 +341,7 @@ class ReduceScatterV(_Variable):
 #: Every step kind, local passes first.
 STEP_KINDS: tuple[type[Step], ...] = (
     CheckCounts, Move, Zero, Quantize, Dequantize, DequantizeSum, Pack, Unpack, JoinColumns,
-    SplitColumns, AllGather, ReduceScatter, AllReduce, AllToAll, BroadcastV, ReduceV, AllGatherV,
+    SplitColumns, AllGather, AllGatherCounts, ReduceScatter, AllReduce, AllToAll, BroadcastV, ReduceV, AllGatherV,
     ReduceScatterV)
 
 VARIABLE_KINDS: tuple[type[Step], ...] = (BroadcastV, ReduceV, AllGatherV, ReduceScatterV)

@@ -22,10 +22,11 @@ from dpx import values as V
 from dpx.errors import DpxValueError
 from dpx.modes import Group
 from dpx.schedule import Schedule
-from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, CheckCounts,
+from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll, CheckCounts,
                        Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
                        ReduceScatter, ReduceScatterV, Ref, SplitColumns, Step, Unpack, Zero)
 from dpx.wire import wire_row_bytes
+from dpx_jax.counts import exchange_counts
 from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, _pack, _unpack, move
 from dpx_jax.wire import dequantize, dequantize_sum, quantize_take
@@ -59,6 +60,9 @@ class JaxValues(V.ArrayOps):
         if self._counts is None:
             raise DpxValueError("this schedule reads device counts; pass counts=")
         return self._counts
+
+    def set_counts(self, counts: jax.Array) -> None:
+        self._counts = counts
 
     def coord(self, name: str) -> jax.Array:
         names = _coord_axes(self._axes, name)
@@ -116,6 +120,8 @@ class _Run:
         self.rows[OUT] = sched.out_rows
         self.ops = JaxValues(counts, axes)
         self.memo: dict = {}
+        #: this device's own count when the counts ride the gather (run_schedule)
+        self.ride_own: jax.Array | None = None
 
     def value(self, v: Any) -> Any:
         return v if isinstance(v, int) else V.evaluate(v, self.ops, self.memo)
@@ -249,6 +255,15 @@ def _all_gather(s: AllGather, run: _Run) -> None:
     _equal(lambda x, n: lax.all_gather(x, n, axis=0, tiled=True), s, run)
 
 
+def _all_gather_counts(s: AllGatherCounts, run: _Run) -> None:
+    """The all-gather, and beside it every device's own count exchanged as
+    :func:`dpx_jax.exchange_counts` exchanges them: the counts from here on."""
+    _all_gather(s, run)
+    full = exchange_counts(run.ride_own, shards=run.sched.plan.sharded, axes=run.axes)
+    run.ops.set_counts(full.reshape(-1))
+    run.memo.clear()
+
+
 def _reduce_scatter(s: ReduceScatter, run: _Run) -> None:
     _equal(lambda x, n: lax.psum_scatter(x, n, scatter_dimension=0, tiled=True), s, run)
 
@@ -294,7 +309,7 @@ def _reduce_scatter_v(s: ReduceScatterV, run: _Run) -> None:
 HANDLERS: dict[type[Step], Callable[[Any, _Run], None]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
     Dequantize: _dequantize, DequantizeSum: _dequantize_sum, Pack: _pack_step,
-    Unpack: _unpack_step, AllGather: _all_gather,
+    Unpack: _unpack_step, AllGather: _all_gather, AllGatherCounts: _all_gather_counts,
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, AllGatherV: _all_gather_v,
     ReduceScatterV: _reduce_scatter_v, JoinColumns: _join_columns, SplitColumns: _split_columns,
     AllToAll: _all_to_all,
@@ -303,14 +318,31 @@ HANDLERS: dict[type[Step], Callable[[Any, _Run], None]] = {
 
 def run_schedule(sched: Schedule, x: jax.Array, counts: jax.Array | None,
                  impl: Impl, axes: Axes = DEFAULT_AXES,
-                 wire_scale: float | None = None) -> jax.Array:
+                 wire_scale: float | None = None, ride_own: jax.Array | None = None):
     """``sched`` on this device's ``x`` (``"in"``); returns ``"out"``. ``axes`` names the
-    mesh axes of the layout's dimensions; ``wire_scale``: nvfp4's global scale."""
+    mesh axes of the layout's dimensions; ``wire_scale``: nvfp4's global scale.
+    ``ride_own``: this device's own count (int32 ``[1]``) when the counts ride the gather
+    (``counts`` is None): returns ``("out", the counts that arrived)``."""
+    if ride_own is not None:
+        counts = _own_counts(sched, ride_own, axes)
     run = _Run(sched, x, counts, impl, axes, wire_scale)
+    run.ride_own = ride_own
     for step in sched.steps:
         handler = HANDLERS.get(type(step))
         if handler is None:
             raise DpxValueError(f"dpx_jax cannot run a {step.kind} step (its schedules use "
                                 f"the ragged or equal transports)")
         handler(step, run)
-    return run.env[OUT]
+    return run.env[OUT] if ride_own is None else (run.env[OUT], run.ops.counts())
+
+
+def _own_counts(sched: Schedule, n: jax.Array, axes: Axes) -> jax.Array:
+    """The counts vector (flat, as schedules read it) holding only this device's own count
+    (its replica's, or its CP shard's), zeros elsewhere."""
+    lay = sched.plan.layout
+    ops = JaxValues(None, axes)
+    i = ops.coord(X.Coord.DP)
+    size = lay.dp_size
+    if sched.plan.sharded:
+        i, size = i * lay.cp_size + ops.coord(X.Coord.CP), size * lay.cp_size
+    return jnp.zeros((size,), jnp.int32).at[i].set(n.reshape(-1)[0].astype(jnp.int32))

@@ -36,13 +36,13 @@ from dpx.errors import DpxTypeError, DpxValueError
 from dpx.extents import op_rows
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
-from dpx.schedule import build_schedule
+from dpx.schedule import build_schedule, check_ride
 from dpx_jax.interpreter import run_schedule
 from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, match_vma, on_gpu, resolve_impl, vary_over
 from dpx_jax.wire import split_wire
 
-__all__ = ["gather", "reduce_scatter", "scatter", "scatter_columns"]
+__all__ = ["gather", "gather_with_counts", "reduce_scatter", "scatter", "scatter_columns"]
 
 
 @dataclass(frozen=True)
@@ -61,16 +61,21 @@ class _Spec:
     dequantize: bool = True
     axes: Axes = DEFAULT_AXES
     wire_scale: float | None = None
+    #: the counts ride the gather (its ``counts`` argument is the device's own count)
+    ride: bool = False
 
     def schedule(self):
         return build_schedule(self.plan, self.op, rank=None, partial=self.partial,
                               device_counts=self.device_counts, transport=self.transport,
                               in_rows=self.in_rows, out_rows=self.out_rows, wire=self.wire,
-                              dequantize=self.dequantize)
+                              dequantize=self.dequantize, counts_ride=self.ride)
 
     def adjoint(self) -> "_Spec":
         """The backward's call: the adjoint op, in the native dtype (a quantized combine's
         gradient passes the quantization straight through)."""
+        if self.ride:
+            raise DpxValueError("gather_with_counts has no gradient; gather with counts= "
+                                "(from exchange_counts) to differentiate")
         if self.wire is not Wire.NATIVE and self.op is Op.GATHER:
             raise DpxValueError(f"gather(wire='{self.wire.value}') has no gradient "
                                 f"({self.wire.value} rounding); gather in the native dtype to "
@@ -84,12 +89,15 @@ def _run(x: jax.Array, counts: jax.Array | None, spec: _Spec) -> jax.Array:
     # Typed as varying over the whole world: each device's output has its own cotangent,
     # which is what the adjoint schedule expects (an invariant output's cotangent would
     # arrive already summed over the devices).
+    if spec.ride:   # (out, the counts that arrived), ``counts`` the device's own
+        return jax.tree.map(lambda a: vary_over(a, spec.axes.world), run_schedule(
+            spec.schedule(), x, None, spec.impl, spec.axes, spec.wire_scale, counts))
     return vary_over(run_schedule(spec.schedule(), x, counts, spec.impl, spec.axes,
                                   spec.wire_scale), spec.axes.world)
 
 
 def _run_fwd(x, counts, spec):
-    if spec.wire is not Wire.NATIVE:  # refused before the forward runs
+    if spec.wire is not Wire.NATIVE or spec.ride:  # refused before the forward runs
         spec.adjoint()
     return _run(x, counts, spec), (counts, x[:0])
 
@@ -147,13 +155,14 @@ def _axes(axes: object) -> Axes:
 
 def _call(x, plan: DpPlan, op: Op, partial: bool, c: jax.Array | None, impl,
           out_rows: int, wire: Wire = Wire.NATIVE, dequantize: bool = True,
-          axes: Axes = DEFAULT_AXES, wire_scale: float | None = None) -> jax.Array:
+          axes: Axes = DEFAULT_AXES, wire_scale: float | None = None,
+          ride: bool = False) -> jax.Array:
     impl = resolve_impl(impl)
     axes = _axes(axes)
     axes.check(plan.layout)
     transport = Transport.RAGGED if on_gpu() else Transport.EQUAL
     spec = _Spec(plan, op, partial, c is not None, transport, impl, x.shape[0], out_rows,
-                 wire, dequantize or wire is Wire.NATIVE, axes, wire_scale)
+                 wire, dequantize or wire is Wire.NATIVE, axes, wire_scale, ride)
     return _run(x, c, spec)
 
 
@@ -211,6 +220,41 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
     out = _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows, wire, dequantize,
                 axes, g)
     return split_wire(out, wire) if wire is not Wire.NATIVE and not dequantize else out
+
+
+def gather_with_counts(local: jax.Array, plan: DpPlan, *, partial: bool, n_local: jax.Array,
+                       shards: bool = False, impl: Impl | str = Impl.AUTO,
+                       wire: Wire | str = Wire.NATIVE, dequantize: bool = True,
+                       axes: Axes = DEFAULT_AXES, wire_scale=None):
+    """``gather(local, plan, counts=exchange_counts(n_local, shards=shards), ...)`` with the
+    counts riding the gather: the passes before its world all-gather read only this
+    device's own count ``n_local`` (int32 ``(1,)``), and the exchange's all-gather is
+    issued beside the rows' (a capacity plan in MAX_LEN or GATHERV). Returns ``(result,
+    counts)``: the counts ``exchange_counts`` returns (``[dp]``, or ``[dp, cp]`` with
+    ``shards``). Not differentiable (docs/semantics.md, "Counts that ride the gather")."""
+    if not isinstance(partial, bool):
+        raise DpxTypeError(f"partial={partial!r} must be a bool")
+    _check_plan(plan)
+    check_ride(plan, Op.GATHER)
+    if shards != plan.sharded:
+        raise DpxValueError(f"gather_with_counts(shards={shards}) with a plan whose "
+                            f"cp_shards is {'set' if plan.sharded else 'None'}")
+    if not hasattr(n_local, "dtype") or not jnp.issubdtype(n_local.dtype, jnp.integer) \
+            or n_local.size != 1:
+        raise DpxTypeError(f"n_local must be one integer per device, got "
+                           f"{getattr(n_local, 'shape', n_local)!r}")
+    wire = Wire.parse(wire)
+    g = W.check_wire_scale(wire, wire_scale)
+    if wire is not Wire.NATIVE:
+        W.check_wire(wire, plan.mode, tuple(local.shape), jnp.dtype(local.dtype).name)
+    _check_rows("local", local, op_rows(plan, Op.GATHER, None, device_counts=True).need,
+                exact=False)
+    out, counts = _call(local, plan, Op.GATHER, partial, jnp.reshape(n_local, (1,)), impl,
+                        plan.global_rows, wire, dequantize, axes, g, ride=True)
+    if wire is not Wire.NATIVE and not dequantize:
+        out = split_wire(out, wire)
+    lay = plan.layout
+    return out, counts.reshape(lay.dp_size, lay.cp_size) if shards else counts
 
 
 def _per_leaf(name: str, value, tree, n: int) -> list:

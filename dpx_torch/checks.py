@@ -88,6 +88,15 @@ class InputChecks:
     def counts(self, plan: DpPlan, counts: torch.Tensor | None, ref: torch.Tensor) -> None:
         check_device_counts(plan, counts, ref.device)
 
+    def n_local(self, n_local: object) -> None:
+        """A rank's own count for an exchange: an int32 tensor of shape ``(1,)``."""
+        if not isinstance(n_local, torch.Tensor) or n_local.dtype != torch.int32 \
+                or tuple(n_local.shape) != (1,):
+            raise DpxTypeError(f"n_local must be an int32 tensor of shape (1,), got "
+                               f"{getattr(n_local, 'dtype', type(n_local).__name__)} "
+                               f"{tuple(getattr(n_local, 'shape', ()))}")
+        self.tensor("n_local", n_local)
+
 
 def check_device_counts(plan: DpPlan, counts: torch.Tensor | None,
                         device: torch.device) -> None:

@@ -38,6 +38,7 @@ from dpx.schedule import Schedule, build_schedule
 from dpx_torch.agreement import Agreement
 from dpx_torch.checks import InputChecks
 from dpx_torch.exchange import CountsExchange
+from dpx_torch.flags import OverflowMethods
 from dpx_torch.fullpath import FullPath, in_place
 from dpx_torch.groups import DpGroups, adopt_groups, build_groups, mesh_groups
 from dpx_torch.lifecycle import Lifecycle, end_groups, exit_hook
@@ -51,13 +52,13 @@ from dpx_torch.runner import CacheLimits, Runner
 __all__ = ["DpComm", "counts_tensor"]
 
 _compiling = torch.compiler.is_compiling
-_GATHER, _REDUCE_SCATTER, _NATIVE = Op.GATHER._value_, Op.REDUCE_SCATTER._value_, Wire.NATIVE
+_GATHER, _NATIVE = Op.GATHER._value_, Wire.NATIVE
 #: ``_key(CallKey, fields)``: a key from all its fields in order, without NamedTuple's
 #: Python-level constructor (a quarter of a microsecond of the fast path)
 _key = tuple.__new__
 
 
-class DpComm:
+class DpComm(OverflowMethods):
     """The communicator of one DP-attention layout over one process group.
 
     ``group`` (default: the default process group) must have ``layout.world_size`` ranks.
@@ -244,29 +245,12 @@ class DpComm:
         replica d: row ``j < n_d`` is the sum over all ranks of ``global_[offsets[d] + j]``;
         other rows are 0. The adjoint of ``gather(partial=True)`` (and its gradient).
 
-        ``wire="fp8"`` / ``"nvfp4"`` / ``"mxfp4"`` (the quantized combine; every mode,
-        float ``[global_rows, H]`` input, ``H`` a multiple of 128 / 16 / 32; nvfp4 takes
-        ``wire_scale=g``): each rank's rows travel on the gather's wire format and row
-        ``j < n_d`` is ``round(sum over source ranks s = 0 .. world_size-1, in that order,
-        from +0.0, in float32, of dequantize(quantize(global_ on s)[offsets[d] + j]))`` in
-        ``global_``'s dtype -- the same bits in every frontend (docs/semantics.md, "The
-        quantized combine"). Differentiable: the backward is the native (unquantized)
-        gather of the output gradient, the quantization passed straight through."""
-        if self._life.fast and type(global_) is torch.Tensor and not _compiling() \
-                and (out is None or type(out) is torch.Tensor) \
-                and (counts is None or type(counts) is torch.Tensor) \
-                and (wire_scale is None or type(wire_scale) is float):
-            op = self.prepared.find(_key(CallKey, (
-                _REDUCE_SCATTER, plan, True,
-                wire if wire_scale is None else (wire, wire_scale), True, global_.shape,
-                global_.dtype, global_.device, counts is not None, out is not None, False,
-                "")), global_, counts, out)
-            if op is not None:
-                return op.run(global_, counts, out)
-        self._life.check()
-        op = self.full.global_op(Op.REDUCE_SCATTER, global_, plan, counts, out, wire=wire,
-                                 wire_scale=wire_scale)
-        return self.full.run(op, plan, Op.REDUCE_SCATTER, global_, counts, out)
+        ``wire="fp8"`` / ``"nvfp4"`` (``wire_scale=g``) / ``"mxfp4"``: the quantized
+        combine (every mode; float ``[global_rows, H]``): row ``j`` is the float32 sum over
+        world ranks in order, from +0.0, of the rows through the gather's wire, rounded to
+        ``global_``'s dtype (docs/semantics.md, "The quantized combine"). Its gradient is
+        the native one (the quantization passed straight through)."""
+        return self._global_op(Op.REDUCE_SCATTER, global_, plan, counts, out, wire, wire_scale)
 
     def scatter_columns(self, shard: torch.Tensor, plan: DpPlan, *,
                         counts: torch.Tensor | None = None,
@@ -290,10 +274,8 @@ class DpComm:
                                wire: Wire | str = Wire.NATIVE,
                                wire_scale: float | None = None) -> PreparedOp:
         """:meth:`reduce_scatter` decided once (see :meth:`prepare_gather`)."""
-        self._life.check()
-        return self.prepared.hold(self.full.global_op(
-            Op.REDUCE_SCATTER, global_, plan, counts, out,
-            refuse_grad="prepare_reduce_scatter", wire=wire, wire_scale=wire_scale))
+        return self._prepare_global(Op.REDUCE_SCATTER, global_, plan, counts, out, wire,
+                                    wire_scale)
 
     def prepare_scatter_columns(self, shard: torch.Tensor, plan: DpPlan, *,
                                 counts: torch.Tensor | None = None,
@@ -301,23 +283,27 @@ class DpComm:
         """:meth:`scatter_columns` decided once (see :meth:`prepare_gather`)."""
         return self._prepare_global(Op.SCATTER_COLUMNS, shard, plan, counts, out)
 
-    def _global_op(self, kind: Op, x, plan, counts, out):
+    def _global_op(self, kind: Op, x, plan, counts, out, wire=_NATIVE, wire_scale=None):
         if self._life.fast and type(x) is torch.Tensor and not _compiling() \
                 and (out is None or type(out) is torch.Tensor) \
-                and (counts is None or type(counts) is torch.Tensor):
-            op = self.prepared.find(_key(CallKey, (
-                kind._value_, plan, True, _NATIVE, True, x.shape, x.dtype, x.device,
-                counts is not None, out is not None, False, "")), x, counts, out)
+                and (counts is None or type(counts) is torch.Tensor) \
+                and (wire_scale is None or type(wire_scale) is float):
+            op = self.prepared.find(_key(CallKey, (   # wire_key(wire, wire_scale), inlined
+                kind._value_, plan, True, wire if wire_scale is None else (wire, wire_scale),
+                True, x.shape, x.dtype, x.device, counts is not None, out is not None, False,
+                "")), x, counts, out)
             if op is not None:
                 return op.run(x, counts, out)
         self._life.check()
-        op = self.full.global_op(kind, x, plan, counts, out)
+        op = self.full.global_op(kind, x, plan, counts, out, wire=wire, wire_scale=wire_scale)
         return self.full.run(op, plan, kind, x, counts, out)
 
-    def _prepare_global(self, kind: Op, x, plan, counts, out) -> PreparedOp:
+    def _prepare_global(self, kind: Op, x, plan, counts, out, wire=_NATIVE,
+                        wire_scale=None) -> PreparedOp:
         self._life.check()
-        return self.prepared.hold(self.full.global_op(kind, x, plan, counts, out,
-                                                      refuse_grad=f"prepare_{kind.value}"))
+        return self.prepared.hold(self.full.global_op(
+            kind, x, plan, counts, out, refuse_grad=f"prepare_{kind.value}", wire=wire,
+            wire_scale=wire_scale))
 
     def gather_async(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
                      counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -367,19 +353,29 @@ class DpComm:
 
     def exchange_counts(self, n_local: torch.Tensor, *, shards: bool = False,
                         plan: DpPlan | None = None) -> torch.Tensor:
-        """This rank's real count as a device int32 tensor of shape ``(1,)`` -> the per-
-        replica counts, a device int32 ``[dp_size]`` tensor (``shards=True``: each CP rank
-        reports its shard, the result is the ``[dp_size, cp_size]`` shard table). One tiny
-        all-gather on the world group, no host sync, capturable in a CUDA graph: the
-        ``counts=`` of a capacity plan's step and of ``mask_pad_rows``. Entry ``d`` is the
-        report of the rank of replica d with this rank's CP and attn-tp coordinates
-        (:mod:`dpx.counts`). ``plan`` (a capacity plan): the result is checked against
-        it, on the device (the overflow flag, :meth:`overflowed`) or, with ``validate``,
-        on the host. With ``validate=True`` the reports are read back and every rank
-        raises the same error when the ranks of a replica (of a CP rank, for shards)
-        disagree, when a count is negative, or when the counts do not fit ``plan``."""
+        """This rank's real count (device int32 ``(1,)``) -> the per-replica counts, device
+        int32 ``[dp_size]`` (``shards=True``: each CP rank reports its shard; the
+        ``[dp_size, cp_size]`` shard table): one tiny world all-gather, no host sync,
+        CUDA-graph capturable (:meth:`gather_with_counts` rides the gather instead). Entry
+        ``d`` is the report of replica d's rank with this rank's CP and attn-tp coordinates
+        (:mod:`dpx.counts`). ``plan`` (a capacity plan): the result is checked against it
+        on the device (the overflow flag) or, with ``validate``, on the host, where every
+        rank raises the same error when a replica's (a CP rank's) ranks disagree, when a
+        count is negative, or when the counts do not fit ``plan``."""
         self._life.check()
         return self._counts(n_local, shards=shards, plan=plan, validate=self.validate)
+
+    def gather_with_counts(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
+                           n_local: torch.Tensor, shards: bool = False,
+                           out: torch.Tensor | None = None, wire: Wire | str = Wire.NATIVE,
+                           dequantize: bool = True, wire_scale: float | None = None) -> tuple:
+        """``gather(local, plan, counts=exchange_counts(n_local, shards=shards), ...)``, the
+        counts riding the gather's world all-gather (MAX_LEN and GATHERV capacity plans):
+        ``(result, counts)``, checked as ``counts=`` is. Not differentiable
+        (docs/semantics.md, "Counts that ride the gather")."""
+        self._life.check()
+        return self.full.gather_with_counts(local, plan, partial, n_local, shards, out, wire,
+                                            dequantize, wire_scale)
 
     def mask_pad_rows(self, t: torch.Tensor, plan: DpPlan, *,
                       counts: torch.Tensor | None = None,
@@ -396,25 +392,6 @@ class DpComm:
         self._life.check()
         self.checks.plan(plan)
         return pad_row_mask(plan, counts=counts, device=device, tables=self.runner.tables)
-
-    def overflowed(self) -> bool:
-        """Whether any step's device counts broke its capacity plan since the last
-        :meth:`reset_overflow` (a host sync: read it after a graph replay, not inside
-        one). The flag is sticky; :meth:`overflow_reason` names what broke."""
-        return self.runner.flags.value() != 0
-
-    def overflow_reason(self) -> str:
-        """What the overflow flag records (``"none"`` when clear)."""
-        return self.runner.flags.describe(self.runner.flags.value())
-
-    def reset_overflow(self) -> None:
-        """Clear the overflow flag (in place: capturable, and graphs keep reading it)."""
-        self.runner.flags.reset()
-
-    def overflow_flag(self, device: torch.device | str) -> torch.Tensor:
-        """The int32 ``[1]`` device flag itself (nonzero after an overflow): read it on the
-        device, e.g. to branch or to copy it out with the step's results."""
-        return self.runner.flags.flag(torch.device(device))
 
     def schedule(self, plan: DpPlan, op: Op | str, *, partial: bool = True,
                  device_counts: bool = False, in_rows: int | None = None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from dpx import counts as C
-from dpx.errors import DpxCapacityError, DpxMismatchError, DpxTypeError, DpxValueError
+from dpx.errors import DpxCapacityError, DpxMismatchError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.plan import DpPlan
 from dpx_torch.checks import InputChecks
@@ -36,12 +36,7 @@ class CountsExchange:
                  validate: bool) -> torch.Tensor:
         """See :meth:`dpx_torch.DpComm.exchange_counts`."""
         c = self.checks
-        if not isinstance(n_local, torch.Tensor) or n_local.dtype != torch.int32 \
-                or tuple(n_local.shape) != (1,):
-            raise DpxTypeError(f"n_local must be an int32 tensor of shape (1,), got "
-                               f"{getattr(n_local, 'dtype', type(n_local).__name__)} "
-                               f"{tuple(getattr(n_local, 'shape', ()))}")
-        c.tensor("n_local", n_local)
+        c.n_local(n_local)
         if plan is not None:
             c.plan(plan)
             if plan.capacity is None:

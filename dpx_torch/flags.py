@@ -12,13 +12,15 @@ counts, so a bad count loses rows but never writes out of bounds -- and the flag
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from dpx.plan import CountRule
 from dpx_torch.ops import OpPasses
 from dpx_torch.passes import Passes, passes_for
 
-__all__ = ["FLAG_BITS", "OverflowFlags"]
+__all__ = ["FLAG_BITS", "OverflowFlags", "OverflowMethods"]
 
 #: What each bit of the flag means.
 FLAG_BITS = {1: "a negative count", 2: "a replica's count over a MAX_LEN capacity",
@@ -61,3 +63,28 @@ class OverflowFlags:
     @staticmethod
     def describe(value: int) -> str:
         return ", ".join(text for bit, text in FLAG_BITS.items() if value & bit) or "none"
+
+
+class OverflowMethods:
+    """A communicator's methods on its runner's flags (``self.runner.flags``)."""
+
+    runner: Any
+
+    def overflowed(self) -> bool:
+        """Whether any step's device counts broke its capacity plan since the last
+        :meth:`reset_overflow` (a host sync: read it after a graph replay, not inside
+        one). The flag is sticky; :meth:`overflow_reason` names what broke."""
+        return self.runner.flags.value() != 0
+
+    def overflow_reason(self) -> str:
+        """What the overflow flag records (``"none"`` when clear)."""
+        return self.runner.flags.describe(self.runner.flags.value())
+
+    def reset_overflow(self) -> None:
+        """Clear the overflow flag (in place: capturable, and graphs keep reading it)."""
+        self.runner.flags.reset()
+
+    def overflow_flag(self, device: torch.device | str) -> torch.Tensor:
+        """The int32 ``[1]`` device flag itself (nonzero after an overflow): read it on the
+        device, e.g. to branch or to copy it out with the step's results."""
+        return self.runner.flags.flag(torch.device(device))

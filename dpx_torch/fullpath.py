@@ -22,6 +22,7 @@ from dpx.extents import local_rows, op_rows
 from dpx.layout import DpLayout
 from dpx.modes import Op, Wire
 from dpx.plan import DpPlan
+from dpx.schedule import check_ride
 from dpx_torch.agreement import Agreement
 from dpx_torch.autograd import OpFunction
 from dpx_torch.checks import InputChecks
@@ -32,7 +33,7 @@ from dpx_torch.rows import overlaps
 from dpx_torch.runner import Call, Runner
 from dpx_torch.wire import split_wire
 
-__all__ = ["FullPath", "gather_label", "in_place", "wire_key"]
+__all__ = ["FullPath", "gather_label", "in_place", "own_counts", "wire_key"]
 
 _compiling = torch.compiler.is_compiling
 Tensors = tuple[torch.Tensor, ...]
@@ -87,6 +88,37 @@ class FullPath:
                 wire=w, dequantize=bool(dequantize), wire_scale=g)
         return self.checked(gather_label(wire, wire_scale) + index, plan, local, partial,
                             counts, make)
+
+    def gather_with_counts(self, local, plan, partial, n_local, shards, out, wire,
+                           dequantize, wire_scale) -> tuple:
+        """:meth:`DpComm.gather_with_counts`: ``(result, counts)``, the counts riding the
+        gather's world collective."""
+        own: list = []
+
+        def make() -> PreparedOp:
+            no_grad("gather_with_counts", local, "local")
+            self.checks.plan(plan)
+            check_ride(plan, Op.GATHER)
+            self.checks.n_local(n_local)
+            if shards != plan.sharded:
+                raise DpxValueError(f"gather_with_counts(shards={shards}) with a plan whose "
+                                    f"cp_shards is {'set' if plan.sharded else 'None'}")
+            own.append(own_counts(plan, self.rank, n_local))
+            w = Wire.parse(wire)
+            rows, g = self.gather_checks(local, plan, partial, own[0], out, w,
+                                         bool(dequantize), False, wire_scale)
+            key = CallKey(Op.GATHER._value_, plan, partial, wire_key(wire, wire_scale),
+                          dequantize, local.shape, local.dtype, local.device, True,
+                          out is not None, False, "ride")
+            return self._op(key, local, own[0], out, False, rows, {}, wire=w,
+                            dequantize=bool(dequantize), wire_scale=g, ride=True)
+        op = self.checked(gather_label(wire, wire_scale, "gather+counts"), plan, local,
+                          partial, None, make)
+        res = op.prep.new_out(local) if out is None else out
+        counts = op.prep.run_riding(local, res, flat_counts(own[0]), n_local)
+        lay = self.layout
+        return (split_wire(res, op.prep.shape.wire) if op.prep.out_wire else res,
+                counts.view(lay.dp_size, lay.cp_size) if shards else counts)
 
     def global_op(self, op: Op, x, plan, counts, out, form: Any = "",
                   refuse_grad: str | None = None, wire: Any = Wire.NATIVE,
@@ -284,6 +316,19 @@ class FullPath:
         res = batch(preps, [(t, p.new_out(t), c) for p, t in zip(preps, tensors)])
         return tuple(split_wire(r, p.shape.wire) if p.out_wire else r
                      for r, p in zip(res, preps))
+
+
+def own_counts(plan: DpPlan, rank: int, n_local: torch.Tensor) -> torch.Tensor:
+    """Device counts shaped like the plan's (``[dp]``, or ``[dp, cp]`` shards) holding only
+    this rank's own count ``n_local`` (its replica's, or its CP shard's), zeros elsewhere:
+    what the passes before a riding gather's collective read."""
+    lay = plan.layout
+    c = lay.coords(rank)
+    entries = lay.dp_size * (lay.cp_size if plan.sharded else 1)
+    i = c.attn_dp_rank * lay.cp_size + c.attn_cp_rank if plan.sharded else c.attn_dp_rank
+    own = torch.zeros(entries, dtype=torch.int32, device=n_local.device)
+    own[i:i + 1].copy_(n_local)
+    return own.view(lay.dp_size, lay.cp_size) if plan.sharded else own
 
 
 def in_place(layout: DpLayout, rank: int, local: Any, out: Any, plan: Any, counts: Any) -> bool:

@@ -30,7 +30,8 @@ from dpx.batch import Stage, lockstep
 from dpx.errors import DpxValueError
 from dpx.modes import Group, Wire
 from dpx.schedule import Variant
-from dpx.steps import (IN, OUT, AllGather, AllReduce, AllToAll, BroadcastV, CheckCounts,
+from dpx.counts import sources
+from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllReduce, AllToAll, BroadcastV, CheckCounts,
                        Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
                        ReduceScatter, ReduceV, Ref, SplitColumns, Step, Unpack, Zero, len_of)
 from dpx.wire import wire_row_bytes
@@ -118,12 +119,21 @@ class DeviceValues(V.ArrayOps):
     stay Python ints; constant vectors come from the communicator's :class:`DeviceTables`.
     One instance per call: common subexpressions are evaluated once."""
 
-    __slots__ = ("_counts", "_tables", "_params", "memo")
+    __slots__ = ("_counts", "_tables", "_params", "memo", "ride_own")
 
     def __init__(self, counts: torch.Tensor, tables: DeviceTables | FreshTables,
-                 params: tuple[int | None, int]) -> None:
+                 params: tuple[int | None, int],
+                 ride_own: torch.Tensor | None = None) -> None:
         self._counts, self._tables, self._params = counts, tables, params
         self.memo: dict = {}
+        #: counts that ride the gather: this rank's own count (int32 ``[1]``), while
+        #: ``counts`` holds only it (:class:`~dpx.steps.AllGatherCounts` replaces them)
+        self.ride_own = ride_own
+
+    def set_counts(self, counts: torch.Tensor) -> None:
+        """The call's counts from here on (what arrived with the collective)."""
+        self._counts = counts
+        self.memo.clear()
 
     def __call__(self, v: Any) -> Any:
         return V.evaluate(v, self, self.memo)
@@ -428,6 +438,27 @@ def _all_gather(s: AllGather, b: _Bind) -> StepFn:
     return lambda x, out, dv: go(dst(x, out), src(x, out))
 
 
+def _all_gather_counts(s: AllGatherCounts, b: _Bind) -> StepFn:
+    """The rows' all-gather and every rank's own count in one grouped launch where the
+    backend coalesces (NCCL); then the counts the exchange picks (as
+    ``DpComm.exchange_counts``) become the call's."""
+    rows = _all_gather(s, b)
+    sh = b.shape
+    go = sh.runner.collective(C.bind_all_gather, b.group(s.group))
+    coalesced, group, world = sh.runner.coalesced, s.group, sh.parts
+    src = sources(b.variant.key.structure.layout, sh.runner.rank,
+                  shards=b.variant.key.structure.sharded)
+
+    def run(x, out, dv):
+        own = dv.ride_own
+        every = own.new_empty(world)
+        with coalesced(group, own.device, collected=True):
+            rows(x, out, dv)
+            go(every, own)
+        dv.set_counts(every[sh.tables.get(src, own.device)])
+    return run
+
+
 def _reduce_scatter(s: ReduceScatter, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src)
     dst, _ = b.buffer(s.dst, s.rows)
@@ -474,8 +505,8 @@ BINDERS: dict[type[Step], Callable[[Any, _Bind], StepFn]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
     Dequantize: _dequantize, DequantizeSum: _dequantize_sum, Pack: _chunks(True),
     Unpack: _chunks(False),
-    AllGather: _all_gather, ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
-    BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
+    AllGather: _all_gather, AllGatherCounts: _all_gather_counts,
+    ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
     JoinColumns: _join_columns, SplitColumns: _split_columns, AllToAll: _all_to_all,
 }
 
@@ -589,6 +620,17 @@ class PreparedCall:
         for step in self.steps:
             step(x, out, dv)
         return out
+
+    def run_riding(self, x: torch.Tensor, out: torch.Tensor, own: torch.Tensor,
+                   n_local: torch.Tensor) -> torch.Tensor:
+        """Every step of a schedule whose counts ride its gather: ``own`` holds only this
+        rank's count ``n_local``; returns the counts that arrived."""
+        if self._pool_keys:
+            self.refresh()
+        dv = DeviceValues(own, self.shape.tables, self.params, n_local)
+        for step in self.steps:
+            step(x, out, dv)
+        return dv.counts()
 
 
 _COLLECTED = (AllGather, ReduceScatter, AllReduce)

@@ -133,7 +133,8 @@ class Runner:
                 device_counts: bool, wire: Wire = Wire.NATIVE, dequantize: bool = True,
                 wire_scale: float | None = None, in_place: bool = False,
                 out_rows: int | None = None,
-                scratch_key: str = "caller", rows: OpRows | None = None) -> PreparedCall:
+                scratch_key: str = "caller", rows: OpRows | None = None,
+                ride: bool = False) -> PreparedCall:
         """The call's prepared program for an input shaped like ``x`` (see the module
         docstring). ``rows``: the op's :func:`dpx.extents.op_rows`, when the caller has
         them. Under torch.compile tracing nothing is cached: the schedule is built and
@@ -144,7 +145,8 @@ class Runner:
         out = rows.out if out_rows is None else out_rows
         in_rows = x.shape[0]
         tkey = self.template_key(plan, op, partial=partial, device_counts=device_counts,
-                                 wire=wire, dequantize=dequantize, in_place=in_place)
+                                 wire=wire, dequantize=dequantize, in_place=in_place,
+                                 ride=ride)
         counts = plan.leaf_counts
         if compiling:
             variant, values = ScheduleCache(max_templates=1).variant(
@@ -160,12 +162,13 @@ class Runner:
                                rows.exact)
 
     def template_key(self, plan: DpPlan, op: Op, *, partial: bool, device_counts: bool,
-                     wire: Wire, dequantize: bool, in_place: bool) -> TemplateKey:
+                     wire: Wire, dequantize: bool, in_place: bool,
+                     ride: bool = False) -> TemplateKey:
         """The schedule template of a call of this rank (plain values: hashed on every
-        lookup)."""
+        lookup; ``ride``: the counts ride the gather)."""
         return TemplateKey(plan.structure, op._value_, partial, self.rank, device_counts,
                            self.transport._value_, wire._value_,
-                           dequantize or wire is Wire.NATIVE, in_place, True)
+                           dequantize or wire is Wire.NATIVE, in_place, True, ride)
 
     def program(self, variant: Variant) -> Program:
         """The compiled program of ``variant`` (cached)."""

@@ -1,5 +1,6 @@
 """Triton kernels of dpx (installed as ``dpx.kernels``): row passes (:mod:`.rows`), the fp8
-wire (:mod:`.wire`), the fp4 wires (:mod:`.fp4`), pad-row masking (:mod:`.mask`) and the
+wire (:mod:`.wire`), the fp4 wires (:mod:`.fp4`), the quantized combine's summing pass
+(:mod:`.combine`), pad-row masking (:mod:`.mask`) and the
 device check of a step's counts
 (:mod:`.counts`); :mod:`.launch` holds the launch shapes both frontends use."""
 
@@ -25,6 +26,7 @@ if __name__ == "kernels":
     sys.modules["kernels"] = _module
     _spec.loader.exec_module(_module)
 else:
+    from dpx.kernels.combine import dequantize_sum_kernel
     from dpx.kernels.counts import check_counts_kernel
     from dpx.kernels.fp4 import dequantize_fp4_kernel, quantize_fp4_kernel
     from dpx.kernels.launch import DEFAULT_TILE, Tile, grid, row_blocks
@@ -34,6 +36,6 @@ else:
     from dpx.kernels.wire import dequantize_rows_kernel, quantize_rows_kernel
 
     __all__ = ["DEFAULT_TILE", "Tile", "check_counts_kernel", "dequantize_fp4_kernel",
-               "dequantize_rows_kernel", "grid", "mask_rows_kernel", "move_rows_kernel",
+               "dequantize_rows_kernel", "dequantize_sum_kernel", "grid", "mask_rows_kernel", "move_rows_kernel",
                "pack_rows_kernel", "quantize_fp4_kernel", "quantize_rows_kernel",
                "row_blocks", "unpack_rows_kernel", "zero_rows_kernel"]

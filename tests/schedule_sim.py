@@ -21,10 +21,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import dpx
+from dpx.counts import sources
 from dpx import expr as X
 from dpx import values as V
 from dpx.modes import Group
-from dpx.steps import (IN, OUT, AllGather, AllGatherV, AllReduce, AllToAll, BroadcastV,
+from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll, BroadcastV,
                        CheckCounts, Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
                        ReduceScatter, ReduceScatterV, ReduceV, Ref, SplitColumns, Unpack, Zero)
 from dpx.schedule import Schedule
@@ -34,9 +35,20 @@ class NumpyValues(V.ArrayOps):
     """``dpx.values.ArrayOps`` on NumPy int64 arrays for one rank (its own table: ``+ - *
     //`` from NumPy's operators, the rest below)."""
 
-    def __init__(self, counts: Sequence[int] | None, coords: dict[str, int]) -> None:
+    def __init__(self, counts: Sequence[int] | None, coords: dict[str, int],
+                 own: int | None = None) -> None:
         self._counts = None if counts is None else np.asarray(counts, np.int64)
         self._coords = coords
+        #: counts that ride the gather: this rank's own count, and (until they arrive)
+        #: a counts vector holding only it, every other entry -1 (a read of one shows)
+        self.ride_own = None
+        if own is not None:
+            self.ride_own = int(self._counts[own])
+            self._counts = np.full(self._counts.shape, -1, np.int64)
+            self._counts[own] = self.ride_own
+
+    def ride_full(self, counts: np.ndarray) -> None:
+        self._counts = counts
 
     def counts(self):
         assert self._counts is not None, "schedule reads device counts none were given"
@@ -228,8 +240,8 @@ def _split(rank: _Rank, s: SplitColumns) -> None:
 #: The simulator's handler of every local step kind.
 LOCAL: dict[type, Callable[[_Rank, Any], None]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
-    Dequantize: _dequantize, DequantizeSum: _dequantize_sum, Pack: _chunks, Unpack: _chunks, JoinColumns: _join,
-    SplitColumns: _split,
+    Dequantize: _dequantize, DequantizeSum: _dequantize_sum, Pack: _chunks, Unpack: _chunks,
+    JoinColumns: _join, SplitColumns: _split,
 }
 
 
@@ -255,6 +267,17 @@ def _all_gather(group, s0) -> None:
     full = np.concatenate(srcs)
     for r, s in group:
         r.write(s.dst, full.copy())
+
+
+def _all_gather_counts(group, s0) -> None:
+    """The all-gather, and every rank's own count (the one entry of its counts vector it
+    held so far): the reports ``dpx.counts.sources`` picks become each rank's counts."""
+    _all_gather(group, s0)
+    own = [r.ops.ride_own for r, _ in group]
+    lay = group[0][0].sched.plan.layout
+    for k, (r, _) in enumerate(group):
+        src = sources(lay, k, shards=r.sched.plan.sharded)
+        r.ops.ride_full(np.asarray([own[j] for j in src], np.int64))
 
 
 def _reduce_scatter(group, s0) -> None:
@@ -326,8 +349,8 @@ def _reduce_scatter_v(group, s0) -> None:
 
 #: The simulator's handler of every collective kind.
 COLLECTIVES: dict[type, Callable[[list, Any], None]] = {
-    AllGather: _all_gather, ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
-    AllToAll: _all_to_all,
+    AllGather: _all_gather, AllGatherCounts: _all_gather_counts,
+    ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, AllToAll: _all_to_all,
     BroadcastV: _broadcast_v, ReduceV: _reduce_v, AllGatherV: _all_gather_v,
     ReduceScatterV: _reduce_scatter_v,
 }
@@ -356,7 +379,11 @@ def simulate(schedules: Sequence[Schedule], inputs: Sequence[np.ndarray],
         c = layout.coords(r)
         coords = {X.Coord.RANK: r, X.Coord.DP: c.attn_dp_rank, X.Coord.TP: c.attn_tp_rank,
                   X.Coord.CP: c.attn_cp_rank}
-        ranks.append(_Rank(sched, x, NumpyValues(counts, coords), r))
+        own = None
+        if any(isinstance(s, AllGatherCounts) for s in sched.steps):
+            own = (c.attn_dp_rank * layout.cp_size + c.attn_cp_rank if sched.plan.sharded
+                   else c.attn_dp_rank)
+        ranks.append(_Rank(sched, x, NumpyValues(counts, coords, own), r))
     while True:
         for r in ranks:
             while r.current is not None and not r.current.collective:

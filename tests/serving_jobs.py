@@ -12,6 +12,7 @@ import dpx_torch
 from reference import (as_dtype, bits_of, dequantize_fp4, dequantize_fp8, local_inputs,
                        quantize_fp4, quantize_fp8, real_rows, ref_gather)
 from harness import raised
+import torch_jobs
 from torch_jobs import DTYPES, _eq, _plan_of, _t
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -207,3 +208,56 @@ def check_wire_nonfinite(ctx, layout_args, cases) -> int:
             assert np.isnan(g.float().cpu().numpy()[np.isnan(want)]).all(), (wire, case)
         done += 1
     return done
+
+
+def check_ride(ctx, layout_args, cases) -> dict:
+    """``gather_with_counts``: per case (a capacity plan in MAX_LEN or GATHERV, host count
+    runs with idle replicas, CP shard tables, partial and replicated, native and fp8) the
+    rows and the counts equal ``gather(counts=exchange_counts(n_local))`` and its counts,
+    bit for bit; a count over the capacity sets the overflow flag as ``counts=`` does; the
+    rules (SUM_LEN, a plan without capacity, ``shards`` against the plan) raise alike."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    r = ctx.rank
+    c = layout.coords(r)
+    done = overflows = 0
+    for case in cases:
+        plan, _, eff = _plan_of(layout, case)
+        sharded = plan.sharded
+        mine = eff[c.attn_dp_rank][c.attn_cp_rank] if sharded else eff[c.attn_dp_rank]
+        n_local = torch.tensor([mine], dtype=torch.int32).to(torch_jobs.DEVICE)
+        seed, partial = case.get("seed", 0), case.get("partial", True)
+        locs = local_inputs(seed, plan, (128,), partial=partial, rows=plan.max_slot_rows,
+                            eff=None, floats=not partial)
+        x = _t(locs[r][:plan.max_slot_rows], torch.bfloat16)
+        wire = case.get("wire", "native")
+        comm.reset_overflow()
+        counts = comm.exchange_counts(n_local, shards=sharded)
+        want = comm.gather(x, plan, partial=partial, counts=counts, wire=wire)
+        flagged = comm.overflowed()
+        comm.reset_overflow()
+        got, got_counts = comm.gather_with_counts(x, plan, partial=partial, n_local=n_local,
+                                                  shards=sharded, wire=wire)
+        _bitwise(f"gather_with_counts {wire}", got, want, case)
+        assert torch.equal(got_counts.cpu(), counts.cpu()), (got_counts, counts, case)
+        assert comm.overflowed() == flagged, case
+        comm.reset_overflow()
+        done += 1
+        overflows += flagged
+    sum_len = dpx.plan_step([0] * layout.dp_size, layout, mode="sum_len", capacity=8)
+    n = torch.tensor([1], dtype=torch.int32).to(torch_jobs.DEVICE)
+    x = _t(np.zeros((8, 128)), torch.bfloat16)
+    errors = {
+        "sum_len": raised(lambda: comm.gather_with_counts(x, sum_len, partial=True,
+                                                          n_local=n)),
+        "host": raised(lambda: comm.gather_with_counts(
+            x, dpx.plan_step([1] * layout.dp_size, layout, mode="max_len"), partial=True,
+            n_local=n)),
+        "shards": raised(lambda: comm.gather_with_counts(
+            x, dpx.plan_step([0] * layout.dp_size, layout, mode="max_len", capacity=8),
+            partial=True, n_local=n, shards=True)),
+        "n_local": raised(lambda: comm.gather_with_counts(
+            x, dpx.plan_step([0] * layout.dp_size, layout, mode="max_len", capacity=8),
+            partial=True, n_local=n.long())),
+    }
+    return {"done": done, "overflows": overflows, **errors}

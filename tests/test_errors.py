@@ -99,6 +99,9 @@ def _mask(t, plan=P5, **kw):
 
 
 # id -> (callable(comm), error type, message regex)
+_RIDE_SUM = dpx.plan_step([0], L1, mode="sum_len", capacity=8)
+_RIDE_MAX = dpx.plan_step([0], L1, mode="max_len", capacity=8)
+
 CASES = {
     "wire-sum-len": (lambda c: c.gather(_x(6, 128), P5_SUM, partial=True, wire="fp8"),
                      DpxValueError, r"wire='fp8' needs a copy mode \(max_len or gatherv\)"),
@@ -144,6 +147,17 @@ CASES = {
     "combine-shape": (lambda c: c.reduce_scatter(torch.zeros(5, 2, 128), P5, wire="fp8"),
                       DpxValueError, r"wire='fp8' needs global_ of shape \[rows, H\]; got "
                                      r"\(5, 2, 128\)"),
+    "ride-mode": (lambda c: c.gather_with_counts(_x(8), _RIDE_SUM, partial=True,
+                                                 n_local=torch.tensor([1], dtype=torch.int32)),
+                  DpxValueError, r"counts ride a gather in max_len or gatherv: sum_len "
+                                 r"places every replica's rows"),
+    "ride-plan": (lambda c: c.gather_with_counts(_x(6), P5, partial=True,
+                                                 n_local=torch.tensor([1], dtype=torch.int32)),
+                  DpxValueError, r"counts ride the gather of a capacity plan"),
+    "ride-shards": (lambda c: c.gather_with_counts(
+        _x(8), _RIDE_MAX, partial=True, n_local=torch.tensor([1], dtype=torch.int32),
+        shards=True), DpxValueError,
+        r"gather_with_counts\(shards=True\) with a plan whose cp_shards is None"),
     "wire-grad": (lambda c: c.gather(_x(6, 128).requires_grad_(), P5_MAX, partial=True,
                                      wire="fp8"),
                   DpxValueError, r"gather\(wire='fp8'\) records no autograd graph"),

@@ -251,3 +251,66 @@ def _nonfinite_case(lay, plan, partial, dtype, dev) -> None:
             np.testing.assert_array_equal(s[r].view(np.int32), scales.view(np.int32))
             np.testing.assert_array_equal(g[r].view(deq.dtype), deq)
         assert np.isnan(g[0][~np.isfinite(want)].astype(np.float32)).all()
+
+
+@functools.cache
+def ride_fn(plan: dpx.DpPlan, partial: bool, wire: str):
+    """One jitted program: gather_with_counts beside gather(counts=exchange_counts(...))."""
+    sharded = plan.sharded
+
+    def body(x, n):
+        got, counts = dpx_jax.gather_with_counts(x, plan, partial=partial, n_local=n,
+                                                 shards=sharded, wire=wire)
+        c = dpx_jax.exchange_counts(n, shards=sharded)
+        return got, dpx_jax.gather(x, plan, partial=partial, counts=c, wire=wire), \
+            counts.reshape(1, -1), c.reshape(1, -1)
+
+    return jax.jit(jax.shard_map(body, mesh=mesh_for(plan.layout), in_specs=(SPEC, SPEC),
+                                 out_specs=(SPEC,) * 4))
+
+
+@pytest.mark.parametrize("layout", [(8, 4), (8, 2, 2)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
+def test_counts_ride_the_gather(layout):
+    """gather_with_counts: the rows and counts of gather(counts=exchange_counts(n_local)),
+    bit for bit, for MAX_LEN and GATHERV capacity plans (CP shard tables too), partial and
+    replicated, fp8; new counts do not recompile; SUM_LEN and gradients are refused."""
+    lay = dpx.DpLayout(*layout)
+    dp, cp, W = lay.dp_size, lay.cp_size, lay.world_size
+    mesh = mesh_for(lay)
+    for mode in ("max_len", "gatherv"):
+        cap = 8 if mode == "max_len" else 8 * dp
+        plans = [(dpx.plan_step([0] * dp, lay, mode=mode, capacity=cap), False)]
+        if cp > 1:
+            plans.append((dpx.plan_step([0] * dp, lay, mode=mode, capacity=cap,
+                                        cp_shards=[[0] * cp] * dp), True))
+        for plan, sharded in plans:
+            for partial, wire in ((True, "native"), (False, "fp8")):
+                f = ride_fn(plan, partial, wire)
+                for run in ([5, 0, 3, 8][:dp], [1] * dp):
+                    mine = []
+                    for r in range(W):
+                        c = lay.coords(r)
+                        n = run[c.attn_dp_rank]
+                        mine.append(np.array([(n + c.attn_cp_rank) % 3 if sharded else n]))
+                    x = [np.random.default_rng(r).standard_normal((plan.max_slot_rows, H))
+                         for r in range(W)]
+                    got, want, counts, c = f(shard(mesh, x, jnp.bfloat16),
+                                             shard(mesh, mine, jnp.int32))
+                    assert np.array_equal(np.asarray(got).view(np.int16),
+                                          np.asarray(want).view(np.int16)), (mode, sharded)
+                    assert np.array_equal(np.asarray(counts), np.asarray(c))
+                assert f._cache_size() == 1, "new counts must not recompile"
+    sum_len = dpx.plan_step([0] * dp, lay, mode="sum_len", capacity=8 * dp)
+    with pytest.raises(dpx.DpxValueError, match="max_len or gatherv"):
+        dpx_jax.gather_with_counts(jnp.zeros((8, H)), sum_len, partial=True,
+                                   n_local=jnp.zeros(1, jnp.int32))
+    plan = dpx.plan_step([0] * dp, lay, mode="max_len", capacity=8)
+    with pytest.raises(dpx.DpxValueError, match="cp_shards is None"):
+        dpx_jax.gather_with_counts(jnp.zeros((8, H)), plan, partial=True,
+                                   n_local=jnp.zeros(1, jnp.int32), shards=True)
+    g = jax.shard_map(lambda v, n: dpx_jax.gather_with_counts(v, plan, partial=True,
+                                                              n_local=n)[0],
+                      mesh=mesh, in_specs=(SPEC, SPEC), out_specs=SPEC)
+    with pytest.raises(dpx.DpxValueError, match="no gradient"):
+        jax.grad(lambda v: g(v, jnp.ones((W,), jnp.int32)).sum())(jnp.zeros((8 * W, H)))

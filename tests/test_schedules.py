@@ -62,14 +62,17 @@ def _shards_for(counts, cp: int, rng: random.Random, kind: int) -> list[tuple[in
     return out
 
 
-def _schedules(plan, op, *, partial, transport, symbolic, device, in_rows, wire="native"):
+def _schedules(plan, op, *, partial, transport, symbolic, device, in_rows, wire="native",
+               ride=False):
     W = plan.layout.world_size
     if symbolic:
         s = build_schedule(plan, op, rank=None, partial=partial, transport=transport,
-                           device_counts=device, in_rows=in_rows[0], wire=wire, cache=CACHE)
+                           device_counts=device, in_rows=in_rows[0], wire=wire,
+                           counts_ride=ride, cache=CACHE)
         return [s] * W
     return [build_schedule(plan, op, rank=r, partial=partial, transport=transport,
-                           device_counts=device, in_rows=in_rows[r], wire=wire, cache=CACHE)
+                           device_counts=device, in_rows=in_rows[r], wire=wire,
+                           counts_ride=ride, cache=CACHE)
             for r in range(W)]
 
 
@@ -104,6 +107,14 @@ def check_plan(plan, *, run=None, seed=0) -> int:
             if not symbolic and exact:
                 checks += _check_in_place(plan, locs, want_g, partial, transport, device,
                                           dev_vec, eff)
+            if device and transport is TRANSPORTS[0] and plan.mode is not PaddingMode.SUM_LEN:
+                # the counts ride the world collective: every pass before it sees only the
+                # rank's own count (the others are -1 until they arrive)
+                sched = _schedules(plan, Op.GATHER, partial=partial, in_rows=rows, ride=True,
+                                   **kw)
+                for r, got in enumerate(simulate(sched, locs, dev_vec)):
+                    np.testing.assert_array_equal(got, want_g, err_msg=f"ride r{r} {kw}")
+                checks += 1
             if exact and plan.mode is not dpx.PaddingMode.SUM_LEN:
                 # the fp8 wire: every real row arrives as its quantize round trip
                 locs8 = [x[:n] for x, n in zip(local_inputs(

@@ -118,3 +118,17 @@ def test_quantized_combine_compiles(comm1, wire, g):
     got = _compiled_equals_eager(
         lambda s, c: comm1.reduce_scatter(s, cap, counts=c, wire=wire, wire_scale=g), x, ct)
     assert not got[3:].any() and got[:3].abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", ["max_len", "gatherv"])
+def test_counts_riding_the_gather_compile(comm1, mode):
+    """gather_with_counts under torch.compile(fullgraph=True): the rows and counts of the
+    eager call, and those of gather(counts=exchange_counts(n_local))."""
+    plan = dpx.plan_step([0], comm1.layout, mode=mode, capacity=8)
+    n = torch.tensor([3], dtype=torch.int32)
+    x = torch.randn(8, 16)
+    out, counts = _compiled_equals_eager(
+        lambda v, c: comm1.gather_with_counts(v, plan, partial=True, n_local=c), x, n)
+    assert counts.tolist() == [3]
+    assert torch.equal(out, comm1.gather(x, plan, partial=True,
+                                         counts=comm1.exchange_counts(n)))

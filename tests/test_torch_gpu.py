@@ -258,6 +258,33 @@ def test_combine_replays_under_cuda_graphs_with_new_counts(nccl1, mode, wire, g)
         assert np.array_equal(_bytes(res["out"]).view(np.uint16).reshape(want.shape), want), n
 
 
+@pytest.mark.parametrize("mode", ["max_len", "gatherv"])
+def test_counts_ride_a_captured_gather(nccl1, mode):
+    """gather_with_counts captured once in a CUDA graph and replayed with new counts: the
+    rows and the counts of the eager gather(counts=exchange_counts(n_local)) every time,
+    and the overflow flag for a count over the capacity."""
+    cap, H = 48, 256
+    plan = dpx.plan_step([1], nccl1.layout, capacity=cap, mode=mode)
+    n_local = torch.tensor([cap], dtype=torch.int32, device="cuda")
+    x = torch.randn(plan.slot_rows[0], H, device="cuda").to(torch.bfloat16)
+    res = {}
+
+    def step():
+        res["out"], res["counts"] = nccl1.gather_with_counts(x, plan, partial=True,
+                                                             n_local=n_local)
+
+    graph, _ = capture(step)
+    for n in (0, 5, cap, 17, cap + 2):
+        nccl1.reset_overflow()
+        n_local.fill_(n)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = nccl1.gather(x, plan, partial=True, counts=nccl1.exchange_counts(n_local))
+        assert torch.equal(res["out"], want) and res["counts"].tolist() == [n], n
+        assert nccl1.overflowed() == (n > cap), n
+    nccl1.reset_overflow()
+
+
 def test_captured_step_exchanges_counts_masks_and_gathers(nccl1):
     """exchange_counts -> capacity-plan gather of (hidden, ids) -> mask_pad_rows, captured
     once in a CUDA graph and replayed with new counts written into n_local."""

@@ -1,6 +1,7 @@
 """Serving features of dpx_torch on gloo worlds 1-4 (attn-tp and CP layouts, capacity plans
 with device counts, idle replicas), against the NumPy reference: fp8 wire gather, several
-tensors in one gather, pad-row masking, counts exchanged on the device."""
+tensors in one gather, pad-row masking, counts exchanged on the device, counts riding the
+gather."""
 
 from __future__ import annotations
 
@@ -118,3 +119,34 @@ def test_exchange_counts(gloo_worlds, layout):
         assert len(msgs) == 1 and msgs.pop().startswith("DpxMismatchError: exchange_counts")
     else:  # one rank per replica: nothing to disagree on
         assert msgs == {"no error"}
+
+
+@pytest.mark.parametrize("layout", [(1, 1), (4, 2), (4, 4), (4, 1, 2), (4, 2, 2)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
+def test_counts_ride_the_gather(gloo_worlds, layout):
+    """gather_with_counts against gather(counts=exchange_counts(n_local)): MAX_LEN and
+    GATHERV capacity plans, idle replicas, counts over the capacity (the flag), partial and
+    replicated, fp8, CP shard tables; the rules raise the same error on every rank."""
+    dp = layout[1]
+    cp = layout[2] if len(layout) > 2 else 1
+    idle = [5 + d if d % 2 == 0 else 0 for d in range(dp)]
+    cases = []
+    for i, mode in enumerate(("max_len", "gatherv")):
+        cap = 8 if mode == "max_len" else 8 * dp
+        cases += [dict(counts=[0] * dp, mode=mode, capacity=cap, run_counts=idle,
+                       partial=True, seed=10 * i),
+                  dict(counts=[0] * dp, mode=mode, capacity=cap, run_counts=idle,
+                       partial=False, wire="fp8", seed=10 * i + 1),
+                  dict(counts=[0] * dp, mode=mode, capacity=cap, partial=True, seed=10 * i + 2,
+                       run_counts=[cap + 3 if d == 0 else 1 for d in range(dp)])]  # overflow
+        if cp > 1:
+            cases.append(dict(counts=[0] * dp, mode=mode, capacity=cap, partial=True,
+                              shards=[[0] * cp] * dp, seed=10 * i + 3,
+                              run_counts=[[2 + d] + [d % 2] * (cp - 1) for d in range(dp)]))
+    res = gloo_worlds(layout[0]).run("serving_jobs:check_ride", layout, cases)
+    assert all(r["done"] == len(cases) and r["overflows"] == 2 for r in res), res[0]
+    for key, needle in (("sum_len", "max_len or gatherv"), ("host", "capacity plan"),
+                        ("shards", "cp_shards is None"),
+                        ("n_local", "n_local must be an int32 tensor")):
+        msgs = {r[key] for r in res}
+        assert len(msgs) == 1 and needle in msgs.pop(), (key, res[0][key])
