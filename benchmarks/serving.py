@@ -54,8 +54,8 @@ WIRES = ("fp8", "nvfp4", "mxfp4")
 NV_SCALE = 448 * 6 / 5.0
 
 
-def wire_table() -> list[dict]:
-    """Bytes each rank sends in one gather, per mode, bf16 vs each quantized wire (the
+def _bytes_table(op: str, modes: tuple[str, ...]) -> list[dict]:
+    """Bytes each rank sends in one ``op`` per mode, bf16 vs each quantized wire (the
     slowest rank of the schedules dpx_torch runs; attn-tp 1 and 2, every replica busy or
     half of them idle)."""
     rows = []
@@ -65,14 +65,14 @@ def wire_table() -> list[dict]:
         for size, n in SIZES:
             for pattern, counts in (("busy", [n] * dp),
                                     ("half idle", [n if i % 2 == 0 else 0 for i in range(dp)])):
-                for mode in ("max_len", "gatherv"):
+                for mode in modes:
                     plan = dpx.plan_step(counts, lay, mode=mode)
                     sent = {}
                     for wire in ("native", *WIRES):
                         w = dpx.Wire.parse(wire)
                         sent[wire] = max(
                             sum(s.moved for s in price(
-                                build_schedule(plan, "gather", rank=r, partial=True, wire=w),
+                                build_schedule(plan, op, rank=r, partial=True, wire=w),
                                 row_bytes=2 * H, cost_model=model,
                                 wire_row_bytes=None if wire == "native"
                                 else wire_row_bytes(H, w)))
@@ -84,38 +84,16 @@ def wire_table() -> list[dict]:
                         row[f"{wire}_vs_bf16"] = sent[wire] / sent["native"]
                     rows.append(row)
     return rows
+
+
+def wire_table() -> list[dict]:
+    """The gather's bytes per rank (the copy modes: SUM_LEN cannot carry a wire)."""
+    return _bytes_table("gather", ("max_len", "gatherv"))
 
 
 def combine_table() -> list[dict]:
-    """Bytes each rank sends in one reduce_scatter, per mode: the bf16 reduce-scatter vs the
-    combine on each quantized wire (the slowest rank of the schedules dpx_torch runs;
-    attn-tp 1 and 2, every replica busy or half of them idle)."""
-    rows = []
-    model = CostModel()
-    for world, dp in ((8, 8), (8, 4)):
-        lay = dpx.DpLayout(world, dp)
-        for size, n in SIZES:
-            for pattern, counts in (("busy", [n] * dp),
-                                    ("half idle", [n if i % 2 == 0 else 0 for i in range(dp)])):
-                for mode in ("max_len", "sum_len", "gatherv"):
-                    plan = dpx.plan_step(counts, lay, mode=mode)
-                    sent = {}
-                    for wire in ("native", *WIRES):
-                        w = dpx.Wire.parse(wire)
-                        sent[wire] = max(
-                            sum(s.moved for s in price(
-                                build_schedule(plan, "reduce_scatter", rank=r, wire=w),
-                                row_bytes=2 * H, cost_model=model,
-                                wire_row_bytes=None if wire == "native"
-                                else wire_row_bytes(H, w)))
-                            for r in range(world))
-                    row = dict(layout=lay.describe(), size=size, pattern=pattern, mode=mode,
-                               bf16_MiB=sent["native"] / 2**20)
-                    for wire in WIRES:
-                        row[f"{wire}_MiB"] = sent[wire] / 2**20
-                        row[f"{wire}_vs_bf16"] = sent[wire] / sent["native"]
-                    rows.append(row)
-    return rows
+    """The combine's bytes per rank: the bf16 reduce-scatter vs the quantized one."""
+    return _bytes_table("reduce_scatter", ("max_len", "sum_len", "gatherv"))
 
 
 def combine_gpu(copies: dict) -> list[dict]:

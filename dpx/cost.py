@@ -21,10 +21,10 @@ from dpx.extents import op_rows
 from dpx.modes import Group, Op, PaddingMode, Transport
 from dpx.plan import DpPlan
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
-from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll, BroadcastV, CheckCounts,
-                       Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
-                       ReduceScatter, ReduceScatterV, ReduceV, SplitColumns, Step, Unpack,
-                       Zero)
+from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
+                       BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
+                       Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV,
+                       SplitColumns, Step, Unpack, Zero)
 
 __all__ = [
     "CostModel", "estimate", "estimate_op", "group_size", "ModeEstimate",

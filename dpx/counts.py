@@ -5,9 +5,11 @@ over ``dp`` reads), and which groups disagree (:func:`disagreements`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from dpx.layout import DpLayout
 
-__all__ = ["disagreements", "sources"]
+__all__ = ["disagreements", "own_entry", "sources"]
 
 
 def sources(layout: DpLayout, rank: int, *, shards: bool) -> tuple[int, ...]:
@@ -19,6 +21,12 @@ def sources(layout: DpLayout, rank: int, *, shards: bool) -> tuple[int, ...]:
                      for d in range(layout.dp_size) for c in range(layout.cp_size))
     return tuple(layout.rank_of(d, me.attn_cp_rank, me.attn_tp_rank)
                  for d in range(layout.dp_size))
+
+
+def own_entry(dp: Any, cp: Any, cp_size: int, *, shards: bool) -> Any:
+    """The entry of a rank's own count in a counts vector (``[dp]``, or ``[dp, cp]`` row by
+    row with ``shards``), from its DP and CP coordinates (ints, or a frontend's arrays)."""
+    return dp * cp_size + cp if shards else dp
 
 
 def disagreements(layout: DpLayout, reports: tuple[int, ...], *,

@@ -14,10 +14,10 @@ from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
 from dpx.plan import CountRule
 from dpx.routes import RankRef, choose_route
-from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll, BroadcastV,
-                       CheckCounts, Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
-                       ReduceScatter, ReduceScatterV, ReduceV, Ref, SplitColumns, Step,
-                       Unpack, Zero)
+from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
+                       BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
+                       Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV, Ref,
+                       SplitColumns, Step, Unpack, Zero)
 from dpx.wire import check_wire_mode
 
 __all__ = ["Emitter"]

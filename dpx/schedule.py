@@ -296,7 +296,7 @@ def check_call(plan: DpPlan, op: Op, *, rank: int | None, device_counts: bool, w
     if device_counts and plan.capacity is None:
         raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
     if counts_ride:
-        check_ride(plan, op, in_place=in_place)
+        check_ride(plan, op, device_counts=device_counts, in_place=in_place)
     if in_place:
         if op is not Op.GATHER or rank is None:
             raise DpxValueError("in_place applies to a gather on a known rank")
@@ -307,14 +307,22 @@ def check_call(plan: DpPlan, op: Op, *, rank: int | None, device_counts: bool, w
         check_int("rank", rank)
 
 
-def check_ride(plan: DpPlan, op: Op, *, in_place: bool = False) -> None:
+def check_ride(plan: DpPlan, op: Op, *, device_counts: bool = True, in_place: bool = False,
+               shards: bool | None = None) -> None:
     """The rules of counts that ride a gather (raised alike on every rank): a capacity plan
-    in MAX_LEN or GATHERV, a gather from a separate input."""
+    in MAX_LEN or GATHERV, its counts device data, a gather from a separate input;
+    ``shards`` (a call's flag): the plan's ``cp_shards`` set or not alike."""
     if op is not Op.GATHER:
         raise DpxValueError(f"counts ride a gather, not {op.value}")
     if plan.capacity is None:
         raise DpxValueError("counts ride the gather of a capacity plan (plan_step(..., "
                             "capacity=)): other plans know every count on the host")
+    if not device_counts:
+        raise DpxValueError("counts ride a gather whose counts are device data "
+                            "(device_counts=True)")
+    if shards is not None and shards != plan.sharded:
+        raise DpxValueError(f"gather_with_counts(shards={shards}) with a plan whose "
+                            f"cp_shards is {'set' if plan.sharded else 'None'}")
     if plan.mode is PaddingMode.SUM_LEN:
         raise DpxValueError("counts ride a gather in max_len or gatherv: sum_len places "
                             "every replica's rows at offsets of every count before its "

@@ -20,10 +20,10 @@ from dpx.modes import Group, Transport
 from dpx.plan import CountRule
 
 __all__ = [
-    "AllGather", "AllGatherCounts", "AllGatherV", "AllReduce", "AllToAll", "BroadcastV", "CheckCounts",
-    "Dequantize", "DequantizeSum", "JoinColumns", "kinds_for", "SplitColumns", "len_of",
-    "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter", "ReduceScatterV", "ReduceV", "Ref", "Step",
-    "STEP_KINDS", "Unpack", "VARIABLE_KINDS", "Zero",
+    "AllGather", "AllGatherCounts", "AllGatherV", "AllReduce", "AllToAll", "BroadcastV",
+    "CheckCounts", "Dequantize", "DequantizeSum", "JoinColumns", "kinds_for", "SplitColumns",
+    "len_of", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter", "ReduceScatterV",
+    "ReduceV", "Ref", "Step", "STEP_KINDS", "Unpack", "VARIABLE_KINDS", "Zero",
 ]
 
 IN, OUT = "in", "out"
@@ -341,8 +341,8 @@ class ReduceScatterV(_Variable):
 #: Every step kind, local passes first.
 STEP_KINDS: tuple[type[Step], ...] = (
     CheckCounts, Move, Zero, Quantize, Dequantize, DequantizeSum, Pack, Unpack, JoinColumns,
-    SplitColumns, AllGather, AllGatherCounts, ReduceScatter, AllReduce, AllToAll, BroadcastV, ReduceV, AllGatherV,
-    ReduceScatterV)
+    SplitColumns, AllGather, AllGatherCounts, ReduceScatter, AllReduce, AllToAll, BroadcastV,
+    ReduceV, AllGatherV, ReduceScatterV)
 
 VARIABLE_KINDS: tuple[type[Step], ...] = (BroadcastV, ReduceV, AllGatherV, ReduceScatterV)
 

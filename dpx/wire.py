@@ -152,4 +152,3 @@ def check_wire(wire: Wire, mode: PaddingMode, shape: tuple, dtype_name: str,
     if shape[1] % b or shape[1] == 0:
         raise DpxValueError(f"wire='{w}' quantizes blocks of {b} elements: H="
                             f"{shape[1]} must be a positive multiple of {b}")
-

@@ -8,7 +8,7 @@ from dpx_jax.rows import Impl, pack_rows, place_rows, take_rows, unpack_rows
 from dpx_jax.wire import split_wire
 
 __all__ = [
-    "AXES", "Axes", "Impl", "exchange_counts", "gather", "gather_with_counts", "local_count", "local_row_mask",
-    "make_mesh", "mask_pad_rows", "pack_rows", "pad_row_mask", "place_rows", "reduce_scatter",
-    "scatter", "scatter_columns", "split_wire", "take_rows", "unpack_rows",
+    "AXES", "Axes", "Impl", "exchange_counts", "gather", "gather_with_counts", "local_count",
+    "local_row_mask", "make_mesh", "mask_pad_rows", "pack_rows", "pad_row_mask", "place_rows",
+    "reduce_scatter", "scatter", "scatter_columns", "split_wire", "take_rows", "unpack_rows",
 ]

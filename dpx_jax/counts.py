@@ -9,7 +9,15 @@ from jax import lax
 from dpx.errors import DpxTypeError
 from dpx_jax.mesh import DEFAULT_AXES, Axes
 
-__all__ = ["exchange_counts"]
+__all__ = ["check_n_local", "exchange_counts"]
+
+
+def check_n_local(n_local: object) -> None:
+    """A device's own count: one integer."""
+    if not hasattr(n_local, "dtype") or not jnp.issubdtype(n_local.dtype, jnp.integer) \
+            or n_local.size != 1:
+        raise DpxTypeError(f"n_local must be one integer per device, got "
+                           f"{getattr(n_local, 'shape', n_local)!r}")
 
 
 def exchange_counts(n_local: jax.Array, *, shards: bool = False,
@@ -19,10 +27,7 @@ def exchange_counts(n_local: jax.Array, *, shards: bool = False,
     ``dp`` axis (``dp`` and ``cp``), so entry d is the report of replica d's device with
     this device's CP and attn-tp coordinates, as in ``DpComm.exchange_counts``. Call it
     inside ``shard_map``; ``axes`` names the mesh's dp / cp / tp axes."""
-    if not hasattr(n_local, "dtype") or not jnp.issubdtype(n_local.dtype, jnp.integer) \
-            or n_local.size != 1:
-        raise DpxTypeError(f"n_local must be one integer per device, got "
-                           f"{getattr(n_local, 'shape', n_local)!r}")
+    check_n_local(n_local)
     n = jnp.reshape(n_local, (1,)).astype(jnp.int32)
     dp, cp = axes.of("dp"), axes.of("cp")
     names = dp + cp if shards else dp

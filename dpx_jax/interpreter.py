@@ -18,13 +18,15 @@ from jax import lax
 from jax.experimental import checkify
 
 from dpx import expr as X
+from dpx.counts import own_entry
 from dpx import values as V
 from dpx.errors import DpxValueError
 from dpx.modes import Group
 from dpx.schedule import Schedule
-from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll, CheckCounts,
-                       Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
-                       ReduceScatter, ReduceScatterV, Ref, SplitColumns, Step, Unpack, Zero)
+from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
+                       CheckCounts, Dequantize, DequantizeSum, JoinColumns, Move, Pack,
+                       Quantize, ReduceScatter, ReduceScatterV, Ref, SplitColumns, Step,
+                       Unpack, Zero)
 from dpx.wire import wire_row_bytes
 from dpx_jax.counts import exchange_counts
 from dpx_jax.mesh import DEFAULT_AXES, Axes
@@ -339,10 +341,8 @@ def run_schedule(sched: Schedule, x: jax.Array, counts: jax.Array | None,
 def _own_counts(sched: Schedule, n: jax.Array, axes: Axes) -> jax.Array:
     """The counts vector (flat, as schedules read it) holding only this device's own count
     (its replica's, or its CP shard's), zeros elsewhere."""
-    lay = sched.plan.layout
+    lay, sharded = sched.plan.layout, sched.plan.sharded
     ops = JaxValues(None, axes)
-    i = ops.coord(X.Coord.DP)
-    size = lay.dp_size
-    if sched.plan.sharded:
-        i, size = i * lay.cp_size + ops.coord(X.Coord.CP), size * lay.cp_size
+    i = own_entry(ops.coord(X.Coord.DP), ops.coord(X.Coord.CP), lay.cp_size, shards=sharded)
+    size = lay.dp_size * (lay.cp_size if sharded else 1)
     return jnp.zeros((size,), jnp.int32).at[i].set(n.reshape(-1)[0].astype(jnp.int32))

@@ -37,6 +37,7 @@ from dpx.extents import op_rows
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.schedule import build_schedule, check_ride
+from dpx_jax.counts import check_n_local
 from dpx_jax.interpreter import run_schedule
 from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, match_vma, on_gpu, resolve_impl, vary_over
@@ -235,14 +236,8 @@ def gather_with_counts(local: jax.Array, plan: DpPlan, *, partial: bool, n_local
     if not isinstance(partial, bool):
         raise DpxTypeError(f"partial={partial!r} must be a bool")
     _check_plan(plan)
-    check_ride(plan, Op.GATHER)
-    if shards != plan.sharded:
-        raise DpxValueError(f"gather_with_counts(shards={shards}) with a plan whose "
-                            f"cp_shards is {'set' if plan.sharded else 'None'}")
-    if not hasattr(n_local, "dtype") or not jnp.issubdtype(n_local.dtype, jnp.integer) \
-            or n_local.size != 1:
-        raise DpxTypeError(f"n_local must be one integer per device, got "
-                           f"{getattr(n_local, 'shape', n_local)!r}")
+    check_ride(plan, Op.GATHER, shards=shards)
+    check_n_local(n_local)
     wire = Wire.parse(wire)
     g = W.check_wire_scale(wire, wire_scale)
     if wire is not Wire.NATIVE:

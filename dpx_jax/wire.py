@@ -102,13 +102,7 @@ def _dequantize_xla(src, dtype):
     payload = lax.bitcast_convert_type(src[:, :h], jnp.float8_e4m3fn).astype(jnp.float32)
     scale = lax.bitcast_convert_type(src[:, h:].reshape(rows, -1, 4), jnp.float32)
     v = (payload.reshape(rows, h // W.GROUP, W.GROUP) * scale[..., None]).reshape(rows, h)
-    nan = jnp.isnan(v)   # the output's canonical quiet NaN, by bits
-    out = jnp.where(nan, jnp.float32(0), v).astype(dtype)
-    bits = jnp.dtype(dtype).itemsize * 8
-    ut = jnp.uint32 if bits == 32 else jnp.uint16
-    canon = W.CANONICAL_NAN[jnp.dtype(dtype).name]
-    u = jnp.where(nan, ut(canon), lax.bitcast_convert_type(out, ut))
-    return lax.bitcast_convert_type(u, dtype)
+    return _round_to(v, dtype)
 
 
 def quantize_take(src, start, count, rows: int, impl: Impl, wire: Wire = Wire.FP8,

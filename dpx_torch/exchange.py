@@ -16,7 +16,24 @@ from dpx_torch.collectives import all_gather_single
 from dpx_torch.groups import DpGroups
 from dpx_torch.runner import Runner
 
-__all__ = ["CountsExchange"]
+__all__ = ["check_reports", "CountsExchange"]
+
+
+def check_reports(label: str, layout: DpLayout, reports: torch.Tensor, picked: torch.Tensor,
+                  *, shards: bool, plan: DpPlan | None) -> None:
+    """Every rank's count report (``reports``, world order; read back: a host sync) and the
+    counts picked from them, checked alike on every rank (every rank holds the same
+    reports): a replica's (a CP rank's) ranks that disagree, a negative count, counts
+    ``plan`` cannot hold."""
+    got = tuple(int(x) for x in reports.tolist())
+    bad = C.disagreements(layout, got, shards=shards)
+    bad += [f"rank {r} reported {x} < 0" for r, x in enumerate(got) if x < 0]
+    if bad:
+        raise DpxMismatchError(f"{label}: " + "; ".join(bad))
+    if plan is not None:
+        problems = plan.count_rule.problems(tuple(int(x) for x in picked.tolist()))
+        if problems:
+            raise DpxCapacityError(f"{label}: " + "; ".join(problems))
 
 
 class CountsExchange:
@@ -55,15 +72,7 @@ class CountsExchange:
                 C.sources(lay, self.rank, shards=shards), dtype=torch.long, device=allv.device)
         picked = allv[idx]
         if validate:
-            reports = tuple(int(x) for x in allv.tolist())
-            bad = C.disagreements(lay, reports, shards=shards)
-            bad += [f"rank {r} reported {x} < 0" for r, x in enumerate(reports) if x < 0]
-            if bad:
-                raise DpxMismatchError("exchange_counts: " + "; ".join(bad))
-            if plan is not None:
-                problems = plan.count_rule.problems(tuple(int(x) for x in picked.tolist()))
-                if problems:
-                    raise DpxCapacityError("exchange_counts: " + "; ".join(problems))
+            check_reports("exchange_counts", lay, allv, picked, shards=shards, plan=plan)
         elif plan is not None:
             self.runner.flags.check(picked, plan.count_rule,
                                     self.runner.passes_for(picked.device))

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from dpx import wire as W
+from dpx.counts import own_entry
 from dpx.errors import DpxError, DpxValueError
 from dpx.extents import local_rows, op_rows
 from dpx.layout import DpLayout
@@ -26,6 +27,7 @@ from dpx.schedule import check_ride
 from dpx_torch.agreement import Agreement
 from dpx_torch.autograd import OpFunction
 from dpx_torch.checks import InputChecks
+from dpx_torch.exchange import check_reports
 from dpx_torch.padrows import mask_pad_rows
 from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps
 from dpx_torch.program import flat_counts
@@ -98,11 +100,8 @@ class FullPath:
         def make() -> PreparedOp:
             no_grad("gather_with_counts", local, "local")
             self.checks.plan(plan)
-            check_ride(plan, Op.GATHER)
+            check_ride(plan, Op.GATHER, shards=shards)
             self.checks.n_local(n_local)
-            if shards != plan.sharded:
-                raise DpxValueError(f"gather_with_counts(shards={shards}) with a plan whose "
-                                    f"cp_shards is {'set' if plan.sharded else 'None'}")
             own.append(own_counts(plan, self.rank, n_local))
             w = Wire.parse(wire)
             rows, g = self.gather_checks(local, plan, partial, own[0], out, w,
@@ -115,7 +114,10 @@ class FullPath:
         op = self.checked(gather_label(wire, wire_scale, "gather+counts"), plan, local,
                           partial, None, make)
         res = op.prep.new_out(local) if out is None else out
-        counts = op.prep.run_riding(local, res, flat_counts(own[0]), n_local)
+        counts, reports = op.prep.run_riding(local, res, flat_counts(own[0]), n_local)
+        if self.ops.life.validate:   # every rank holds the same reports: the same error
+            check_reports("gather_with_counts", self.layout, reports, counts, shards=shards,
+                          plan=plan)
         lay = self.layout
         return (split_wire(res, op.prep.shape.wire) if op.prep.out_wire else res,
                 counts.view(lay.dp_size, lay.cp_size) if shards else counts)
@@ -325,7 +327,7 @@ def own_counts(plan: DpPlan, rank: int, n_local: torch.Tensor) -> torch.Tensor:
     lay = plan.layout
     c = lay.coords(rank)
     entries = lay.dp_size * (lay.cp_size if plan.sharded else 1)
-    i = c.attn_dp_rank * lay.cp_size + c.attn_cp_rank if plan.sharded else c.attn_dp_rank
+    i = own_entry(c.attn_dp_rank, c.attn_cp_rank, lay.cp_size, shards=plan.sharded)
     own = torch.zeros(entries, dtype=torch.int32, device=n_local.device)
     own[i:i + 1].copy_(n_local)
     return own.view(lay.dp_size, lay.cp_size) if plan.sharded else own

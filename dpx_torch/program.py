@@ -31,9 +31,10 @@ from dpx.errors import DpxValueError
 from dpx.modes import Group, Wire
 from dpx.schedule import Variant
 from dpx.counts import sources
-from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllReduce, AllToAll, BroadcastV, CheckCounts,
-                       Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
-                       ReduceScatter, ReduceV, Ref, SplitColumns, Step, Unpack, Zero, len_of)
+from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllReduce, AllToAll, BroadcastV,
+                       CheckCounts, Dequantize, DequantizeSum, JoinColumns, Move, Pack,
+                       Quantize, ReduceScatter, ReduceV, Ref, SplitColumns, Step, Unpack,
+                       Zero, len_of)
 from dpx.wire import wire_row_bytes
 from dpx_torch import collectives as C
 from dpx_torch.passes import DEVICE, Passes
@@ -119,7 +120,7 @@ class DeviceValues(V.ArrayOps):
     stay Python ints; constant vectors come from the communicator's :class:`DeviceTables`.
     One instance per call: common subexpressions are evaluated once."""
 
-    __slots__ = ("_counts", "_tables", "_params", "memo", "ride_own")
+    __slots__ = ("_counts", "_tables", "_params", "memo", "ride_own", "reports")
 
     def __init__(self, counts: torch.Tensor, tables: DeviceTables | FreshTables,
                  params: tuple[int | None, int],
@@ -127,8 +128,10 @@ class DeviceValues(V.ArrayOps):
         self._counts, self._tables, self._params = counts, tables, params
         self.memo: dict = {}
         #: counts that ride the gather: this rank's own count (int32 ``[1]``), while
-        #: ``counts`` holds only it (:class:`~dpx.steps.AllGatherCounts` replaces them)
+        #: ``counts`` holds only it (:class:`~dpx.steps.AllGatherCounts` replaces them),
+        #: and every rank's report once they arrived
         self.ride_own = ride_own
+        self.reports: torch.Tensor | None = None
 
     def set_counts(self, counts: torch.Tensor) -> None:
         """The call's counts from here on (what arrived with the collective)."""
@@ -455,6 +458,7 @@ def _all_gather_counts(s: AllGatherCounts, b: _Bind) -> StepFn:
         with coalesced(group, own.device, collected=True):
             rows(x, out, dv)
             go(every, own)
+        dv.reports = every
         dv.set_counts(every[sh.tables.get(src, own.device)])
     return run
 
@@ -504,9 +508,9 @@ def _per_root(fn_name: str, key: str) -> Callable[[BroadcastV | ReduceV, _Bind],
 BINDERS: dict[type[Step], Callable[[Any, _Bind], StepFn]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
     Dequantize: _dequantize, DequantizeSum: _dequantize_sum, Pack: _chunks(True),
-    Unpack: _chunks(False),
-    AllGather: _all_gather, AllGatherCounts: _all_gather_counts,
-    ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
+    Unpack: _chunks(False), AllGather: _all_gather, AllGatherCounts: _all_gather_counts,
+    ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
+    BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
     JoinColumns: _join_columns, SplitColumns: _split_columns, AllToAll: _all_to_all,
 }
 
@@ -622,15 +626,16 @@ class PreparedCall:
         return out
 
     def run_riding(self, x: torch.Tensor, out: torch.Tensor, own: torch.Tensor,
-                   n_local: torch.Tensor) -> torch.Tensor:
+                   n_local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every step of a schedule whose counts ride its gather: ``own`` holds only this
-        rank's count ``n_local``; returns the counts that arrived."""
+        rank's count ``n_local``; returns the counts that arrived and every rank's
+        report."""
         if self._pool_keys:
             self.refresh()
         dv = DeviceValues(own, self.shape.tables, self.params, n_local)
         for step in self.steps:
             step(x, out, dv)
-        return dv.counts()
+        return dv.counts(), dv.reports
 
 
 _COLLECTED = (AllGather, ReduceScatter, AllReduce)

@@ -9,7 +9,8 @@ row of ``src`` as a wire row (``g``: nvfp4's global scale).
 wire, g)``: the combine's sum (docs/semantics.md, "The quantized combine"): ``out[j]`` is
 the float32 sum from +0.0, over ``p`` in order, of ``dequantize(src[p*k + j])`` in float32,
 rounded to ``out``'s dtype (a NaN: the canonical one). CPU float32 additions are IEEE with
-subnormals (torch leaves the flush-to-zero mode off).
+subnormals: torch leaves the flush-to-zero mode off (``torch.set_flush_denormal(True)``
+would flush mxfp4's subnormal sums, and the bits would no longer be the definition's).
 ``split_wire(buf, wire)``: fp8 ``(payload float8_e4m3fn [rows, H], scales float32 [rows,
 H/128])``; fp4 ``(payload uint8 [rows, H/2], scales uint8 [rows, H/16 or H/32])``: views of
 a wire buffer (strided views of its bytes, no copy).
@@ -71,8 +72,8 @@ def dequantize_rows(src: torch.Tensor, out: torch.Tensor, wire: Wire = Wire.FP8,
 def dequantize_sum_rows(src: torch.Tensor, out: torch.Tensor, parts: int,
                         wire: Wire = Wire.FP8, g: float | None = None) -> None:
     k, h = out.shape
-    acc = torch.zeros((k, h), dtype=torch.float32)
-    v = torch.empty((k, h), dtype=torch.float32)
+    acc = torch.zeros((k, h), dtype=torch.float32, device=out.device)
+    v = torch.empty((k, h), dtype=torch.float32, device=out.device)
     for p in range(parts):
         dequantize_rows(src[p * k:(p + 1) * k], v, wire, g)
         acc += v

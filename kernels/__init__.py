@@ -36,6 +36,7 @@ else:
     from dpx.kernels.wire import dequantize_rows_kernel, quantize_rows_kernel
 
     __all__ = ["DEFAULT_TILE", "Tile", "check_counts_kernel", "dequantize_fp4_kernel",
-               "dequantize_rows_kernel", "dequantize_sum_kernel", "grid", "mask_rows_kernel", "move_rows_kernel",
+               "dequantize_rows_kernel", "dequantize_sum_kernel", "grid", "mask_rows_kernel",
+               "move_rows_kernel",
                "pack_rows_kernel", "quantize_fp4_kernel", "quantize_rows_kernel",
                "row_blocks", "unpack_rows_kernel", "zero_rows_kernel"]

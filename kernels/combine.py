@@ -2,7 +2,8 @@
 "The quantized combine"): the ``PARTS`` wire copies of each row -- one from every source
 rank, block ``p`` of the all-to-all's receive buffer -- dequantized to float32, summed in
 float32 in source order from +0.0, rounded once to the output dtype. One pass: every
-source's bytes are read once, the output written once.
+source's bytes are read once, the output written once; the sources in a loop (``tl.range``,
+not unrolled: the code does not grow with the world size).
 
 The float32 values are the dequantize kernels' (fp8: ``e4m3 * scale`` as
 :func:`~dpx.kernels.wire.dequantize_rows_kernel` computes it; nvfp4 / mxfp4:
@@ -49,7 +50,7 @@ def dequantize_sum_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     ok = row < rows_n
     okk = ok[:, None]
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
-    for p in tl.static_range(PARTS):
+    for p in tl.range(0, PARTS):
         base = src_ptr + (row + p * rows_n) * ROW_BYTES
         if FP4:
             byte = tl.load((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],
@@ -70,7 +71,9 @@ def dequantize_sum_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
         else:
             acc = acc + v
     u = acc.to(tl.uint32, bitcast=True)
-    u = tl.where((u & 0x7FFFFFFF) == 0, 0, u).to(tl.uint32)   # a zero is +0.0
+    # a zero is +0.0: what the sum from +0.0 gives, held even where a compiler would fold
+    # the first addition away (0.0 + -0.0 is +0.0, -0.0 alone is not)
+    u = tl.where((u & 0x7FFFFFFF) == 0, 0, u).to(tl.uint32)
     nan = acc != acc
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
     if OUT_KIND == 0:

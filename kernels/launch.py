@@ -276,8 +276,11 @@ def dequantize_launch(wire: Wire, rows: int, hidden: int, out_dtype: str, *,
                                 COMPILED=compiled, WIDE=big), (0, 3))
 
 
-#: 128-element groups per program of the combine's fp8 receive pass.
-_FP8_SUM_GROUPS = 16
+#: The combine's summing pass: blocks per program and warps by block size (128: fp8's
+#: groups, 16: nvfp4, 32: mxfp4), 16 elements a thread -- chosen by the registers of the
+#: code compiled for sm_90 (tests/kernel_digest.py: 58 / 32 / 107 with 8 sources; mxfp4
+#: at the dequantize's 128 blocks: 203), not yet by a GPU measurement.
+_SUM_SHAPES = {128: Fp4Shape(16, 4), 16: Fp4Shape(64, 2), 32: Fp4Shape(64, 4)}
 
 
 def dequantize_sum_launch(wire: Wire, rows: int, parts: int, hidden: int, out_dtype: str, *,
@@ -286,15 +289,10 @@ def dequantize_sum_launch(wire: Wire, rows: int, parts: int, hidden: int, out_dt
     into ``[rows, hidden]`` of ``out_dtype`` (runtime arguments: the source, ``rows``,
     :func:`fp4_scale`, the output)."""
     rb = W.wire_row_bytes(hidden, wire)
-    big = wide(parts * rows * rb, rows * hidden)
     gs = W.block(wire)
-    if wire is Wire.FP8:
-        block_b, warps = _FP8_SUM_GROUPS, 4
-    else:
-        f = fp4_shape(rows, hidden, gs)
-        block_b, warps = f.block_b, f.warps
-    return Launch(_combine.dequantize_sum_kernel, (-(-rows * (hidden // gs) // block_b),),
-                  warps, dict(H=hidden, ROW_BYTES=rb, FP4=wire is not Wire.FP8,
-                              NV=wire is Wire.NVFP4, PARTS=parts,
-                              OUT_KIND=OUT_KIND[out_dtype], BLOCK_B=block_b,
-                              COMPILED=compiled, WIDE=big), (0, 3))
+    f = _SUM_SHAPES[gs]
+    return Launch(_combine.dequantize_sum_kernel, fp4_grid(rows, hidden, gs, f), f.warps,
+                  dict(H=hidden, ROW_BYTES=rb, FP4=wire is not Wire.FP8,
+                       NV=wire is Wire.NVFP4, PARTS=parts, OUT_KIND=OUT_KIND[out_dtype],
+                       BLOCK_B=f.block_b, COMPILED=compiled,
+                       WIDE=wide(parts * rows * rb, rows * hidden)), (0, 3))

@@ -86,7 +86,7 @@ def _cases() -> list[tuple]:
                              dict(H=7168, ROW_BYTES=rb, NV=nv, OUT_KIND=kind, BLOCK_B=bb,
                                   COMPILED=True, WIDE=False), w))
     for tag, fp4_, nv, bb, w in (("fp8", False, False, 16, 4), ("nvfp4", True, True, 64, 2),
-                                 ("mxfp4", True, False, 128, 4)):
+                                 ("mxfp4", True, False, 64, 4)):
         rb = 7168 + 56 * 4 if not fp4_ else 7168 // 2 + 7168 // (16 if nv else 32)
         for kind, dtype in enumerate(("*fp32", "*bf16", "*fp16")):
             out.append(_case(f"{tag} dequantize_sum x8 {dtype}", combine.dequantize_sum_kernel,

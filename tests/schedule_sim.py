@@ -21,13 +21,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import dpx
-from dpx.counts import sources
 from dpx import expr as X
 from dpx import values as V
+from dpx.counts import own_entry, sources
 from dpx.modes import Group
-from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll, BroadcastV,
-                       CheckCounts, Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
-                       ReduceScatter, ReduceScatterV, ReduceV, Ref, SplitColumns, Unpack, Zero)
+from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
+                       BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
+                       Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV, Ref,
+                       SplitColumns, Unpack, Zero)
 from dpx.schedule import Schedule
 
 
@@ -381,8 +382,8 @@ def simulate(schedules: Sequence[Schedule], inputs: Sequence[np.ndarray],
                   X.Coord.CP: c.attn_cp_rank}
         own = None
         if any(isinstance(s, AllGatherCounts) for s in sched.steps):
-            own = (c.attn_dp_rank * layout.cp_size + c.attn_cp_rank if sched.plan.sharded
-                   else c.attn_dp_rank)
+            own = own_entry(c.attn_dp_rank, c.attn_cp_rank, layout.cp_size,
+                            shards=sched.plan.sharded)
         ranks.append(_Rank(sched, x, NumpyValues(counts, coords, own), r))
     while True:
         for r in ranks:

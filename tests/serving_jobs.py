@@ -260,4 +260,15 @@ def check_ride(ctx, layout_args, cases) -> dict:
             x, dpx.plan_step([0] * layout.dp_size, layout, mode="max_len", capacity=8),
             partial=True, n_local=n.long())),
     }
+    # validate=True: a replica's ranks that report different counts raise the same error
+    # on every rank (the last rank reports one more); a destroyed communicator refuses
+    cap = dpx.plan_step([0] * layout.dp_size, layout, mode="max_len", capacity=8)
+    mine = torch.tensor([3 + (r == layout.world_size - 1)], dtype=torch.int32)
+    x8 = _t(np.zeros((8, 128)), torch.bfloat16)
+    errors["validate"] = raised(lambda: ctx.comm(layout, validate=True).gather_with_counts(
+        x8, cap, partial=True, n_local=mine.to(torch_jobs.DEVICE)))
+    fresh = dpx_torch.DpComm(layout)
+    fresh.destroy()
+    errors["destroyed"] = raised(lambda: fresh.gather_with_counts(x8, cap, partial=True,
+                                                                  n_local=n))
     return {"done": done, "overflows": overflows, **errors}

@@ -53,6 +53,16 @@ def test_collectives_benchmark_smoke(tmp_path):
     assert not (bench / "benchmarks").exists()
 
 
+def _serving_csv(tmp_path, name: str) -> list[dict]:
+    """``benchmarks/serving.py`` run without a GPU (its bytes tables): the rows of CSV
+    ``name``."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    res = subprocess.run([sys.executable, "serving.py"], cwd=bench, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "OUT": str(tmp_path)})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return list(csv.DictReader((tmp_path / name).open()))
+
+
 def test_serving_wire_bytes_table(tmp_path):
     """The bytes-on-the-wire table of ``benchmarks/serving.py`` (no GPU): with attn-tp 1
     every byte sent is a wire row, so wire/bf16 is exactly the row-size ratio (fp8, nvfp4,
@@ -62,11 +72,7 @@ def test_serving_wire_bytes_table(tmp_path):
     from dpx.modes import Wire
     from dpx.wire import wire_row_bytes
 
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
-    res = subprocess.run([sys.executable, "serving.py"], cwd=bench, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "OUT": str(tmp_path)})
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    rows = list(csv.DictReader((tmp_path / "serving_wire.csv").open()))
+    rows = _serving_csv(tmp_path, "serving_wire.csv")
     assert len(rows) == 2 * 3 * 2 * 2
     sent = {}
     for r in rows:
@@ -96,11 +102,7 @@ def test_serving_combine_bytes_table(tmp_path):
     from dpx.modes import Wire
     from dpx.wire import wire_row_bytes
 
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
-    res = subprocess.run([sys.executable, "serving.py"], cwd=bench, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "OUT": str(tmp_path)})
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    rows = list(csv.DictReader((tmp_path / "serving_combine_bytes.csv").open()))
+    rows = _serving_csv(tmp_path, "serving_combine_bytes.csv")
     assert len(rows) == 2 * 3 * 2 * 3
     for r in rows:
         bf16 = float(r["bf16_MiB"])

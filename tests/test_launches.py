@@ -29,6 +29,7 @@ def _descriptions():
         yield L.quantize_launch(wire, 10, 12, 256, 2, start_ptr=True, count_ptr=False,
                                 compiled=True)
         yield L.dequantize_launch(wire, 12, 256, "bfloat16", compiled=False)
+        yield L.dequantize_sum_launch(wire, 6, 4, 256, "float32", compiled=True)
 
 
 @pytest.mark.parametrize("lt", list(_descriptions()), ids=lambda lt: lt.kernel.__name__)
@@ -108,10 +109,12 @@ def test_both_frontends_launch_as_described(jax_log):
         jw = jwire.quantize_take(jnp.zeros((10, 256), jnp.bfloat16), 1, 8, 12,
                                  jrows.Impl.TRITON, wire, g)
         jwire.dequantize(jw, jnp.float16, jrows.Impl.TRITON, wire, g)
+        tp.dequantize_sum(w, torch.empty(3, 256, dtype=torch.bfloat16), 4, wire, g)
+        jwire.dequantize_sum(jw, 4, jnp.bfloat16, jrows.Impl.TRITON, wire, g)
     # the torch launches were bound for CPU tensors: compiled=False where the kernels
     # take COMPILED; the JAX ones compile
     torch_log = [(k, grid, w, {n: (True if n == "COMPILED" else v) for n, v in c.items()},
                   nargs) for k, grid, w, c, nargs in rec.log]
-    assert len(torch_log) == len(jax_log) == 9
+    assert len(torch_log) == len(jax_log) == 12
     for t, j in zip(torch_log, jax_log):
         assert t == j, (t, j)

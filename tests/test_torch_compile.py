@@ -107,11 +107,15 @@ def test_lm_head_scatter_compiles(comm1, mode):
 def test_quantized_combine_compiles(comm1, wire, g):
     """reduce_scatter(wire=...) under torch.compile(fullgraph=True), host counts and a
     capacity plan with device counts: the bits of the eager call."""
+    from reference import bits_of, ref_combine_rank
+
     plan = dpx.plan_step([5], comm1.layout, mode="gatherv")
     x = torch.randn(plan.global_rows, 128).to(torch.bfloat16)
     got = _compiled_equals_eager(
         lambda s: comm1.reduce_scatter(s * 2, plan, wire=wire, wire_scale=g), x)
-    assert got.dtype == torch.bfloat16 and 0 < (got.float() - 2 * x[:5].float()).abs().max() < 1
+    want = bits_of(ref_combine_rank([(2 * x).float().numpy()], plan, 0, wire, "bfloat16", g))
+    assert got.dtype == torch.bfloat16
+    assert (got.view(torch.int16).numpy().view(want.dtype) == want).all()
     cap = dpx.plan_step([0], comm1.layout, mode="sum_len", capacity=8)
     ct = torch.tensor([3], dtype=torch.int32)
     x = torch.randn(cap.global_rows, 128)

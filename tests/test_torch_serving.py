@@ -147,6 +147,13 @@ def test_counts_ride_the_gather(gloo_worlds, layout):
     assert all(r["done"] == len(cases) and r["overflows"] == 2 for r in res), res[0]
     for key, needle in (("sum_len", "max_len or gatherv"), ("host", "capacity plan"),
                         ("shards", "cp_shards is None"),
-                        ("n_local", "n_local must be an int32 tensor")):
+                        ("n_local", "n_local must be an int32 tensor"),
+                        ("destroyed", "destroyed")):
         msgs = {r[key] for r in res}
         assert len(msgs) == 1 and needle in msgs.pop(), (key, res[0][key])
+    msgs = {r["validate"] for r in res}
+    if layout[0] // dp > 1:   # the last rank's replica has other ranks: they disagree
+        assert len(msgs) == 1 and msgs.pop().startswith(
+            "DpxMismatchError: gather_with_counts: replica"), res[0]["validate"]
+    else:
+        assert msgs == {"no error"}
