@@ -18,8 +18,8 @@ from jax import lax
 from jax.experimental import checkify
 
 from dpx import expr as X
-from dpx.counts import own_entry
 from dpx import values as V
+from dpx.counts import own_entry
 from dpx.errors import DpxValueError
 from dpx.modes import Group
 from dpx.schedule import Schedule
