@@ -22,7 +22,7 @@ from dpx.modes import Group, Op, PaddingMode, Transport
 from dpx.plan import DpPlan
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
 from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
-                       BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
+                       AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
                        Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV,
                        SplitColumns, Step, Unpack, Zero)
 
@@ -151,6 +151,7 @@ PRICERS: dict[type[Step], Callable[[Any, _Pricing], StepCost]] = {
     ReduceScatter: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
     AllReduce: lambda s, p: p.collective(s, s.rows, s.buf.buf, 2),
     AllToAll: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
+    AllToAllV: lambda s, p: p.collective(s, None, s.src.buf, 1, s.lens),
     JoinColumns: lambda s, p: p.model.local_pass(
         s, (p.val(s.count) * s.parts + p.val(s.rows) * s.parts) * p.row_bytes),
     SplitColumns: lambda s, p: p.model.local_pass(

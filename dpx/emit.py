@@ -15,7 +15,7 @@ from dpx.modes import Group, Op, PaddingMode, Transport, Wire
 from dpx.plan import CountRule
 from dpx.routes import RankRef, choose_route
 from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
-                       BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
+                       AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
                        Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV, Ref,
                        SplitColumns, Step, Unpack, Zero)
 from dpx.wire import check_wire_mode
@@ -366,6 +366,9 @@ class Emitter:
         g = self.geo
         B, W = g.block, g.layout.world_size
         span = X.mul(W, B)
+        if g.mode is not PaddingMode.MAX_LEN and not g.sharded and self.host_sizes():
+            self.rs_all_to_all_v()
+            return
         if g.mode is not PaddingMode.SUM_LEN and self.known(g.equal_chunks()):
             src = Ref(IN)
         else:
@@ -380,6 +383,30 @@ class Emitter:
         chunk = self.buffer("chunk", B)
         self.steps.append(DequantizeSum(recv, chunk, B, W))
         self.finish_slot(chunk, B)
+
+    def host_sizes(self) -> bool:
+        """A per-root transport, a known rank and host counts: collectives of host sizes."""
+        return (self.transport is Transport.PER_ROOT and not self.rank.is_symbolic
+                and not self.device_counts)
+
+    def rs_all_to_all_v(self) -> None:
+        """The quantized combine of a SUM_LEN or GATHERV plan (no CP shards) on host sizes:
+        the chunks tile the input from row 0 in rank order, so one quantize pass over them
+        makes the send buffer; a variable all-to-all sends each rank its chunk's rows alone
+        (no block padding); this rank receives its chunk from every rank, one pass sums
+        them."""
+        g, r = self.geo, self.rank
+        W = g.layout.world_size
+        _, lens = g.chunk_table()
+        end, mine = X.vsum(lens), g.chunk(r.dp, r.cp, r.tp)[1]
+        self.notes.append("host sizes: a variable all-to-all of each chunk's rows")
+        send = self.buffer("wire_send", end, wire=True)
+        self.steps.append(Quantize(Ref(IN), send, end, 0, end))
+        recv = self.buffer("wire_recv", X.mul(W, mine), wire=True)
+        self.steps.append(AllToAllV(Group.WORLD, send, recv, lens, mine))
+        summed = self.buffer("summed", mine)
+        self.steps.append(DequantizeSum(recv, summed, mine, W))
+        self.finish_slot(summed, mine)
 
     def rs_per_root(self) -> None:
         g, r = self.geo, self.rank

@@ -24,7 +24,7 @@ from dpx.geometry import Structure
 from dpx.modes import Op, PaddingMode, Transport, Wire
 from dpx.plan import DpPlan, count_rule
 from dpx.routes import RankRef, Route, concrete_rank, symbolic_geometry, symbolic_rank
-from dpx.steps import IN, OUT, Ref, Step, moved_buffer
+from dpx.steps import IN, OUT, AllToAllV, Ref, Step, moved_buffer
 from dpx.steps import _Variable as _VariableStep
 
 __all__ = ["IN", "OUT", "Schedule", "ScheduleCache", "Variant", "build_schedule"]
@@ -57,7 +57,9 @@ class Schedule:
         for s in self.steps:
             if not s.collective:
                 continue
-            item: list = [s.kind, s.group, X.render(s.rows), self.is_wire(moved_buffer(s))]
+            # (a variable all-to-all's rows are each rank's own share of its lens)
+            rows = s.lens if isinstance(s, AllToAllV) else s.rows
+            item: list = [s.kind, s.group, X.render(rows), self.is_wire(moved_buffer(s))]
             if isinstance(s, _VariableStep):
                 item += [X.render(s.firsts), X.render(s.lens), X.render(s.block)]
             sig.append(tuple(item))

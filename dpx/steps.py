@@ -20,7 +20,8 @@ from dpx.modes import Group, Transport
 from dpx.plan import CountRule
 
 __all__ = [
-    "AllGather", "AllGatherCounts", "AllGatherV", "AllReduce", "AllToAll", "BroadcastV",
+    "AllGather", "AllGatherCounts", "AllGatherV", "AllReduce", "AllToAll", "AllToAllV",
+    "BroadcastV",
     "CheckCounts", "Dequantize", "DequantizeSum", "JoinColumns", "kinds_for", "SplitColumns",
     "len_of", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter", "ReduceScatterV",
     "ReduceV", "Ref", "Step", "STEP_KINDS", "Unpack", "VARIABLE_KINDS", "Zero",
@@ -290,6 +291,22 @@ class AllToAll(Step):
 
 
 @dataclass(eq=False, slots=True)
+class AllToAllV(Step):
+    """Variable all-to-all over ``group``, host sizes: rows ``[lens[0] + ... + lens[k-1],
+    +lens[k])`` of ``src`` go to the group's rank ``k``; ``dst`` receives ``rows`` rows
+    from every rank in rank order (every rank sends rank ``k`` the same ``lens[k]``, and
+    ``rows`` is this rank's)."""
+
+    group: Group
+    src: Ref
+    dst: Ref
+    lens: Any
+    rows: Any
+    collective = True
+    text = "all_to_all_v   {group}: {src} -> {dst}[{n} x {rows}], lens={lens}"
+
+
+@dataclass(eq=False, slots=True)
 class _Variable(Step):
     """Rank ``r``'s chunk: rows ``[firsts[r], +lens[r])`` of ``rows``; ``lens <= block``."""
 
@@ -342,11 +359,13 @@ class ReduceScatterV(_Variable):
 STEP_KINDS: tuple[type[Step], ...] = (
     CheckCounts, Move, Zero, Quantize, Dequantize, DequantizeSum, Pack, Unpack, JoinColumns,
     SplitColumns, AllGather, AllGatherCounts, ReduceScatter, AllReduce, AllToAll, BroadcastV,
-    ReduceV, AllGatherV, ReduceScatterV)
+    ReduceV, AllGatherV, ReduceScatterV, AllToAllV)
 
-VARIABLE_KINDS: tuple[type[Step], ...] = (BroadcastV, ReduceV, AllGatherV, ReduceScatterV)
+#: Collectives of variable sizes, each in the schedules of the transports that have it.
+VARIABLE_KINDS: tuple[type[Step], ...] = (BroadcastV, ReduceV, AllGatherV, ReduceScatterV,
+                                          AllToAllV)
 
-_TRANSPORT_VARIABLE = {Transport.PER_ROOT: (BroadcastV, ReduceV),
+_TRANSPORT_VARIABLE = {Transport.PER_ROOT: (BroadcastV, ReduceV, AllToAllV),
                        Transport.RAGGED: (AllGatherV, ReduceScatterV),
                        Transport.EQUAL: ()}
 

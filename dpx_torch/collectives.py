@@ -24,7 +24,7 @@ from dpx_torch.shims.coalescing import coalescing_state
 from dpx_torch.shims.pg_methods import method_call
 
 __all__ = ["all_gather_single", "bind_all_gather", "bind_all_reduce", "bind_all_to_all",
-           "bind_reduce_scatter", "reduce_scatter_single"]
+           "bind_all_to_all_v", "bind_reduce_scatter", "reduce_scatter_single"]
 
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -83,3 +83,10 @@ def bind_all_to_all(group: dist.ProcessGroup) -> Pair:
     """``fn(out, inp)``: block ``k`` of ``inp`` to the group's rank ``k``, block ``k`` of
     ``out`` from it (equal blocks; the public function: one call a step)."""
     return lambda out, inp: dist.all_to_all_single(out, inp, group=group)
+
+
+def bind_all_to_all_v(group: dist.ProcessGroup) -> Callable[..., None]:
+    """``fn(out, inp, out_rows, in_rows)``: rows of ``inp`` in pieces of ``in_rows[k]`` to
+    the group's rank ``k``, ``out`` in pieces of ``out_rows[k]`` from it (host sizes)."""
+    return lambda out, inp, outs, ins: dist.all_to_all_single(
+        out, inp, output_split_sizes=outs, input_split_sizes=ins, group=group)

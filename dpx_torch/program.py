@@ -31,7 +31,7 @@ from dpx.errors import DpxValueError
 from dpx.modes import Group, Wire
 from dpx.schedule import Variant
 from dpx.counts import sources
-from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllReduce, AllToAll, BroadcastV,
+from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllReduce, AllToAll, AllToAllV, BroadcastV,
                        CheckCounts, Dequantize, DequantizeSum, JoinColumns, Move, Pack,
                        Quantize, ReduceScatter, ReduceV, Ref, SplitColumns, Step, Unpack,
                        Zero, len_of)
@@ -432,6 +432,17 @@ def _all_to_all(s: AllToAll, b: _Bind) -> StepFn:
     return lambda x, out, dv: go(dst(x, out), src(x, out))
 
 
+def _all_to_all_v(s: AllToAllV, b: _Bind) -> StepFn:
+    src, _ = b.buffer(s.src)
+    dst, _ = b.buffer(s.dst)
+    lens, rows = b.value(s.lens), b.value(s.rows)
+    if lens is DEVICE or rows is DEVICE:
+        raise DpxValueError("all_to_all_v takes host sizes")
+    ins, outs = list(lens), [rows] * len(lens)
+    go = b.shape.runner.collective(C.bind_all_to_all_v, b.group(s.group))
+    return lambda x, out, dv: go(dst(x, out), src(x, out), outs, ins)
+
+
 def _all_gather(s: AllGather, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src, s.rows)
     dst, _ = b.buffer(s.dst)
@@ -512,6 +523,7 @@ BINDERS: dict[type[Step], Callable[[Any, _Bind], StepFn]] = {
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
     BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
     JoinColumns: _join_columns, SplitColumns: _split_columns, AllToAll: _all_to_all,
+    AllToAllV: _all_to_all_v,
 }
 
 

@@ -26,9 +26,9 @@ from dpx import values as V
 from dpx.counts import own_entry, sources
 from dpx.modes import Group
 from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
-                       BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
-                       Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV, Ref,
-                       SplitColumns, Unpack, Zero)
+                       AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum,
+                       JoinColumns, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
+                       ReduceV, Ref, SplitColumns, Unpack, Zero)
 from dpx.schedule import Schedule
 
 
@@ -255,6 +255,8 @@ def _members(layout: dpx.DpLayout, group: Group) -> list[tuple[int, ...]]:
 
 
 def _signature(rank: _Rank, s) -> tuple:
+    if isinstance(s, AllToAllV):   # each rank receives its own share of the lens
+        return s.kind, s.group, tuple(np.asarray(rank.val(s.lens)).reshape(-1).tolist())
     sig = [s.kind, s.group, s.rows]
     if isinstance(s, (BroadcastV, ReduceV, AllGatherV, ReduceScatterV)):
         sig += [tuple(np.asarray(rank.val(s.firsts)).tolist()),
@@ -299,6 +301,18 @@ def _all_to_all(group, s0) -> None:
     assert all(x.shape[0] == k * n for x in srcs), str(s0)
     for j, (r, s) in enumerate(group):
         r.write(s.dst, np.concatenate([x[j * n:(j + 1) * n] for x in srcs]))
+
+
+def _all_to_all_v(group, s0) -> None:
+    """Rank k receives, from every rank in order, that rank's rows ``[sum(lens[:k]),
+    +lens[k])``; every rank agrees on ``lens`` and receives its own ``lens[k]``."""
+    lens = [int(x) for x in np.asarray(group[0][0].val(s0.lens)).reshape(-1)]
+    starts = np.concatenate([[0], np.cumsum(lens)])
+    srcs = [r.ref(s.src) for r, s in group]
+    assert all(x.shape[0] >= starts[-1] for x in srcs), str(s0)
+    for k, (r, s) in enumerate(group):
+        assert _int(r.val(s.rows)) == lens[k], f"{s0}: rank {k} receives {lens[k]} rows"
+        r.write(s.dst, np.concatenate([x[starts[k]:starts[k + 1]] for x in srcs]))
 
 
 def _table(group, s0) -> tuple[np.ndarray, np.ndarray]:
@@ -352,6 +366,7 @@ def _reduce_scatter_v(group, s0) -> None:
 COLLECTIVES: dict[type, Callable[[list, Any], None]] = {
     AllGather: _all_gather, AllGatherCounts: _all_gather_counts,
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce, AllToAll: _all_to_all,
+    AllToAllV: _all_to_all_v,
     BroadcastV: _broadcast_v, ReduceV: _reduce_v, AllGatherV: _all_gather_v,
     ReduceScatterV: _reduce_scatter_v,
 }

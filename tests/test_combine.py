@@ -25,18 +25,26 @@ H = 256
 # ---------------------------------------------------------------- schedules and rules
 @pytest.mark.parametrize("mode", ["max_len", "sum_len", "gatherv"])
 def test_every_mode_combines_after_one_all_to_all(mode):
-    """Every mode takes the same route: the quantize (after a pack unless the input's
-    chunks are its blocks), one world all-to-all of wire rows, one summing pass, then the
-    slot -- on every transport, for a known and a symbolic rank."""
+    """Every mode takes the all-to-all route: the quantize (after a pack unless the input's
+    chunks are its blocks, or travel as they lie), one world all-to-all of wire rows -- of
+    each chunk's rows alone where the sizes are host ints on a per-root transport, SUM_LEN
+    and GATHERV -- one summing pass, then the slot; on every transport, for a known and a
+    symbolic rank, with host and device counts."""
     lay = dpx.DpLayout(world_size=8, dp_size=4, cp_size=2)
     plan = dpx.plan_step([5, 0, 3, 7], lay, mode=mode)
-    for transport, rank in itertools.product(dpx.Transport, (None, 3)):
-        s = dpx.build_schedule(plan, "reduce_scatter", rank=rank, wire="nvfp4",
-                               transport=transport)
+    cap = dpx.plan_step([0] * 4, lay, mode=mode, capacity=8 if mode == "max_len" else 32)
+    for transport, rank, p in itertools.product(dpx.Transport, (None, 3), (plan, cap)):
+        s = dpx.build_schedule(plan if p is plan else cap, "reduce_scatter", rank=rank,
+                               wire="nvfp4", transport=transport,
+                               device_counts=p is cap)
         kinds = [st.kind for st in s.steps]
         start = kinds.index("quantize")
-        assert kinds[start:start + 3] == ["quantize", "all_to_all", "dequantize_sum"], kinds
-        assert kinds[:start] == ([] if mode == "max_len" else ["pack"]), kinds
+        variable = (mode != "max_len" and transport is dpx.Transport.PER_ROOT
+                    and rank is not None and p is plan)
+        coll = "all_to_all_v" if variable else "all_to_all"
+        assert kinds[start:start + 3] == ["quantize", coll, "dequantize_sum"], kinds
+        packed = [] if mode == "max_len" or variable else ["pack"]
+        assert kinds[:start] == (["check_counts"] if p is cap else []) + packed, kinds
         assert "reduce_scatter" not in kinds and "all_reduce" not in kinds
         assert s.is_wire("wire_send") and s.is_wire("wire_recv") and not s.is_wire("chunk")
         assert next(st for st in s.steps if st.kind == "dequantize_sum").parts == 8
