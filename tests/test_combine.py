@@ -384,14 +384,14 @@ def _jax_plans(layout: tuple) -> list[tuple]:
     lay = dpx.DpLayout(*layout)
     dp = lay.dp_size
     idle = [0 if i % 2 else 3 + 2 * i for i in range(dp)]
-    out = [(dpx.plan_step(idle, lay, mode=m), None, t)
+    out = [(dpx.plan_step(idle, lay, mode=m), [None], t)
            for m, t in zip(("max_len", "gatherv", "sum_len"), DTYPES)]
     out.append((dpx.plan_step([0] * dp, lay, mode="gatherv", capacity=12 * dp),
-                [5 if i % 2 == 0 else 0 for i in range(dp)], "bfloat16"))
+                [[5 if i % 2 == 0 else 0 for i in range(dp)], [12] * dp], "bfloat16"))
     if lay.cp_size > 1:
         shards = [(n, 0) if i % 2 else (1, n - 1) for i, n in enumerate([4, 7][:dp])]
-        out.append((dpx.plan_step([4, 7][:dp], lay, mode="max_len", cp_shards=shards), None,
-                    "float16"))
+        out.append((dpx.plan_step([4, 7][:dp], lay, mode="max_len", cp_shards=shards),
+                    [None], "float16"))
     return out
 
 
@@ -408,24 +408,26 @@ def test_combine_on_jax_devices(layout):
     from reference import ref_combine_rank
 
     dt = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-    for i, (plan, run, dtype) in enumerate(_jax_plans(layout)):
-        W = plan.layout.world_size
-        import torch
+    import torch
 
+    for i, (plan, runs, dtype) in enumerate(_jax_plans(layout)):
+        W = plan.layout.world_size
         globs = inputs(plan, 40 + i, getattr(torch, dtype))
-        counts = jnp.asarray(run if run is not None else [0] * plan.layout.dp_size,
-                             jnp.int32)
-        outs = _jax_combine(plan, run is not None)(shard(mesh_for(plan.layout), globs,
-                                                         dt[dtype]), counts)
-        eff = None if run is None else tuple(run)
-        for (wire, g), out in zip(WIRES, outs):
-            got = np.asarray(out).reshape(W, plan.max_slot_rows, H)
-            for r in range(W):
-                k = plan.slot_rows[plan.layout.coords(r).attn_dp_rank]
-                want = bits_of(ref_combine_rank(globs, plan, r, wire, dtype, g, eff))
-                assert np.array_equal(got[r, :k].view(want.dtype), want[:k]), \
-                    (wire, dtype, r, plan)
-                assert not got[r, k:].any(), (wire, r)
+        f = _jax_combine(plan, runs[0] is not None)
+        for run in runs:   # new device counts: the same compiled program
+            counts = jnp.asarray(run if run is not None else [0] * plan.layout.dp_size,
+                                 jnp.int32)
+            outs = f(shard(mesh_for(plan.layout), globs, dt[dtype]), counts)
+            eff = None if run is None else tuple(run)
+            for (wire, g), out in zip(WIRES, outs):
+                got = np.asarray(out).reshape(W, plan.max_slot_rows, H)
+                for r in range(W):
+                    k = plan.slot_rows[plan.layout.coords(r).attn_dp_rank]
+                    want = bits_of(ref_combine_rank(globs, plan, r, wire, dtype, g, eff))
+                    assert np.array_equal(got[r, :k].view(want.dtype), want[:k]), \
+                        (wire, dtype, r, plan)
+                    assert not got[r, k:].any(), (wire, r)
+        assert f._cache_size() == 1, "new counts must not recompile"
 
 
 def test_jax_combine_gradient_is_the_native_one():
