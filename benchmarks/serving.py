@@ -27,7 +27,8 @@ GPU tables (hidden 7168 bf16; device times from one CUDA graph of 50 calls, medi
              ranges); exchange_counts replayed in a graph vs sync_counts eager (host wall
              time per call).
 Writes serving_wire.csv, serving_combine_bytes.csv, serving_quantize.csv,
-serving_combine.csv, serving_decode.csv, serving.png and serving_combine.png to $OUT
+serving_combine.csv, serving_combine_rs.csv, serving_decode.csv, serving.png and
+serving_combine.png to $OUT
 or benchmarks/out. The quantize kernel's launch shapes are swept by launch_sweep.py.
 """
 
@@ -289,7 +290,8 @@ def main() -> None:
                 ["what", "wire", "rows", "input_MiB", "us", "vs_input_copy", "vs_copy"])
     print_table([r for r in quant_combine if "vs_native" in r],
                 ["what", "wire", "rows", "input_MiB", "us", "native_us", "vs_native"])
-    write_csv(od / "serving_combine.csv", quant_combine)
+    write_csv(od / "serving_combine.csv", [r for r in quant_combine if "vs_copy" in r])
+    write_csv(od / "serving_combine_rs.csv", [r for r in quant_combine if "vs_native" in r])
     _plot_combine(quant_combine, od / "serving_combine.png")
     print_table(quant, ["wire", "rows", "input_MiB", "fused_us", "copy_us", "two_launch_us",
                         "vs_copy", "vs_input_copy", "vs_two_launch", "dequantize_us",

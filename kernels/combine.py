@@ -2,8 +2,9 @@
 "The quantized combine"): the ``PARTS`` wire copies of each row -- one from every source
 rank, block ``p`` of the all-to-all's receive buffer -- dequantized to float32, summed in
 float32 in source order from +0.0, rounded once to the output dtype. One pass: every
-source's bytes are read once, the output written once; the sources in a loop (``tl.range``,
-not unrolled: the code does not grow with the world size).
+source's bytes are read once, the output written once. The loop over the sources is
+unrolled (``tl.static_range``): on an H200 that ran 1.03-1.23x faster than a ``tl.range``
+loop at 2 and 8 sources (benchmarks/README.md), at code that grows with the world size.
 
 The float32 values are the dequantize kernels' (fp8: ``e4m3 * scale`` as
 :func:`~dpx.kernels.wire.dequantize_rows_kernel` computes it; nvfp4 / mxfp4:
@@ -50,7 +51,7 @@ def dequantize_sum_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     ok = row < rows_n
     okk = ok[:, None]
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
-    for p in tl.range(0, PARTS):
+    for p in tl.static_range(PARTS):
         base = src_ptr + (row + p * rows_n) * ROW_BYTES
         if FP4:
             byte = tl.load((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],

@@ -278,8 +278,8 @@ def dequantize_launch(wire: Wire, rows: int, hidden: int, out_dtype: str, *,
 
 #: The combine's summing pass: blocks per program and warps by block size (128: fp8's
 #: groups, 16: nvfp4, 32: mxfp4), 16 elements a thread -- chosen by the registers of the
-#: code compiled for sm_90 (tests/kernel_digest.py: 58 / 32 / 107 with 8 sources; mxfp4
-#: at the dequantize's 128 blocks: 203), not yet by a GPU measurement.
+#: code compiled for sm_90 (tests/kernel_digest.py, 8 sources: 55 / 80 / 94; mxfp4 at the
+#: dequantize's 128 blocks in a loop: 203); its speed on an H200 is in benchmarks/README.md.
 _SUM_SHAPES = {128: Fp4Shape(16, 4), 16: Fp4Shape(64, 2), 32: Fp4Shape(64, 4)}
 
 
