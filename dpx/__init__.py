@@ -9,7 +9,7 @@ live in ``dpx.kernels``; the frontends are ``dpx_torch`` and ``dpx_jax``. A plan
 from dpx.cost import CostModel, ModeEstimate, OpEstimate, StepCost, estimate
 from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchCapacityError,
                         DpxMismatchError, DpxMismatchInputError, DpxMismatchTypeError,
-                        DpxMismatchValueError, DpxTypeError, DpxValueError)
+                        DpxMismatchValueError, DpxPeerError, DpxTypeError, DpxValueError)
 from dpx.explain import explain
 from dpx.extents import OpRows, local_rows, op_rows
 from dpx.geometry import INTS
@@ -20,7 +20,9 @@ from dpx.planner import plan_step
 from dpx.policy import compare_modes, sglang_mode
 from dpx.routes import Route
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
+from dpx.transport import RankFacts, TransportChoice, choose_transport
 from dpx.wire import nvfp4_scale
+from dpx.workspace import PeerLayout, peer_phase_bytes
 
 #: The smallest multiple of ``multiple`` that is >= ``value`` (ints, or tuples of ints).
 ceil_align = INTS.ceil_align
@@ -30,9 +32,10 @@ __version__ = "0.3.0"
 __all__ = [
     "CostModel", "CountRule", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError",
     "DpxMismatchCapacityError", "DpxMismatchError", "DpxMismatchInputError",
-    "DpxMismatchTypeError", "DpxMismatchValueError", "DpxTypeError", "DpxValueError",
-    "Group", "ModeEstimate", "Op", "OpEstimate", "OpRows", "PaddingMode", "Policy",
-    "RankCoords", "Route", "Schedule", "ScheduleCache", "StepCost", "Transport", "Wire",
-    "build_schedule", "ceil_align", "compare_modes", "estimate", "explain", "local_rows",
-    "nvfp4_scale", "op_rows", "plan_step", "sglang_mode"
+    "DpxMismatchTypeError", "DpxMismatchValueError", "DpxPeerError", "DpxTypeError",
+    "DpxValueError", "Group", "ModeEstimate", "Op", "OpEstimate", "OpRows", "PaddingMode",
+    "PeerLayout", "Policy", "RankCoords", "RankFacts", "Route", "Schedule", "ScheduleCache",
+    "StepCost", "Transport", "TransportChoice", "Wire", "build_schedule", "ceil_align",
+    "choose_transport", "compare_modes", "estimate", "explain", "local_rows", "nvfp4_scale",
+    "op_rows", "peer_phase_bytes", "plan_step", "sglang_mode"
 ]

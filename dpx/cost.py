@@ -24,11 +24,11 @@ from dpx.schedule import Schedule, ScheduleCache, build_schedule
 from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
                        AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
                        Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV,
-                       SplitColumns, Step, Unpack, Zero)
+                       SplitColumns, Step, Unpack, Zero, moved_buffer)
 
 __all__ = [
     "CostModel", "estimate", "estimate_op", "group_size", "ModeEstimate",
-    "OpEstimate", "price", "PRICERS", "split_costs", "StepCost"
+    "OpEstimate", "peer_bytes", "price", "PRICERS", "split_costs", "StepCost"
 ]
 
 
@@ -60,26 +60,32 @@ class CostModel:
     latency: float = 15e-6
     per_root_latency: float = 4e-6
     memory_bandwidth: float = 4.0e12
+    #: a world step of the peer transport: one barrier (flags written and read in peers'
+    #: memory) in place of a collective's launch and per-root latencies
+    peer_latency: float = 5e-6
 
     def __post_init__(self) -> None:
         for name in ("bus_bandwidth", "memory_bandwidth"):
             if not getattr(self, name) > 0:
                 raise DpxValueError(f"CostModel.{name}={getattr(self, name)} must be > 0")
-        for name in ("latency", "per_root_latency"):
+        for name in ("latency", "per_root_latency", "peer_latency"):
             if not getattr(self, name) >= 0:
                 raise DpxValueError(f"CostModel.{name}={getattr(self, name)} must be >= 0")
 
     def collective_seconds(self, size: int, ranks: int, factor: float,
-                           roots: int = 0) -> tuple[int, float]:
-        """``(moved bytes, seconds)`` of one collective (0 and 0.0 on one rank)."""
+                           roots: int = 0, *, peer: bool = False) -> tuple[int, float]:
+        """``(moved bytes, seconds)`` of one collective (0 and 0.0 on one rank); ``peer``:
+        a world step of the peer transport (:attr:`peer_latency`, no roots)."""
         if ranks <= 1:
             return 0, 0.0
         moved = round(size * factor)
+        if peer:
+            return moved, self.peer_latency + moved / self.bus_bandwidth
         return moved, self.latency + roots * self.per_root_latency + moved / self.bus_bandwidth
 
     def collective(self, what: Any, size: int, ranks: int, factor: float,
-                   roots: int = 0) -> StepCost:
-        moved, seconds = self.collective_seconds(size, ranks, factor, roots)
+                   roots: int = 0, *, peer: bool = False) -> StepCost:
+        moved, seconds = self.collective_seconds(size, ranks, factor, roots, peer=peer)
         return StepCost(what, ranks, size, moved, seconds, True)
 
     def local_pass(self, what: Any, nbytes: int) -> StepCost:
@@ -116,12 +122,14 @@ class _Pricing(NamedTuple):
         reduce-scatter; 2: all-reduce of ``rows``), or the rows of its chunks ``lens``."""
         g = group_size(self.schedule.plan.layout, s.group)
         rb = self.rb(buf)
+        # the peer transport carries the world steps itself, the groups' backend the rest
+        peer = self.schedule.transport is Transport.PEER and s.group is Group.WORLD
         if lens is not None:
             lens = self.val(lens)
             return self.model.collective(s, sum(lens) * rb, g, (g - 1) / g,
-                                         roots=sum(1 for x in lens if x > 0))
+                                         roots=sum(1 for x in lens if x > 0), peer=peer)
         size = self.val(rows) * rb * (g if factor == 1 else 1)
-        return self.model.collective(s, size, g, factor * (g - 1) / g)
+        return self.model.collective(s, size, g, factor * (g - 1) / g, peer=peer)
 
     def local(self, s: Any, rows: Any, buf: str) -> StepCost:
         return self.model.local_pass(s, self.val(rows) * self.rb(buf))
@@ -176,6 +184,38 @@ def price(schedule: Schedule, *, row_bytes: int, cost_model: CostModel,
     p = _Pricing(schedule, row_bytes, row_bytes if wire_row_bytes is None else wire_row_bytes,
                  cost_model, V.HostOps(c, coords))
     return tuple(PRICERS[type(s)](s, p) for s in schedule.steps)
+
+
+def peer_bytes(schedule: Schedule, *, row_bytes: int, wire_row_bytes: int | None = None,
+               counts: tuple[int, ...] | None = None) -> tuple[int, int]:
+    """``(put, pulled)``: the bytes a rank's schedule on the peer transport writes into the
+    other ranks' workspaces and reads from theirs (``counts``: the step's, default the
+    plan's; rows of ``row_bytes``, wire rows of ``wire_row_bytes``). Only real rows move: a
+    gather puts this rank's chunk's real rows into each other rank's workspace, a combine
+    pulls this rank's chunk's real rows from each; the equal world steps (counts that ride
+    a gather, the LM-head scatter) move whole blocks."""
+    if schedule.transport is not Transport.PEER or schedule.rank.is_symbolic:
+        raise DpxValueError("peer_bytes prices a known rank's schedule on the peer transport")
+    c = schedule.plan.leaf_counts if counts is None else tuple(counts)
+    r = schedule.rank
+    p = _Pricing(schedule, row_bytes, row_bytes if wire_row_bytes is None else wire_row_bytes,
+                 CostModel(), V.HostOps(c, {X.Coord.RANK: r.rank, X.Coord.DP: r.dp,
+                                           X.Coord.CP: r.cp, X.Coord.TP: r.tp}))
+    others = schedule.plan.layout.world_size - 1
+    put = pulled = 0
+    for s in schedule.steps:
+        if not s.collective or s.group is not Group.WORLD:
+            continue
+        rb = p.rb(moved_buffer(s))
+        if isinstance(s, (AllGatherV, ReduceScatterV)):
+            rows = p.val(s.lens)[r.rank] * rb * others
+            if isinstance(s, AllGatherV):
+                put += rows
+            else:
+                pulled += rows
+        else:   # a whole block to every other rank
+            put += p.val(s.rows) * rb * others
+    return put, pulled
 
 
 @dataclass(frozen=True)

@@ -278,6 +278,16 @@ class Emitter:
                                      chunk, dst))
         self.finish_gather(dst)
 
+    def gather_peer(self) -> None:
+        """Every rank's chunk, its real rows only, put into every rank's workspace and
+        taken into the output with zeros elsewhere: a variable all-gather of the real rows
+        (the real-row chunk table; sizes may be device data), in every mode."""
+        g = self.geo
+        chunk, dst = self.produce_chunk(None, g.block), self.gathered_out()
+        self.steps.append(AllGatherV(Group.WORLD, g.global_rows, *g.chunk_table(real=True),
+                                     g.block, chunk, dst))
+        self.finish_gather(dst)
+
     def gather_per_root(self) -> None:
         g, r = self.geo, self.rank
         G, B = g.global_rows, g.block
@@ -356,6 +366,21 @@ class Emitter:
         self.steps.append(ReduceScatterV(Group.WORLD, g.global_rows, *g.chunk_table(), g.block,
                                          Ref(IN), chunk))
         self.finish_slot(chunk, g.block)
+
+    def rs_peer(self) -> None:
+        """Each rank's chunk, its real rows only, pulled from every rank and summed in
+        float32 in rank order (the input rows -- on a quantized wire, the input quantized
+        once -- staged where peers read them), then the slot (:meth:`finish_slot`)."""
+        g = self.geo
+        G, B = g.global_rows, g.block
+        src = Ref(IN)
+        if self.quantized:
+            src = self.buffer("wire_send", G, wire=True)
+            self.steps.append(Quantize(Ref(IN), src, G, 0, G))
+        chunk = self.buffer("chunk", B)
+        self.steps.append(ReduceScatterV(Group.WORLD, G, *g.chunk_table(real=True), B, src,
+                                         chunk))
+        self.finish_slot(chunk, B)
 
     def rs_all_to_all(self) -> None:
         """The quantized combine (any mode): every destination rank's chunk quantized into

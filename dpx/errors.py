@@ -10,7 +10,8 @@ from __future__ import annotations
 __all__ = [
     "check_int", "DpxCapacityError", "DpxError", "DpxMismatchCapacityError",
     "DpxMismatchError", "DpxMismatchInputError", "DpxMismatchTypeError",
-    "DpxMismatchValueError", "DpxTypeError", "DpxValueError", "error_kind", "mismatch_error"
+    "DpxMismatchValueError", "DpxPeerError", "DpxTypeError", "DpxValueError", "error_kind",
+    "mismatch_error"
 ]
 
 
@@ -28,6 +29,16 @@ class DpxTypeError(DpxError, TypeError):
 
 class DpxCapacityError(DpxValueError):
     """Real token counts exceed the static capacity of a plan."""
+
+
+class DpxPeerError(DpxError, RuntimeError):
+    """A peer of the peer transport did not arrive at a barrier within its timeout (its
+    process died, or it stopped calling): ``ranks`` names them. The communicator refuses
+    every later call with this error; ``destroy()`` still works."""
+
+    def __init__(self, message: str, *, ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = ranks
 
 
 class DpxMismatchError(DpxError):

@@ -88,11 +88,14 @@ class Group(_ParsableEnum):
 class Transport(_ParsableEnum):
     """What a frontend's collectives can do (docs/semantics.md, "Transports and routes"):
     ``PER_ROOT`` per-root collectives of host sizes (torch.distributed), ``RAGGED`` a ragged
-    all-to-all (JAX on GPU), ``EQUAL`` equal-size collectives only (JAX on CPU)."""
+    all-to-all (JAX on GPU), ``EQUAL`` equal-size collectives only (JAX on CPU), ``PEER``
+    one-sided puts into and pulls from the ranks' shared memory (torch, the ranks of one
+    node; docs/semantics.md, "The peer transport")."""
 
     PER_ROOT = "per_root"
     RAGGED = "ragged"
     EQUAL = "equal"
+    PEER = "peer"
 
 
 class Wire(_ParsableEnum):

@@ -76,6 +76,8 @@ def cheapest(counts: Sequence[int], layout: DpLayout, modes: Sequence[PaddingMod
             if blocks < 0:
                 blocks = coll(W * B * rb, W, (W - 1) / W)[1]
             c = rs_tp + blocks
+        elif route is Route.PEER:  # each chunk's real rows
+            c = rs_tp + coll(sum(n) * rb, W, (W - 1) / W, peer=True)[1]
         else:  # a variable-size collective: a root per chunk that is not empty
             roots = W - n.count(0) if tp == 1 else sum([(y + B - 1) // B for y in a])
             c = rs_tp + coll(G * rb, W, (W - 1) / W, roots)[1]
@@ -89,7 +91,7 @@ def cheapest(counts: Sequence[int], layout: DpLayout, modes: Sequence[PaddingMod
     for c, i in order:
         if prune and best >= 0 and 2 * c > least:
             continue
-        g, r = _local_rows(colls[i][1], transport, n, a, mx, mn, S, G, B, tp, W)
+        g, r = _local_rows(colls[i][1], modes[i], n, a, mx, mn, S, G, B, tp, W)
         t = (c + (g * rb) / mem) + (c + (r * rb) / mem)
         out[i] = (t, True)
         if best < 0 or cheaper(t, modes[i], least, modes[best]):
@@ -97,10 +99,10 @@ def cheapest(counts: Sequence[int], layout: DpLayout, modes: Sequence[PaddingMod
     return best, out
 
 
-def _local_rows(route: Route, transport: Transport, n: Sequence[int], a: Sequence[int],
+def _local_rows(route: Route, mode: PaddingMode, n: Sequence[int], a: Sequence[int],
                 mx: int, mn: int, S: int, G: int, B: int, tp: int, W: int) -> tuple[int, int]:
     """``(gather rows, reduce_scatter rows)`` read + written by the slowest rank's local
-    passes on ``route``."""
+    passes on ``route`` in ``mode``."""
     if route is Route.SUM_SLOTS:  # place the rows; take the slot from the all-reduced copy
         return G + mx, 2 * G + S + mx
     # the own-block pass: a slot (tp blocks) plus the largest count under it, 0 if full
@@ -108,12 +110,14 @@ def _local_rows(route: Route, transport: Transport, n: Sequence[int], a: Sequenc
     below = S + max(rest) if rest else 0
     if route is Route.EQUAL_BLOCKS:
         return below, (S - mn if mn != S else 0)
-    # the slot from the replica's blocks: full slots zero their tail, others take
+    # the slot from the replica's blocks: full slots zero their tail, others take (a
+    # MAX_LEN slot, which only the peer route takes this way, is always full)
+    slot = [S] * len(a) if mode is PaddingMode.MAX_LEN else a
     fin = 2 * mx if tp == 1 else max([(y - x if x != y else 0) if y == S else y + x
-                                      for x, y in zip(n, a)])
+                                      for x, y in zip(n, slot)])
     if route is Route.BLOCKS_UNPACK:
         return below + 2 * G, fin + W * B + G
-    if route is Route.RAGGED:
+    if route is Route.RAGGED or route is Route.PEER:
         return below, fin
     if tp == 1:  # per-root: each chunk is the rank's rows
         return 2 * mx, 2 * G + fin

@@ -25,6 +25,7 @@ class Route(enum.Enum):
     BLOCKS_UNPACK = "blocks_unpack"
     RAGGED = "ragged"
     PER_ROOT = "per_root"
+    PEER = "peer"
     LOCAL = "local"
     ALL_TO_ALL = "all_to_all"
 
@@ -64,7 +65,10 @@ def route_of(mode: PaddingMode, transport: Transport, *, equal: bool,
              host_sizes: bool) -> Route:
     """The route of a gather or reduce_scatter in ``mode`` (see the module docstring):
     ``equal`` when every chunk is a full block; ``host_sizes`` when the chunk sizes are
-    host ints on a known rank (what per-root collectives need)."""
+    host ints on a known rank (what per-root collectives need). On the peer transport
+    every mode puts and pulls each chunk's real rows (sizes may be device data)."""
+    if transport is Transport.PEER:
+        return Route.PEER
     if mode is PaddingMode.SUM_LEN:
         return Route.SUM_SLOTS
     if equal:
@@ -83,12 +87,14 @@ def choose_route(geo: Geometry, op: Op, transport: Transport, *, device_counts: 
     """The route of ``op`` for a plan of geometry ``geo`` on ``transport``. ``known(cond)``
     answers whether a condition on the counts holds (and may record it as a guard).
     ``quantized``: the rows travel on a quantized wire (a reduce_scatter on one sums after
-    an all-to-all, in every mode)."""
+    an all-to-all in every mode, or pulls them on the peer transport)."""
     if op in (Op.SCATTER, Op.SCATTER_ADJOINT):
         return Route.LOCAL
     if op in (Op.SCATTER_COLUMNS, Op.SCATTER_COLUMNS_ADJOINT) \
-            or (quantized and op is Op.REDUCE_SCATTER):
+            or (quantized and op is Op.REDUCE_SCATTER and transport is not Transport.PEER):
         return Route.ALL_TO_ALL
-    equal = geo.mode is not PaddingMode.SUM_LEN and known(geo.equal_chunks())
+    # (the peer transport's route serves every chunk size: no guard to ask for)
+    equal = transport is not Transport.PEER and geo.mode is not PaddingMode.SUM_LEN \
+        and known(geo.equal_chunks())
     return route_of(geo.mode, transport, equal=equal,
                     host_sizes=rank_known and not device_counts)

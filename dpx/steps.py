@@ -367,7 +367,8 @@ VARIABLE_KINDS: tuple[type[Step], ...] = (BroadcastV, ReduceV, AllGatherV, Reduc
 
 _TRANSPORT_VARIABLE = {Transport.PER_ROOT: (BroadcastV, ReduceV, AllToAllV),
                        Transport.RAGGED: (AllGatherV, ReduceScatterV),
-                       Transport.EQUAL: ()}
+                       Transport.EQUAL: (),
+                       Transport.PEER: (AllGatherV, ReduceScatterV)}
 
 
 def kinds_for(transport: Transport) -> frozenset[type[Step]]:

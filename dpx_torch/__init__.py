@@ -4,11 +4,12 @@ the pad-row helpers."""
 from dpx_torch.comm import DpComm, counts_tensor
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import mask_pad_rows, pad_row_mask
+from dpx_torch.peer import PeerOptions
 from dpx_torch.program import DeviceTables
 from dpx_torch.runner import CacheLimits
 from dpx_torch.rows import pack_rows, place_rows, take_rows, unpack_rows, zero_rows_
 from dpx_torch.wire import split_wire
 
 __all__ = ["CacheLimits", "DeviceTables", "DpComm", "DpWork", "counts_tensor",
-           "mask_pad_rows", "pack_rows", "pad_row_mask", "place_rows", "split_wire",
+           "mask_pad_rows", "pack_rows", "pad_row_mask", "PeerOptions", "place_rows", "split_wire",
            "take_rows", "unpack_rows", "zero_rows_"]

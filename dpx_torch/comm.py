@@ -32,9 +32,10 @@ import torch.distributed as dist
 
 from dpx.errors import DpxTypeError
 from dpx.layout import DpLayout
-from dpx.modes import Op, Wire
+from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.schedule import Schedule, build_schedule
+from dpx.transport import TransportChoice
 from dpx_torch.agreement import Agreement
 from dpx_torch.checks import InputChecks
 from dpx_torch.exchange import CountsExchange
@@ -44,6 +45,7 @@ from dpx_torch.groups import DpGroups, adopt_groups, build_groups, mesh_groups
 from dpx_torch.lifecycle import Lifecycle, end_groups, exit_hook
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import pad_row_mask
+from dpx_torch.peer import PeerOptions
 from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps
 from dpx_torch.program import flat_counts
 from dpx_torch.rows import inside
@@ -87,7 +89,9 @@ class DpComm(OverflowMethods):
                  attn_tp_group: dist.ProcessGroup | None = None,
                  replica_group: dist.ProcessGroup | None = None,
                  cpu_group: dist.ProcessGroup | None = None,
-                 validate: bool = False, limits: CacheLimits | None = None) -> None:
+                 validate: bool = False, limits: CacheLimits | None = None,
+                 transport: Transport | str = Transport.PER_ROOT,
+                 peer: PeerOptions | None = None) -> None:
         if not isinstance(layout, DpLayout):
             raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
         if limits is not None and not isinstance(limits, CacheLimits):
@@ -111,6 +115,9 @@ class DpComm(OverflowMethods):
         self.full = FullPath(layout, self.rank, self.runner, self.checks, self.agreement,
                              self.prepared)
         self._counts = CountsExchange(layout, self.rank, self.groups, self.runner, self.checks)
+        #: the transport every rank agreed on, and why (:func:`dpx.choose_transport`)
+        self.transport_choice: TransportChoice = self.runner.open_peer(
+            layout, self._exchange, transport, peer, self._life.fail)
         self._exit_hook = exit_hook(weakref.ref(self))
         atexit.register(self._exit_hook)
 
@@ -128,6 +135,18 @@ class DpComm(OverflowMethods):
         world, tp_group = mesh_groups(layout, mesh, group)
         return cls(layout, group=world, attn_tp_group=tp_group, replica_group=replica_group,
                    cpu_group=cpu_group, validate=validate, limits=limits)
+
+    def _exchange(self, obj: object) -> list:
+        """Every rank's ``obj`` (an all-gather of Python objects over the host group)."""
+        out: list = [None] * self.layout.world_size
+        dist.all_gather_object(out, obj, group=self.agreement._cpu("transport='peer'"))
+        return out
+
+    @property
+    def transport(self) -> Transport:
+        """The transport this communicator's world steps run on (see
+        :attr:`transport_choice` for why)."""
+        return self.runner.transport
 
     @property
     def validate(self) -> bool:
@@ -436,7 +455,15 @@ class DpComm(OverflowMethods):
         are destroyed there, without barriers)."""
         if not self._life.alive:
             return
-        end_groups(self.groups.owned, self.groups.world, drain=True)
+        failed = self._life.failure is not None
+        peer = self.runner.peer
+        if peer is not None:
+            peer.close()
+            if not failed:   # every peer has closed this rank's workspace
+                dist.barrier(group=self.agreement._cpu("destroy"))
+            peer.release()
+        # a failed communicator drains nothing: a dead peer would never arrive
+        end_groups(self.groups.owned, self.groups.world, drain=not failed)
         self._release()
 
     def _release(self) -> None:
@@ -456,6 +483,8 @@ class DpComm(OverflowMethods):
 
     def _at_exit(self) -> None:
         if self._life.alive:
+            if self.runner.peer is not None:   # peers' workspaces unmapped before the end
+                self.runner.peer.close()
             end_groups(self.groups.owned, self.groups.world, drain=False)
             self._release()
 

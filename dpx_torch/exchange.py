@@ -45,9 +45,24 @@ class CountsExchange:
         self.layout, self.rank, self.groups = layout, rank, groups
         self.runner, self.checks = runner, checks
         self._sources: dict[tuple, torch.Tensor] = {}
+        #: on the peer transport: the bound all-gather of one int32 a rank
+        self._peer_gather = None
 
     def clear(self) -> None:
         self._sources.clear()
+        self._peer_gather = None
+
+    def _all_gather(self, out: torch.Tensor, n_local: torch.Tensor) -> None:
+        """Every rank's count into ``out``: on the peer transport a world step of its own
+        (the step's barrier names a dead peer), else the world group's all-gather."""
+        peer = self.runner.peer
+        if peer is None:
+            all_gather_single(out, n_local, group=self.groups.world)
+            return
+        if self._peer_gather is None:
+            self._peer_gather = peer.blocks(lambda x, o: x.view(1, 1), lambda x, o: o.view(-1, 1),
+                                            1, 1, torch.int32, all_to_all=False)
+        self._peer_gather(n_local, out, None)
 
     def __call__(self, n_local: torch.Tensor, *, shards: bool, plan: DpPlan | None,
                  validate: bool) -> torch.Tensor:
@@ -64,7 +79,7 @@ class CountsExchange:
                                     f"cp_shards is {'set' if plan.sharded else 'None'}")
         lay = self.layout
         allv = n_local.new_empty(lay.world_size)
-        all_gather_single(allv, n_local, group=self.groups.world)
+        self._all_gather(allv, n_local)
         key = (shards, allv.device)
         idx = self._sources.get(key)
         if idx is None:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from dpx.errors import DpxValueError
+from dpx.errors import DpxPeerError, DpxValueError
 
 __all__ = ["destroyed", "end_groups", "exit_hook", "Lifecycle"]
 
@@ -32,25 +32,36 @@ __all__ = ["destroyed", "end_groups", "exit_hook", "Lifecycle"]
 class Lifecycle:
     """The state every call form reads (see the module docstring)."""
 
-    __slots__ = ("alive", "validate", "fast")
+    __slots__ = ("alive", "validate", "fast", "failure")
 
     def __init__(self, *, validate: bool) -> None:
         self.alive = True
         self.validate = bool(validate)
         #: alive and not validating: calls may run prepared steps
         self.fast = not self.validate
+        #: ``(message, ranks)`` of the peer transport's failure (a peer that did not
+        #: arrive), once one was found: every later call raises it
+        self.failure: tuple[str, tuple[int, ...]] | None = None
 
     def set_validate(self, validate: bool) -> None:
         self.validate = bool(validate)
-        self.fast = self.alive and not self.validate
+        self.fast = self.alive and not self.validate and self.failure is None
+
+    def fail(self, err: DpxPeerError) -> None:
+        """A peer did not arrive: every later call raises ``err``'s message."""
+        self.failure = (str(err), err.ranks)
+        self.fast = False
 
     def end(self) -> None:
         self.alive = self.fast = False
 
     def check(self) -> None:
-        """Raise when the communicator was destroyed."""
+        """Raise when the communicator was destroyed, or failed (a new error each time:
+        no traceback collects frames across calls)."""
         if not self.alive:
             raise destroyed()
+        if self.failure is not None:
+            raise DpxPeerError(self.failure[0], ranks=self.failure[1])
 
 
 def destroyed() -> DpxValueError:

@@ -31,10 +31,10 @@ from dpx.errors import DpxValueError
 from dpx.modes import Group, Wire
 from dpx.schedule import Variant
 from dpx.counts import sources
-from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllReduce, AllToAll, AllToAllV, BroadcastV,
-                       CheckCounts, Dequantize, DequantizeSum, JoinColumns, Move, Pack,
-                       Quantize, ReduceScatter, ReduceV, Ref, SplitColumns, Step, Unpack,
-                       Zero, len_of)
+from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
+                       AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum,
+                       JoinColumns, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
+                       ReduceV, Ref, SplitColumns, Step, Unpack, Zero, len_of)
 from dpx.wire import wire_row_bytes
 from dpx_torch import collectives as C
 from dpx_torch.passes import DEVICE, Passes
@@ -50,13 +50,15 @@ class Host(Protocol):
     """What bound programs (and :mod:`dpx_torch.prepared`) use of the communicator's runner
     (:class:`dpx_torch.runner.Runner`, which imports this module): its rank, groups,
     scratch pool, overflow flags, schedule cache, compiled programs, bound collectives
-    and coalescing."""
+    and coalescing, and the peer transport that carries its world steps (None: the
+    world group's backend does)."""
 
     rank: int
     groups: Any
     pool: Any
     flags: Any
     schedules: Any
+    peer: Any
 
     def program(self, variant: Variant) -> "Program": ...
 
@@ -303,6 +305,19 @@ class _Bind:
     def group(self, g: Group) -> dist.ProcessGroup:
         return self.shape.runner.groups.process_group(g)
 
+    def peer(self, s: Step) -> Any:
+        """The communicator's peer transport, which carries world step ``s`` (None: the
+        group's backend does)."""
+        if getattr(s, "group", None) is not Group.WORLD:
+            return None
+        return self.shape.runner.peer
+
+    def host(self, v: Any, what: str) -> int:
+        h = self.value(v)
+        if h is DEVICE:
+            raise DpxValueError(f"{what} takes a host size")
+        return h
+
 
 def _whole_in(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return x
@@ -428,6 +443,11 @@ def _split_columns(s: SplitColumns, b: _Bind) -> StepFn:
 def _all_to_all(s: AllToAll, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src)
     dst, _ = b.buffer(s.dst)
+    peer = b.peer(s)
+    if peer is not None:
+        dtype, width = b.elem(s.src.buf)
+        return peer.blocks(src, dst, b.host(s.rows, "all_to_all"), width, dtype,
+                           all_to_all=True)
     go = b.shape.runner.collective(C.bind_all_to_all, b.group(s.group))
     return lambda x, out, dv: go(dst(x, out), src(x, out))
 
@@ -446,6 +466,11 @@ def _all_to_all_v(s: AllToAllV, b: _Bind) -> StepFn:
 def _all_gather(s: AllGather, b: _Bind) -> StepFn:
     src, _ = b.buffer(s.src, s.rows)
     dst, _ = b.buffer(s.dst)
+    peer = b.peer(s)
+    if peer is not None:
+        dtype, width = b.elem(s.src.buf)
+        return peer.blocks(src, dst, b.host(s.rows, "all_gather"), width, dtype,
+                           all_to_all=False)
     go = b.shape.runner.collective(C.bind_all_gather, b.group(s.group))
     if src is _whole_in and dst is _whole_out:
         return lambda x, out, dv: go(out, x)
@@ -456,12 +481,23 @@ def _all_gather_counts(s: AllGatherCounts, b: _Bind) -> StepFn:
     """The rows' all-gather and every rank's own count in one grouped launch where the
     backend coalesces (NCCL); then the counts the exchange picks (as
     ``DpComm.exchange_counts``) become the call's."""
-    rows = _all_gather(s, b)
     sh = b.shape
-    go = sh.runner.collective(C.bind_all_gather, b.group(s.group))
-    coalesced, group, world = sh.runner.coalesced, s.group, sh.parts
     src = sources(b.variant.key.structure.layout, sh.runner.rank,
                   shards=b.variant.key.structure.sharded)
+    peer = b.peer(s)
+    if peer is not None:   # the reports travel in the blocks' headers
+        def arrived(dv, every):
+            dv.reports = every
+            dv.set_counts(every[sh.tables.get(src, every.device)])
+        rsrc, _ = b.buffer(s.src, s.rows)
+        dst, _ = b.buffer(s.dst)
+        dtype, width = b.elem(s.src.buf)
+        return peer.blocks(rsrc, dst, b.host(s.rows, "all_gather"), width, dtype,
+                           all_to_all=False, report=lambda dv: dv.ride_own,
+                           reports=arrived)
+    rows = _all_gather(s, b)
+    go = sh.runner.collective(C.bind_all_gather, b.group(s.group))
+    coalesced, group, world = sh.runner.coalesced, s.group, sh.parts
 
     def run(x, out, dv):
         own = dv.ride_own
@@ -514,8 +550,40 @@ def _per_root(fn_name: str, key: str) -> Callable[[BroadcastV | ReduceV, _Bind],
     return bind
 
 
-#: The torch frontend's binder of every step kind its schedules hold (the per-root
-#: transport: :func:`dpx.steps.kinds_for`).
+def _peer_of(s: Step, b: _Bind) -> Any:
+    peer = b.peer(s)
+    if peer is None:
+        raise DpxValueError(f"a {s.kind} step runs on the peer transport; this "
+                            f"communicator has none (DpComm(..., transport='peer'))")
+    return peer
+
+
+def _all_gather_v(s: AllGatherV, b: _Bind) -> StepFn:
+    """The peer transport's variable all-gather (:meth:`dpx_torch.peer.PeerTransport.gather_v`)."""
+    src, src_rows = b.buffer(s.src)
+    dst, rows = b.buffer(s.dst, s.rows)
+    dtype, width = b.elem(s.src.buf)
+    return _peer_of(s, b).gather_v(src, src_rows, dst, rows, b.table(s.firsts),
+                                   b.table(s.lens), b.host(s.block, "all_gather_v"), width,
+                                   dtype)
+
+
+def _reduce_scatter_v(s: ReduceScatterV, b: _Bind) -> StepFn:
+    """The peer transport's pull and sum (:meth:`dpx_torch.peer.PeerTransport.
+    reduce_scatter_v`): native rows, or the quantized combine's wire rows."""
+    src, src_rows = b.buffer(s.src)
+    block = b.host(s.block, "reduce_scatter_v")
+    dst, _ = b.buffer(s.dst, block)
+    dtype, width = b.elem(s.src.buf)
+    sh = b.shape
+    wire = sh.wire if s.src.buf in b.variant.wire_bufs else Wire.NATIVE
+    return _peer_of(s, b).reduce_scatter_v(src, src_rows, dst, block, b.table(s.firsts),
+                                           b.table(s.lens), width, dtype, sh.width, sh.dtype,
+                                           wire, sh.wire_scale)
+
+
+#: The torch frontend's binder of every step kind its schedules hold (the per-root and
+#: peer transports: :func:`dpx.steps.kinds_for`).
 BINDERS: dict[type[Step], Callable[[Any, _Bind], StepFn]] = {
     CheckCounts: _check, Move: _move, Zero: _zero, Quantize: _quantize,
     Dequantize: _dequantize, DequantizeSum: _dequantize_sum, Pack: _chunks(True),
@@ -523,7 +591,7 @@ BINDERS: dict[type[Step], Callable[[Any, _Bind], StepFn]] = {
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
     BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
     JoinColumns: _join_columns, SplitColumns: _split_columns, AllToAll: _all_to_all,
-    AllToAllV: _all_to_all_v,
+    AllToAllV: _all_to_all_v, AllGatherV: _all_gather_v, ReduceScatterV: _reduce_scatter_v,
 }
 
 
@@ -539,7 +607,7 @@ class Program:
             binder = BINDERS.get(type(step))
             if binder is None:
                 raise DpxValueError(f"dpx_torch cannot run a {step.kind} step (its schedules "
-                                    f"use the per_root transport)")
+                                    f"use the per_root and peer transports)")
             binders.append(binder)
         self.binders = tuple(binders)
         self.scratch = tuple((name, rows, name in variant.wire_bufs)

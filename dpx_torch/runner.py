@@ -27,9 +27,11 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from dpx.errors import DpxValueError
+from dpx.errors import DpxPeerError, DpxValueError
 from dpx.extents import OpRows, op_rows
+from dpx.layout import DpLayout
 from dpx.modes import Group, Op, Transport, Wire
+from dpx.transport import TransportChoice
 from dpx.plan import DpPlan
 from dpx.schedule import ScheduleCache, TemplateKey, Variant
 from dpx.steps import OUT
@@ -40,6 +42,7 @@ from dpx_torch.lru import LRU
 from dpx_torch.ops import OpPasses
 from dpx_torch.overlap import Overlap
 from dpx_torch.passes import Passes, TorchPasses, TritonPasses
+from dpx_torch.peer import PeerOptions, PeerTransport, open_transport
 from dpx_torch.pool import BufferPool
 from dpx_torch.shims.coalescing import Coalescing
 from dpx_torch.program import (BatchProgram, CallShape, DeviceTables, FreshTables,
@@ -85,15 +88,18 @@ class Call(NamedTuple):
 
 class Runner:
     """Runs schedules for one communicator's groups (see the module docstring).
-    ``transport``: what torch.distributed's collectives can do (per-root broadcasts /
-    reduces with host sizes), which decides how GATHERV plans move their rows. ``passes``:
-    the local passes per device type (the Triton kernels through this runner's
-    :class:`~dpx_torch.shims.triton_launch.Launcher` on CUDA, torch ops on CPU)."""
-
-    transport = Transport.PER_ROOT
+    ``transport``: what its world steps can do -- ``PER_ROOT``, torch.distributed's
+    collectives (per-root broadcasts / reduces with host sizes), or ``PEER``, puts and
+    pulls in the ranks' shared memory (:attr:`peer`, :mod:`dpx_torch.peer`) -- which
+    decides how each mode moves its rows. ``passes``: the local passes per device type (the
+    Triton kernels through this runner's :class:`~dpx_torch.shims.triton_launch.Launcher`
+    on CUDA, torch ops on CPU)."""
 
     def __init__(self, groups: DpGroups, limits: CacheLimits) -> None:
         self.groups, self.limits = groups, limits
+        self.transport = Transport.PER_ROOT
+        #: the peer transport (:meth:`open_peer`), or None
+        self.peer: PeerTransport | None = None
         self.rank = groups.rank
         self.schedules = ScheduleCache(max_templates=limits.templates,
                                        max_variants=limits.variants)
@@ -109,6 +115,16 @@ class Runner:
         self.coalescing = Coalescing()
         self._programs = LRU(limits.programs)
         self._batches = LRU(limits.batches)
+
+    def open_peer(self, layout: DpLayout, exchange: Callable[[Any], list],
+                  requested: Transport | str, options: PeerOptions | None,
+                  on_failure: Callable[[DpxPeerError], None]) -> TransportChoice:
+        """Choose the transport with every rank (collective over the host group) and, for
+        the peer transport, open its workspace; :attr:`transport` follows."""
+        self.peer, choice = open_transport(layout, self.rank, exchange, requested, options,
+                                           self.launcher, on_failure)
+        self.transport = choice.transport
+        return choice
 
     def collective(self, bind: Callable[[Any], Any], group: Any) -> Any:
         """``bind(group)`` (a :mod:`dpx_torch.collectives` binder), made once per group

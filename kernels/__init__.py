@@ -1,8 +1,9 @@
 """Triton kernels of dpx (installed as ``dpx.kernels``): row passes (:mod:`.rows`), the fp8
 wire (:mod:`.wire`), the fp4 wires (:mod:`.fp4`), the quantized combine's summing pass
-(:mod:`.combine`), pad-row masking (:mod:`.mask`) and the
+(:mod:`.combine`), pad-row masking (:mod:`.mask`), the
 device check of a step's counts
-(:mod:`.counts`); :mod:`.launch` holds the launch shapes both frontends use."""
+(:mod:`.counts`) and the peer transport's puts, barrier, takes and pulls (:mod:`.peer`);
+:mod:`.launch` holds the launch shapes both frontends use."""
 
 import sys
 
@@ -31,12 +32,15 @@ else:
     from dpx.kernels.fp4 import dequantize_fp4_kernel, quantize_fp4_kernel
     from dpx.kernels.launch import DEFAULT_TILE, Tile, grid, row_blocks
     from dpx.kernels.mask import mask_rows_kernel
+    from dpx.kernels.peer import (peer_barrier_kernel, peer_put_kernel, peer_sum_kernel,
+                                  peer_take_kernel, peer_wire_sum_kernel)
     from dpx.kernels.rows import (move_rows_kernel, pack_rows_kernel, unpack_rows_kernel,
                                   zero_rows_kernel)
     from dpx.kernels.wire import dequantize_rows_kernel, quantize_rows_kernel
 
     __all__ = ["DEFAULT_TILE", "Tile", "check_counts_kernel", "dequantize_fp4_kernel",
                "dequantize_rows_kernel", "dequantize_sum_kernel", "grid", "mask_rows_kernel",
-               "move_rows_kernel",
+               "move_rows_kernel", "peer_barrier_kernel", "peer_put_kernel", "peer_sum_kernel",
+               "peer_take_kernel", "peer_wire_sum_kernel",
                "pack_rows_kernel", "quantize_fp4_kernel", "quantize_rows_kernel",
                "row_blocks", "unpack_rows_kernel", "zero_rows_kernel"]

@@ -29,7 +29,69 @@ from dpx.kernels.constants import (GROUP, MX_BLOCK, NAN_BF16, NAN_CODE, NAN_F16,
                                    NV_BLOCK)
 from dpx.kernels.fp4 import fp4_value_bits
 
-__all__ = ["dequantize_sum_kernel"]
+__all__ = ["add_rn", "dequantize_sum_kernel", "store_sum", "wire_block_values"]
+
+
+@triton.jit
+def wire_block_values(base, grp, ok, g, H: tl.constexpr, FP4: tl.constexpr, NV: tl.constexpr,
+                      BLOCK_B: tl.constexpr, COMPILED: tl.constexpr):
+    """The float32 values ``[BLOCK_B, GS]`` of block ``grp`` of the wire rows at ``base``
+    (uint8 pointers ``[BLOCK_B]``, one per row; ``ok``: rows to read): fp8 (``e4m3 *
+    scale``) unless ``FP4`` (nvfp4 with global scale ``g`` when ``NV``, else mxfp4); a NaN
+    code or a NaN block gives NaN. What the dequantize kernels compute before their rounding
+    to the output dtype."""
+    GS: tl.constexpr = (NV_BLOCK if NV else MX_BLOCK) if FP4 else GROUP
+    HALF: tl.constexpr = GS // 2
+    okk = ok[:, None]
+    if FP4:
+        byte = tl.load((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],
+                       mask=okk, other=0).to(tl.int32)              # [B, HALF]
+        sb = tl.load(base + H // 2 + grp, mask=ok, other=0).to(tl.int32)
+        yb, _, nan_blk = fp4_value_bits(byte, sb, g, BLOCK_B, NV, COMPILED)
+        v = tl.where(nan_blk[:, None], float("nan"), yb.to(tl.float32, bitcast=True))
+    else:
+        c = tl.load((base + grp * GS)[:, None] + tl.arange(0, GS)[None, :], mask=okk,
+                    other=0).to(tl.int32)
+        scale = tl.load((base + H + grp * 4).to(tl.pointer_type(tl.float32)), mask=ok,
+                        other=0.0)
+        v = tl.where((c & 0x7F) == NAN_CODE, float("nan"),
+                     e4m3_signed_value(c) * scale[:, None])
+    return v
+
+
+@triton.jit
+def add_rn(acc, v, COMPILED: tl.constexpr):
+    """``acc + v`` in float32, rounded to nearest even with subnormals: a PTX ``add.rn.f32``
+    on a GPU (never fused into a multiply-add), NumPy's addition in the interpreter."""
+    if COMPILED:
+        return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [acc, v],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return acc + v
+
+
+@triton.jit
+def store_sum(acc, out_ptr, offs, mask, OUT_KIND: tl.constexpr):
+    """``acc`` (a float32 sum from +0.0) stored at ``out_ptr + offs`` rounded to ``OUT_KIND``
+    (0: float32, 1: bfloat16, 2: float16): nearest even, a zero as +0.0, a NaN as the
+    output's canonical quiet NaN."""
+    u = acc.to(tl.uint32, bitcast=True)
+    # a zero is +0.0: what the sum from +0.0 gives, held even where a compiler would fold
+    # the first addition away (0.0 + -0.0 is +0.0, -0.0 alone is not)
+    u = tl.where((u & 0x7FFFFFFF) == 0, 0, u).to(tl.uint32)
+    nan = acc != acc
+    if OUT_KIND == 0:
+        out32 = out_ptr.to(tl.pointer_type(tl.uint32))
+        tl.store(out32 + offs, tl.where(nan, NAN_F32, u).to(tl.uint32), mask=mask)
+    elif OUT_KIND == 1:   # float32 -> bfloat16, round to nearest even, by bits
+        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
+        tl.store(out16 + offs, tl.where(nan, NAN_BF16, r).to(tl.uint16), mask=mask)
+    else:
+        h16 = u.to(tl.float32, bitcast=True).to(tl.float16).to(tl.uint16, bitcast=True)
+        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
+        tl.store(out16 + offs, tl.where(nan, NAN_F16, h16.to(tl.int32)).to(tl.uint16),
+                 mask=mask)
 
 
 @triton.jit(do_not_specialize=["rows_n", "g"])
@@ -43,49 +105,15 @@ def dequantize_sum_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     bfloat16, 2: float16), the float32 sum over ``p = 0 .. PARTS-1`` in that order.
     ``WIDE``: index math in int64, else int32."""
     GS: tl.constexpr = (NV_BLOCK if NV else MX_BLOCK) if FP4 else GROUP
-    HALF: tl.constexpr = GS // 2
     NB: tl.constexpr = H // GS
     f = block_index(0, BLOCK_B, WIDE)
     row = f // NB
     grp = f % NB
     ok = row < rows_n
-    okk = ok[:, None]
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
     for p in tl.static_range(PARTS):
-        base = src_ptr + (row + p * rows_n) * ROW_BYTES
-        if FP4:
-            byte = tl.load((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],
-                           mask=okk, other=0).to(tl.int32)              # [B, HALF]
-            sb = tl.load(base + H // 2 + grp, mask=ok, other=0).to(tl.int32)
-            yb, _, nan_blk = fp4_value_bits(byte, sb, g, BLOCK_B, NV, COMPILED)
-            v = tl.where(nan_blk[:, None], float("nan"), yb.to(tl.float32, bitcast=True))
-        else:
-            c = tl.load((base + grp * GS)[:, None] + tl.arange(0, GS)[None, :], mask=okk,
-                        other=0).to(tl.int32)
-            scale = tl.load((base + H + grp * 4).to(tl.pointer_type(tl.float32)), mask=ok,
-                            other=0.0)
-            v = tl.where((c & 0x7F) == NAN_CODE, float("nan"),
-                         e4m3_signed_value(c) * scale[:, None])
-        if COMPILED:
-            acc = tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [acc, v],
-                                            dtype=tl.float32, is_pure=True, pack=1)
-        else:
-            acc = acc + v
-    u = acc.to(tl.uint32, bitcast=True)
-    # a zero is +0.0: what the sum from +0.0 gives, held even where a compiler would fold
-    # the first addition away (0.0 + -0.0 is +0.0, -0.0 alone is not)
-    u = tl.where((u & 0x7FFFFFFF) == 0, 0, u).to(tl.uint32)
-    nan = acc != acc
+        v = wire_block_values(src_ptr + (row + p * rows_n) * ROW_BYTES, grp, ok, g, H, FP4,
+                              NV, BLOCK_B, COMPILED)
+        acc = add_rn(acc, v, COMPILED)
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
-    if OUT_KIND == 0:
-        out32 = out_ptr.to(tl.pointer_type(tl.uint32))
-        tl.store(out32 + offs, tl.where(nan, NAN_F32, u).to(tl.uint32), mask=okk)
-    elif OUT_KIND == 1:   # float32 -> bfloat16, round to nearest even, by bits
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
-        tl.store(out16 + offs, tl.where(nan, NAN_BF16, r).to(tl.uint16), mask=okk)
-    else:
-        h16 = u.to(tl.float32, bitcast=True).to(tl.float16).to(tl.uint16, bitcast=True)
-        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
-        tl.store(out16 + offs, tl.where(nan, NAN_F16, h16.to(tl.int32)).to(tl.uint16),
-                 mask=okk)
+    store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND)

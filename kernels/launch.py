@@ -16,6 +16,7 @@ from dpx.kernels import combine as _combine
 from dpx.kernels import counts as _counts
 from dpx.kernels import fp4 as _fp4
 from dpx.kernels import mask as _mask
+from dpx.kernels import peer as _peer
 from dpx.kernels import rows as _rows
 from dpx.kernels import wire as _wire
 from dpx.modes import Wire
@@ -24,7 +25,8 @@ __all__ = [
     "check_launch", "chunks_launch", "DEFAULT_TILE", "dequantize_launch",
     "dequantize_sum_launch", "FP4_BY_BLOCK",
     "fp4_grid", "fp4_scale", "fp4_shape", "Fp4Shape", "grid", "Launch", "mask_launch",
-    "move_launch", "OUT_KIND", "QUANTIZE_BY_BYTES", "quantize_grid", "quantize_launch",
+    "move_launch", "OUT_KIND", "peer_barrier_launch", "peer_put_launch", "peer_sum_launch",
+    "peer_take_launch", "peer_wire_sum_launch", "QUANTIZE_BY_BYTES", "quantize_grid", "quantize_launch",
     "quantize_shape", "QuantizeShape", "row_blocks", "STREAM_BYTES", "Tile", "tile_for",
     "TILES_BY_BYTES", "wide", "zero_launch"
 ]
@@ -296,3 +298,62 @@ def dequantize_sum_launch(wire: Wire, rows: int, parts: int, hidden: int, out_dt
                        NV=wire is Wire.NVFP4, PARTS=parts, OUT_KIND=OUT_KIND[out_dtype],
                        BLOCK_B=f.block_b, COMPILED=compiled,
                        WIDE=wide(parts * rows * rb, rows * hidden)), (0, 3))
+
+
+# ---------------------------------------------------------------- the peer transport
+#: :func:`~dpx.kernels.peer.peer_put_kernel`'s and ``peer_take_kernel``'s modes
+PEER_CHUNK, PEER_STAGE, PEER_BLOCKS = 0, 1, 2
+#: :func:`~dpx.kernels.peer.peer_sum_kernel`'s ``KIND`` of an integer dtype
+PEER_INT_KIND = 3
+
+
+def peer_put_launch(mode: int, block: int, width: int, itemsize: int, world: int,
+                    epoch: int, *, report: bool = False) -> Launch:
+    """:func:`~dpx.kernels.peer.peer_put_kernel` of entries of at most ``block`` rows of
+    ``width`` elements (runtime arguments: source, table, firsts, lens, count, then the
+    ints of its signature)."""
+    block_r, block_c, warps = row_blocks(width, tile_for(block, width, itemsize))
+    return Launch(_peer.peer_put_kernel,
+                  (world * -(-block // block_r), -(-width // block_c)), warps,
+                  dict(WIDTH=width, W=world, MODE=mode, REPORT=report, EPOCH=epoch,
+                       BLOCK_R=block_r, BLOCK_C=block_c), (0, 1, 2, 3, 4))
+
+
+def peer_take_launch(mode: int, out_rows: int, width: int, itemsize: int, world: int,
+                     epoch: int, *, report: bool = False) -> Launch:
+    """:func:`~dpx.kernels.peer.peer_take_kernel` writing ``out [out_rows, width]``."""
+    lt = _rows_launch(_peer.peer_take_kernel, out_rows, width,
+                      tile_for(out_rows, width, itemsize),
+                      dict(W=world, MODE=mode, REPORT=report, EPOCH=epoch), (0, 1, 2, 3, 11))
+    lt.consts["BLOCK_W"] = _pow2_at_least(world)
+    return lt
+
+
+def peer_sum_launch(out_rows: int, width: int, dtype: str, itemsize: int, world: int,
+                    epoch: int, *, compiled: bool) -> Launch:
+    """:func:`~dpx.kernels.peer.peer_sum_kernel` writing ``out [out_rows, width]`` of
+    ``dtype`` (a name; an integer dtype sums in itself)."""
+    return _rows_launch(_peer.peer_sum_kernel, out_rows, width,
+                        tile_for(out_rows, width, itemsize),
+                        dict(W=world, KIND=OUT_KIND.get(dtype, PEER_INT_KIND), EPOCH=epoch,
+                             COMPILED=compiled), (0, 1, 2, 8))
+
+
+def peer_wire_sum_launch(wire: Wire, out_rows: int, hidden: int, out_dtype: str, world: int,
+                         epoch: int, *, compiled: bool) -> Launch:
+    """:func:`~dpx.kernels.peer.peer_wire_sum_kernel` of ``wire`` rows into ``[out_rows,
+    hidden]`` of ``out_dtype`` (the combine's summing pass's shapes)."""
+    gs = W.block(wire)
+    f = _SUM_SHAPES[gs]
+    return Launch(_peer.peer_wire_sum_kernel, fp4_grid(out_rows, hidden, gs, f), f.warps,
+                  dict(H=hidden, ROW_BYTES=W.wire_row_bytes(hidden, wire),
+                       FP4=wire is not Wire.FP8, NV=wire is Wire.NVFP4, W=world,
+                       OUT_KIND=OUT_KIND[out_dtype], EPOCH=epoch, BLOCK_B=f.block_b,
+                       COMPILED=compiled), (0, 1, 2, 9))
+
+
+def peer_barrier_launch(world: int, epoch: int) -> Launch:
+    """:func:`~dpx.kernels.peer.peer_barrier_kernel`: one program of one warp (runtime
+    arguments: table, this rank, the timeout in nanoseconds)."""
+    return Launch(_peer.peer_barrier_kernel, (1,), 1,
+                  dict(W=world, BLOCK_W=max(32, _pow2_at_least(world)), EPOCH=epoch), (0,))

@@ -32,9 +32,10 @@ ORDER = (
     "test_torch_comm", "test_torch_autograd", "test_torch_compile", "test_faults", "test_trust",
     "test_exit",
     "test_torch_serving", "test_combine", "test_torch_groups", "test_torch_hotpath", "test_sglang",
+    "test_peer",
     "test_jax", "test_jax_serving", "test_jax_axes", "test_jax_multiprocess",
     "test_fuzz",
-    "test_torch_gpu",
+    "test_torch_gpu", "test_peer_gpu",
     "test_parity", "test_parity_gpu",
     "test_docs", "test_examples", "test_benchmark_smoke",
 )

@@ -28,10 +28,14 @@ class WorkerContext:
         self.rank = rank
         self.world_size = world_size
         self._comms: dict[Any, Any] = {}
+        #: keywords every communicator of :meth:`comm` gets unless a job gives its own
+        #: (``torch_jobs.use_transport`` sets the peer transport's)
+        self.defaults: dict[str, Any] = {}
 
     def comm(self, layout, **kwargs):
         from dpx_torch import DpComm
 
+        kwargs = {**self.defaults, **kwargs}
         key = (layout, tuple(sorted(kwargs.items())))
         if key not in self._comms:
             self._comms[key] = DpComm(layout, **kwargs)

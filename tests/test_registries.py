@@ -1,5 +1,5 @@
 """Every interpreter of schedules handles every step kind its schedules can hold: the
-torch frontend (the per-root transport), the JAX frontend (the ragged and equal
+torch frontend (the per-root and peer transports), the JAX frontend (the ragged and equal
 transports), the cost model and the NumPy simulator (every kind). A new step kind without
 a handler somewhere fails here, not at a user's first call."""
 
@@ -41,7 +41,7 @@ def test_torch_frontend_runs_its_transports_kinds():
     pytest.importorskip("torch")
     from dpx_torch.program import BINDERS
 
-    assert not _missing(BINDERS, kinds_for(Transport.PER_ROOT))
+    assert not _missing(BINDERS, kinds_for(Transport.PER_ROOT) | kinds_for(Transport.PEER))
 
 
 def test_jax_frontend_runs_its_transports_kinds():

@@ -373,11 +373,23 @@ def test_transports_route_gatherv():
     assert dev.notes and dev.route is dpx.Route.BLOCKS_UNPACK
     rag = build_schedule(cap, Op.GATHER, rank=None, device_counts=True, transport="ragged")
     assert rag.steps[-1].kind == "all_gather_v"
-    # equal chunks move with the plain collective on every transport
+    # equal chunks move with the plain collective on every transport but the peer one
     even = dpx.plan_step([4, 4, 4, 4], lay, mode="gatherv")
     for t in TRANSPORTS:
         assert build_schedule(even, Op.GATHER, rank=0, transport=t).steps[-1].kind == \
-            "all_gather"
+            ("all_gather_v" if t is Transport.PEER else "all_gather")
+    # the peer transport puts each chunk's real rows, in every mode, device counts too:
+    # the table leaves out MAX_LEN's pad rows and the alignment rows
+    for mode in ("max_len", "sum_len", "gatherv"):
+        p = dpx.plan_step([3, 0, 7, 5], lay, mode=mode)
+        for r in range(4):
+            last = build_schedule(p, Op.GATHER, rank=r, transport="peer").steps[-1]
+            assert last.kind == "all_gather_v" and tuple(last.lens) == (3, 0, 7, 5)
+            assert tuple(last.firsts) == tuple(p.offsets)
+        peer = build_schedule(cap, Op.REDUCE_SCATTER, rank=1, device_counts=True,
+                              transport="peer")
+        assert [s.kind for s in peer.steps][:2] == ["check_counts", "reduce_scatter_v"]
+        assert peer.route is dpx.Route.PEER
 
 
 def test_zero_step_only_where_a_tail_exists():

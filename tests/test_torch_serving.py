@@ -121,14 +121,9 @@ def test_exchange_counts(gloo_worlds, layout):
         assert msgs == {"no error"}
 
 
-@pytest.mark.parametrize("layout", [(1, 1), (4, 2), (4, 4), (4, 1, 2), (4, 2, 2)],
-                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
-def test_counts_ride_the_gather(gloo_worlds, layout):
-    """gather_with_counts against gather(counts=exchange_counts(n_local)): MAX_LEN and
-    GATHERV capacity plans, idle replicas, counts over the capacity (the flag), partial and
-    replicated, fp8, CP shard tables; the rules raise the same error on every rank."""
-    dp = layout[1]
-    cp = layout[2] if len(layout) > 2 else 1
+def ride_cases(dp: int, cp: int) -> list[dict]:
+    """MAX_LEN and GATHERV capacity plans, idle replicas, counts over the capacity (the
+    flag), partial and replicated, fp8, CP shard tables."""
     idle = [5 + d if d % 2 == 0 else 0 for d in range(dp)]
     cases = []
     for i, mode in enumerate(("max_len", "gatherv")):
@@ -143,7 +138,13 @@ def test_counts_ride_the_gather(gloo_worlds, layout):
             cases.append(dict(counts=[0] * dp, mode=mode, capacity=cap, partial=True,
                               shards=[[0] * cp] * dp, seed=10 * i + 3,
                               run_counts=[[2 + d] + [d % 2] * (cp - 1) for d in range(dp)]))
-    res = gloo_worlds(layout[0]).run("serving_jobs:check_ride", layout, cases)
+    return cases
+
+
+def check_ride_results(res: list[dict], layout: tuple, cases: list[dict]) -> None:
+    """Every rank's ``serving_jobs:check_ride`` result: every case bit for bit, the two
+    overflows flagged, the rules' errors the same on every rank."""
+    dp = layout[1]
     assert all(r["done"] == len(cases) and r["overflows"] == 2 for r in res), res[0]
     for key, needle in (("sum_len", "max_len or gatherv"), ("host", "capacity plan"),
                         ("shards", "cp_shards is None"),
@@ -157,3 +158,13 @@ def test_counts_ride_the_gather(gloo_worlds, layout):
             "DpxMismatchError: gather_with_counts: replica"), res[0]["validate"]
     else:
         assert msgs == {"no error"}
+
+
+@pytest.mark.parametrize("layout", [(1, 1), (4, 2), (4, 4), (4, 1, 2), (4, 2, 2)],
+                         ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
+def test_counts_ride_the_gather(gloo_worlds, layout):
+    """gather_with_counts against gather(counts=exchange_counts(n_local)) (:func:`ride_cases`);
+    the rules raise the same error on every rank."""
+    cases = ride_cases(layout[1], layout[2] if len(layout) > 2 else 1)
+    res = gloo_worlds(layout[0]).run("serving_jobs:check_ride", layout, cases)
+    check_ride_results(res, layout, cases)

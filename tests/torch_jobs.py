@@ -28,6 +28,19 @@ def use_device(ctx, device: str) -> str:
     return str(DEVICE)
 
 
+def use_transport(ctx, transport: str, phase_bytes: int = 1 << 20,
+                  timeout: float = 10.0) -> str:
+    """Build this world's communicators on ``transport`` from now on (``"peer"``: a
+    workspace of ``phase_bytes`` a phase on the jobs' device); returns the choice of the
+    first one built."""
+    from dpx_torch import PeerOptions
+
+    ctx.defaults = {} if transport == "per_root" else dict(
+        transport=transport, peer=PeerOptions(phase_bytes=phase_bytes, timeout=timeout,
+                                              device=DEVICE))
+    return str(ctx.comm(dpx.DpLayout(ctx.world_size, 1)).transport_choice)
+
+
 def _t(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x)).to(dtype).to(DEVICE)
 

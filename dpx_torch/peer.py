@@ -1,0 +1,263 @@
+"""The peer transport of one communicator (docs/semantics.md, "The peer transport"): the
+world steps of its schedules carried out by one-sided puts into, and pulls from, the ranks'
+shared workspaces (:mod:`dpx_torch.peer_memory`), with the passes of
+:mod:`dpx_torch.peer_passes`.
+
+Each world step is its passes before a barrier, the barrier, and its passes after it:
+
+- ``all_gather_v`` (a gather's variable all-gather of every chunk's real rows): this rank's
+  chunk put into every rank's workspace at its rows; after the barrier the chunks taken
+  into the output, zeros elsewhere;
+- ``reduce_scatter_v`` (the combine: native rows, or wire rows): this rank's input chunks
+  staged in its own workspace at their rows; after the barrier this rank's chunk pulled
+  from every rank and summed in float32 in rank order (integers in their dtype);
+- ``all_gather`` / ``all_to_all`` over the world (counts that ride a gather, the LM-head
+  scatter): blocks put into every rank's workspace at this rank's block, then taken --
+  with every rank's report for the counts.
+
+The attn-tp and replica steps stay the groups' backend collectives. :meth:`PeerTransport.enter`
+starts every world step: it raises the communicator's :class:`dpx.DpxPeerError` when a
+barrier found a peer missing (and the communicator then refuses every call), and keeps the
+steps of every stream in issue order (a step on another stream than the last waits for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from dpx.errors import DpxCapacityError, DpxPeerError, DpxTypeError, DpxValueError
+from dpx.kernels import launch as L
+from dpx.layout import DpLayout
+from dpx.modes import Transport, Wire
+from dpx.transport import TransportChoice, choose_transport, confirm_peer
+from dpx.workspace import PeerLayout
+from dpx_torch.peer_memory import PeerMemory, open_memory, rank_facts
+from dpx_torch.peer_passes import CudaPeerPasses, HostPeerPasses, PeerPasses
+from dpx_torch.shims.triton_launch import Launcher
+
+__all__ = ["PeerOptions", "PeerTransport", "open_transport"]
+
+StepFn = Callable[[torch.Tensor, torch.Tensor, Any], None]
+Buffer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Table = Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PeerOptions:
+    """The peer transport's settings (``DpComm(..., transport="peer", peer=...)``):
+    ``phase_bytes``: the bytes of rows one buffer phase holds (the workspace is two phases
+    and a few KiB of flags: :attr:`dpx.workspace.PeerLayout.total_bytes`); a call that moves
+    more -- a ``[rows, H]`` buffer needs ``dpx.peer_phase_bytes(rows, row_bytes)`` -- raises
+    a :class:`dpx.DpxCapacityError` before any step runs. ``timeout``: seconds a barrier
+    waits for a peer before naming it (:class:`dpx.DpxPeerError`). ``device``: where the
+    workspace lives (default: the current CUDA device where CUDA is available, else the
+    CPU)."""
+
+    phase_bytes: int = 64 * 2**20
+    timeout: float = 2.0
+    device: torch.device | str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.phase_bytes, bool) or not isinstance(self.phase_bytes, int) \
+                or self.phase_bytes < 0:
+            raise DpxValueError(f"PeerOptions(phase_bytes={self.phase_bytes!r}) must be an "
+                                f"int >= 0")
+        if not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+            raise DpxValueError(f"PeerOptions(timeout={self.timeout!r}) must be seconds > 0")
+
+    def workspace_device(self) -> torch.device:
+        """:attr:`device` with a CUDA device's index (the current one when unnamed). Never
+        raises: a device this rank cannot use is reported to every rank by the transport's
+        choice (:func:`dpx_torch.peer_memory.rank_facts`), not raised by one."""
+        dev = torch.device(self.device) if self.device is not None else \
+            torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return dev
+
+
+class PeerTransport:
+    """The world steps of one communicator on its peer memory (see the module
+    docstring). ``on_failure(err)`` marks the communicator failed."""
+
+    def __init__(self, mem: PeerMemory, passes: PeerPasses, options: PeerOptions,
+                 on_failure: Callable[[DpxPeerError], None]) -> None:
+        self.mem, self.passes, self.options = mem, passes, options
+        self.on_failure = on_failure
+        self.device = mem.device
+        self._last: torch.cuda.Stream | None = None
+        self._event: torch.cuda.Event | None = None
+
+    @property
+    def phase_bytes(self) -> int:
+        return self.mem.layout.phase_bytes
+
+    # ------------------------------------------------------------ every step
+    def failure(self, bits: int) -> DpxPeerError:
+        ranks = [p for p in range(self.mem.layout.world_size) if bits >> p & 1]
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+        return DpxPeerError(
+            f"peer transport: {who} did not arrive at a barrier of rank {self.mem.rank} "
+            f"within {self.options.timeout} s (the process died, or stopped calling this "
+            f"communicator's collectives); this communicator runs no more calls: "
+            f"destroy() it", ranks=tuple(ranks))
+
+    def check(self) -> None:
+        """Raise (and mark the communicator failed) when a barrier found a peer missing:
+        the error word, read on the host without a sync."""
+        bits = int(self.mem.error[0])
+        if bits:
+            err = self.failure(bits)
+            self.on_failure(err)
+            raise err
+
+    def enter(self, device: torch.device) -> None:
+        """The start of every world step: the failure check, then issue order across
+        streams (a step on another CUDA stream than the last waits for the last; inside a
+        CUDA graph capture the graph orders them)."""
+        if self.mem.error[0]:
+            self.check()
+        if device.type != "cuda" or device != self.device:
+            if device != self.device:
+                raise DpxValueError(f"this communicator's peer workspace is on "
+                                    f"{self.device}; a call on {device} cannot use it")
+            return
+        cur = torch.cuda.current_stream(device)
+        last = self._last
+        if last is not None and cur != last and not torch.cuda.is_current_stream_capturing():
+            if self._event is None:
+                self._event = torch.cuda.Event()
+            self._event.record(last)
+            cur.wait_event(self._event)
+        self._last = cur
+
+    def _fits(self, what: str, rows: int, width: int, itemsize: int) -> int:
+        """The phase rows of ``width`` elements of ``itemsize`` bytes, or the capacity
+        error of a step that needs ``rows`` of them."""
+        need = rows * width * itemsize
+        if need > self.phase_bytes:
+            raise DpxCapacityError(
+                f"peer transport: {what} moves a {rows} x {width * itemsize}-byte buffer "
+                f"({need} bytes a phase); this communicator's workspace holds "
+                f"{self.phase_bytes} (DpComm(peer=PeerOptions(phase_bytes=...)); "
+                f"dpx.peer_phase_bytes(rows, row_bytes))")
+        return need
+
+    # ------------------------------------------------------------ the world steps
+    def gather_v(self, src: Buffer, src_rows: int, dst: Buffer, rows: int, firsts: Table,
+                 lens: Table, block: int, width: int, dtype: torch.dtype) -> StepFn:
+        """``dst [rows, width]``: every rank's ``src[:lens[r]]`` at ``firsts[r]``, zeros
+        elsewhere."""
+        self._fits("all_gather_v", rows, width, dtype.itemsize)
+        p = self.passes
+        put = p.bind_put(L.PEER_CHUNK, src_rows, block, width, dtype)
+        take = p.bind_take(L.PEER_CHUNK, rows, block, width, dtype)
+        enter, barrier = self.enter, p.barrier
+
+        def run(x, out, dv):
+            s = src(x, out)
+            enter(s.device)
+            f, n = firsts(dv), lens(dv)
+            put(s, f, n, None)
+            barrier()
+            take(dst(x, out), f, n, None)
+        return run
+
+    def reduce_scatter_v(self, src: Buffer, src_rows: int, dst: Buffer, block: int,
+                         firsts: Table, lens: Table, width: int, dtype: torch.dtype,
+                         hidden: int, out_dtype: torch.dtype, wire: Wire,
+                         g: float | None) -> StepFn:
+        """``dst [block, hidden]`` of ``out_dtype``: row ``j < lens[me]`` the sum over ranks
+        in order of their ``src[firsts[me] + j]`` (rows of ``width`` elements of ``dtype``:
+        the input's, or wire bytes summed dequantized in float32), zeros after."""
+        self._fits("reduce_scatter_v", src_rows, width, dtype.itemsize)
+        p = self.passes
+        stage = p.bind_put(L.PEER_STAGE, src_rows, block, width, dtype)
+        pull = p.bind_sum(block, hidden, out_dtype, wire, g)
+        enter, barrier = self.enter, p.barrier
+
+        def run(x, out, dv):
+            s = src(x, out)
+            enter(s.device)
+            f, n = firsts(dv), lens(dv)
+            stage(s, f, n, None)
+            barrier()
+            pull(dst(x, out), f, n)
+        return run
+
+    def blocks(self, src: Buffer, dst: Buffer, block: int, width: int, dtype: torch.dtype,
+               *, all_to_all: bool,
+               report: Callable[[Any], torch.Tensor] | None = None,
+               reports: Callable[[Any, torch.Tensor], None] | None = None) -> StepFn:
+        """A world all-gather (``src`` one ``block``-row block) or all-to-all (``src``
+        ``W`` blocks, block ``k`` to rank ``k``) into ``dst [W * block, width]``; with
+        ``report`` (this call's int32 ``[1]`` count) every rank's report handed to
+        ``reports(dv, [W] int32)``."""
+        W = self.mem.layout.world_size
+        self._fits("all_to_all" if all_to_all else "all_gather", W * block, width,
+                   dtype.itemsize)
+        p = self.passes
+        src_rows = W * block if all_to_all else block
+        put = p.bind_put(L.PEER_BLOCKS, src_rows, block, width, dtype,
+                         src_step=block if all_to_all else 0, report=report is not None)
+        take = p.bind_take(L.PEER_BLOCKS, W * block, block, width, dtype,
+                           report=report is not None)
+        enter, barrier = self.enter, p.barrier
+
+        def run(x, out, dv):
+            s = src(x, out)
+            enter(s.device)
+            got = None
+            if report is not None:
+                got = torch.empty(W, dtype=torch.int32, device=s.device)
+            put(s, None, None, None if report is None else report(dv))
+            barrier()
+            take(dst(x, out), None, None, got)
+            if reports is not None:
+                reports(dv, got)
+        return run
+
+    # ------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Unmap the peers' workspaces (this rank's reads and writes of them end here)."""
+        self.mem.close()
+
+    def release(self) -> None:
+        """Free this rank's workspace (after every peer closed it)."""
+        self.mem.release()
+
+
+def open_transport(layout: DpLayout, rank: int, exchange: Callable[[Any], list],
+                   requested: Transport | str, options: PeerOptions | None,
+                   launcher: Launcher,
+                   on_failure: Callable[[DpxPeerError], None]
+                   ) -> tuple[PeerTransport | None, TransportChoice]:
+    """The communicator's transport, chosen alike on every rank
+    (:func:`dpx.transport.choose_transport`), and its peer transport when that is the
+    choice. Collective over the host group (``exchange``: an all-gather of Python
+    objects): the facts, the workspaces' handles, the outcome of opening them."""
+    if options is not None and not isinstance(options, PeerOptions):
+        raise DpxTypeError(f"peer={options!r} must be a dpx_torch.PeerOptions")
+    options = options or PeerOptions()
+    req = Transport.parse(requested)
+    if req is Transport.PER_ROOT:
+        return None, choose_transport(req, [])
+    device = options.workspace_device()
+    choice = choose_transport(req, exchange(rank_facts(device)))
+    if choice.transport is not Transport.PEER:
+        return None, choice
+    lay = PeerLayout(layout.world_size, options.phase_bytes)
+    mem, why = open_memory(choice.memory, lay, rank, device, exchange)
+    choice = confirm_peer(choice, exchange(why))
+    if choice.transport is not Transport.PEER:
+        if mem is not None:
+            mem.release()
+        return None, choice
+    if hasattr(mem, "unlink"):
+        mem.unlink()   # every peer has it mapped: nothing stays behind a killed process
+    passes = (CudaPeerPasses(mem, options.timeout, launcher) if device.type == "cuda"
+              else HostPeerPasses(mem, options.timeout))
+    return PeerTransport(mem, passes, options, on_failure), choice

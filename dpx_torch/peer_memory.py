@@ -1,0 +1,237 @@
+"""The peer transport's shared memory: one workspace per rank (:class:`dpx.workspace.PeerLayout`),
+each mapped into every peer's process, and this rank's error word.
+
+Two kinds, one interface (:class:`PeerMemory`):
+
+- CUDA (:class:`CudaMemory`): device memory exported and opened through CUDA IPC
+  (:mod:`dpx_torch.shims.ipc`, ``"driver"`` or ``"torch"``); the kernels find every
+  workspace through :attr:`PeerMemory.table` (int64 addresses on the device, the error
+  word's last), and the error word lives in pinned host memory the device writes and the
+  host reads without a sync;
+- host (:class:`HostMemory`): files in ``/dev/shm`` mapped by every rank of the host
+  (removed from the file system as soon as every peer has opened them, so nothing stays
+  behind a killed process); the torch ops of :mod:`dpx_torch.peer_passes` work on
+  :attr:`PeerMemory.views`.
+
+Opening is collective: :func:`open_memory` allocates this rank's workspace, exchanges the
+handles through ``exchange`` (an all-gather of Python objects over the host group), maps
+every peer's, and reports this rank's failure (or ""), which the caller exchanges again
+(:func:`dpx.transport.confirm_peer`). Closing unmaps the peers' workspaces; freeing this
+rank's waits until every peer has closed it (:meth:`PeerMemory.release` after a host
+barrier), or is left to the process's end.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import tempfile
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from dpx.transport import RankFacts
+from dpx.workspace import PeerLayout
+from dpx_torch.shims import ipc as _ipc
+
+__all__ = ["CudaMemory", "HostMemory", "PeerMemory", "open_memory", "rank_facts"]
+
+Exchange = Callable[[Any], list]
+
+
+def _host_id() -> str:
+    """This host's identity: its name and boot (ranks that share both share memory)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def rank_facts(device: torch.device) -> RankFacts:
+    """This rank's :class:`dpx.transport.RankFacts` for a workspace on ``device``."""
+    if device.type == "cuda":
+        try:
+            with torch.cuda.device(device):
+                kinds = _ipc.kinds()
+            return RankFacts(_host_id(), "cuda", kinds)
+        except Exception as exc:  # noqa: BLE001 - reported to every rank
+            return RankFacts(_host_id(), "cuda", (), f"{type(exc).__name__}: {exc}")
+    if device.type == "cpu":
+        return RankFacts(_host_id(), "cpu", ("host",) if os.access(_shm_dir(), os.W_OK)
+                         else (), f"{_shm_dir()} is not writable")
+    return RankFacts(_host_id(), device.type, (), f"no shared memory on {device.type}")
+
+
+class PeerMemory:
+    """One rank's view of every rank's workspace (see the module docstring)."""
+
+    layout: PeerLayout
+    rank: int
+    device: torch.device
+    #: int64 [W + 1] on the device: every workspace's address, then the error word's
+    table: torch.Tensor | None = None
+    #: uint8 views of every rank's workspace (host memory only)
+    views: list[torch.Tensor] | None = None
+    #: this rank's error word (int64 [1], host readable): the bits of the ranks a barrier
+    #: did not see arrive
+    error: np.ndarray
+
+    def close(self) -> None:
+        """Unmap the peers' workspaces (idempotent)."""
+
+    def release(self) -> None:
+        """Free this rank's workspace: after every peer closed it."""
+
+    @property
+    def open(self) -> bool:
+        return True
+
+
+class CudaMemory(PeerMemory):
+    def __init__(self, kind: str, layout: PeerLayout, rank: int, device: torch.device) -> None:
+        self.layout, self.rank, self.device = layout, rank, device
+        self.ipc = _ipc.ipc_for(kind)
+        with torch.cuda.device(device):
+            self.addr, self._own = self.ipc.alloc(layout.total_bytes)
+        self._maps: list[Any] = []
+        self._err = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        self.error = self._err.numpy()
+        self._closed = False
+
+    def handle(self) -> Any:
+        return self.ipc.export(self._own)
+
+    def map(self, handles: list[Any]) -> str:
+        addrs = []
+        try:
+            with torch.cuda.device(self.device):
+                for p, h in enumerate(handles):
+                    if p == self.rank:
+                        addrs.append(self.addr)
+                        continue
+                    a, keep = self.ipc.open(h)
+                    self._maps.append(keep)
+                    addrs.append(a)
+        except Exception as exc:  # noqa: BLE001 - reported to every rank
+            return f"{type(exc).__name__}: {exc}"
+        self.table = torch.tensor(addrs + [self._err.data_ptr()], dtype=torch.int64,
+                                  device=self.device)
+        return ""
+
+    @property
+    def open(self) -> bool:
+        return not self._closed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with torch.cuda.device(self.device):
+            torch.cuda.synchronize()   # no kernel of this rank still reads a peer's memory
+            for keep in self._maps:
+                self.ipc.close(keep)
+        self._maps = []
+        self.table = None
+
+    def release(self) -> None:
+        self.close()
+        if self._own is not None:
+            with torch.cuda.device(self.device):
+                self.ipc.free(self._own)
+            self._own = None
+
+
+class HostMemory(PeerMemory):
+    def __init__(self, layout: PeerLayout, rank: int) -> None:
+        self.layout, self.rank, self.device = layout, rank, torch.device("cpu")
+        self.path = os.path.join(_shm_dir(), f"dpx-peer-{os.getpid()}-{uuid.uuid4().hex}")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, layout.total_bytes)
+            self._own = mmap.mmap(fd, layout.total_bytes)
+        finally:
+            os.close(fd)
+        self._maps: list[mmap.mmap] = []
+        self.error = np.zeros(1, np.int64)
+        self._closed = False
+
+    def handle(self) -> str:
+        return self.path
+
+    def map(self, handles: list[str]) -> str:
+        maps = []
+        try:
+            for p, path in enumerate(handles):
+                if p == self.rank:
+                    maps.append(self._own)
+                    continue
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    maps.append(mmap.mmap(fd, self.layout.total_bytes))
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        self._maps = maps
+        self.views = [torch.frombuffer(m, dtype=torch.uint8) for m in maps]
+        return ""
+
+    def unlink(self) -> None:
+        """Remove this rank's file (every peer has it mapped, or none will)."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    @property
+    def open(self) -> bool:
+        return not self._closed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.views = None
+        for m in self._maps:
+            if m is not self._own:
+                try:
+                    m.close()
+                except BufferError:   # a view still exported: the mapping goes with it
+                    pass
+        self._maps = []
+
+    def release(self) -> None:
+        self.close()
+        self.unlink()
+
+
+def open_memory(kind: str, layout: PeerLayout, rank: int, device: torch.device,
+                exchange: Exchange) -> tuple[PeerMemory | None, str]:
+    """This rank's :class:`PeerMemory` of ``kind`` with every peer's workspace mapped, and
+    "" -- or this rank's failure (its memory, if any, already released). Collective: one
+    exchange of handles (and of failures to allocate)."""
+    mem: PeerMemory | None = None
+    handle, why = None, ""
+    try:
+        mem = HostMemory(layout, rank) if kind == "host" else CudaMemory(kind, layout, rank,
+                                                                        device)
+        handle = mem.handle()
+    except Exception as exc:  # noqa: BLE001 - reported to every rank
+        why = f"{type(exc).__name__}: {exc}"
+    handles = exchange(handle)
+    if not why:
+        missing = [p for p, h in enumerate(handles) if h is None]
+        why = f"ranks {missing} have no workspace" if missing else mem.map(handles)
+    if why and mem is not None:
+        mem.release()
+        mem = None
+    return mem, why

@@ -1,0 +1,122 @@
+"""A script of the peer transport's promises under torchrun, run by tests/test_peer.py (and
+tests/test_peer_gpu.py on a GPU):
+
+    peer_script.py DEVICE VARIANT
+
+DEVICE: ``cpu`` or ``cuda`` (every rank on the one GPU). VARIANT:
+
+- ``dead``: every rank gathers and combines; the last rank exits in the middle of a step
+  (``os._exit``); every live rank's next call raises :class:`dpx.DpxPeerError` naming it
+  within the timeout, and so does every later call of each form (implicit, prepared,
+  scatter, async); ``destroy()`` works; exit 0. Prints ``dead <rank> <seconds> <ranks>``
+  and ``refused <rank> <n>``.
+- ``phases``: 300 steps with new counts, the ranks delayed at random before their calls
+  (one rank up to a step ahead of another), every result checked; then ``destroy()``.
+  Prints ``phases <rank> <steps>``.
+- ``destroy`` / ``no_destroy``: gathers, then ``comm.destroy()`` and
+  ``dist.destroy_process_group()`` (or only the latter: the exit hook closes the peers'
+  memory). Prints ``ok <rank>``.
+
+Every variant prints ``transport <rank> <transport>`` first.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import dpx
+from dpx_torch import DpComm, PeerOptions
+
+device, variant = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+if device == "cuda":
+    torch.cuda.set_device(0)
+dev = torch.device(device)
+TIMEOUT = 1.0
+layout = dpx.DpLayout(world_size=world, dp_size=world)
+comm = DpComm(layout, transport="peer",
+              peer=PeerOptions(phase_bytes=1 << 20, timeout=TIMEOUT, device=dev))
+print(f"transport {rank} {comm.transport.value}", flush=True)
+assert comm.transport is dpx.Transport.PEER, comm.transport_choice
+H = 64
+
+
+def rows_of(step: int, r: int, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(step * 100 + r)
+    return torch.randint(-8, 9, (n, H), generator=g).float().to(dev)
+
+
+def want_gather(step: int, counts: list[int], plan) -> torch.Tensor:
+    out = torch.zeros(plan.global_rows, H, device=dev)
+    for r, n in enumerate(counts):
+        out[plan.offsets[r]:plan.offsets[r] + n] = rows_of(step, r, n)
+    return out
+
+
+def one_step(step: int, counts: list[int], check: bool) -> None:
+    plan = dpx.plan_step(counts, layout, mode="gatherv")
+    x = rows_of(step, rank, counts[rank])
+    got = comm.gather(x, plan, partial=True)
+    if check:
+        assert torch.equal(got, want_gather(step, counts, plan)), f"gather step {step}"
+    rs = comm.reduce_scatter(got, plan)
+    if check:   # every rank holds the same gathered rows: the sum is world times them
+        assert torch.equal(rs[:counts[rank]], world * x), f"reduce_scatter step {step}"
+
+
+if variant == "dead":
+    steps = 0
+    for step in range(4):
+        one_step(step, [3 + r for r in range(world)], True)
+        steps += 1
+    if rank == world - 1:
+        os._exit(0)   # dies between two steps: it never arrives at the next barrier
+    t0 = time.monotonic()
+    try:
+        one_step(99, [3 + r for r in range(world)], False)
+        raise AssertionError("a call with a dead peer returned")
+    except dpx.DpxPeerError as exc:
+        took = time.monotonic() - t0
+        print(f"dead {rank} {took:.2f} {list(exc.ranks)}", flush=True)
+        assert f"rank {world - 1}" in str(exc), str(exc)
+    plan = dpx.plan_step([2] * world, layout, mode="max_len")
+    x = torch.ones(2, H, device=dev)
+    refused = 0
+    forms = [lambda: comm.gather(x, plan, partial=True),
+             lambda: comm.scatter(torch.ones(plan.global_rows, H, device=dev), plan),
+             lambda: comm.reduce_scatter(torch.ones(plan.global_rows, H, device=dev), plan),
+             lambda: comm.prepare_gather(x, plan, partial=True)]
+    if dev.type == "cuda":
+        forms.append(lambda: comm.gather_async(x, plan, partial=True))
+    for form in forms:
+        try:
+            form()
+        except dpx.DpxPeerError:
+            refused += 1
+    print(f"refused {rank} {refused} of {len(forms)}", flush=True)
+    comm.destroy()
+elif variant == "phases":
+    rng = random.Random(rank)
+    n_steps = 300
+    for step in range(n_steps):
+        counts = [random.Random(step * 7 + r).randint(0, 9) for r in range(world)]
+        if rng.random() < 0.3:
+            time.sleep(rng.random() * 0.002)
+        one_step(step, counts, True)
+    print(f"phases {rank} {n_steps}", flush=True)
+    comm.destroy()
+else:
+    one_step(0, [2 + r for r in range(world)], True)
+    if variant == "destroy":
+        comm.destroy()
+    elif variant != "no_destroy":
+        raise SystemExit(f"unknown variant {variant}")
+    print(f"ok {rank}", flush=True)
+dist.destroy_process_group()

@@ -1,0 +1,292 @@
+"""The peer transport (docs/semantics.md, "The peer transport") on the CPU: the choice of
+transport, the workspace's layout and the bytes each rank moves (planner), then dpx_torch's
+calls with the world steps as puts, barriers and pulls in host shared memory -- gloo worlds
+of 4 and 3 ranks -- against the NumPy reference (the per_root transport's tests check
+the same cases), every call form and promise, a dead peer, clean exits."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import dpx
+from dpx.cost import peer_bytes
+from dpx.transport import RankFacts, choose_transport, confirm_peer
+
+IDS = lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else "")  # noqa: E731
+SCRIPT = os.path.join(os.path.dirname(__file__), "peer_script.py")
+
+
+# ---------------------------------------------------------------- planner
+def test_the_transport_is_chosen_from_every_rank_and_says_why():
+    host = lambda h="a", dev="cuda", mem=("driver", "torch"), why="": RankFacts(  # noqa
+        h, dev, mem, why)
+    ok = choose_transport("peer", [host(), host(), host()])
+    assert ok.transport is dpx.Transport.PEER and ok.memory == "driver", ok
+    assert choose_transport("per_root", []).transport is dpx.Transport.PER_ROOT
+    cases = {
+        "the ranks span 2 hosts": [host(), host("b"), host()],
+        "the ranks' devices differ": [host(), host(dev="cpu")],
+        "rank 1 cannot share memory (no driver)": [host(), host(mem=(), why="no driver")],
+        "no kind of shared memory every rank has": [host(mem=("driver",)),
+                                                    host(mem=("torch",))],
+        "more than the 63": [host()] * 64,
+    }
+    for why, facts in cases.items():
+        c = choose_transport("peer", facts)
+        assert c.transport is dpx.Transport.PER_ROOT and why in c.reason, (why, c)
+        assert c.requested is dpx.Transport.PEER and "per_root taken" in str(c)
+    # the first kind of rank 0's order that every rank has
+    assert choose_transport("peer", [host(mem=("driver", "torch")),
+                                     host(mem=("torch",))]).memory == "torch"
+    assert confirm_peer(ok, ["", ""]) is ok
+    fell = confirm_peer(ok, ["", "OSError: no", "x"])
+    assert fell.transport is dpx.Transport.PER_ROOT
+    assert "rank 1 could not open its peers' memory (and 1 more): OSError: no" in fell.reason
+    with pytest.raises(dpx.DpxValueError, match="'ragged' and 'equal' are JAX's"):
+        choose_transport("ragged", [host()])
+
+
+def test_workspace_layout():
+    lay = dpx.PeerLayout(world_size=5, phase_bytes=1000)
+    assert (lay.flags, lay.epoch, lay.ctrl, lay.header) == (0, 40, 256, 256)
+    assert lay.stride == 256 + 1024 and lay.data == 512
+    assert lay.total_bytes == 256 + 2 * lay.stride
+    assert all(v % 256 == 0 for v in (lay.ctrl, lay.header, lay.stride, lay.data))
+    assert dpx.peer_phase_bytes(4096, 7168 * 2) == 4096 * 14336
+    with pytest.raises(dpx.DpxValueError):
+        dpx.PeerLayout(world_size=0, phase_bytes=8)
+
+
+@pytest.mark.parametrize("layout", [(4, 4), (4, 2), (8, 2, 2), (6, 3)], ids=IDS)
+def test_only_real_rows_travel(layout):
+    """Per rank, a gather puts its chunk's real rows into every other rank's workspace and
+    a combine pulls its chunk's real rows from every other rank's: over the world, every
+    real row once to each other rank, in every mode (MAX_LEN's pad rows and the alignment
+    rows never travel), with host or device counts, native or on a wire."""
+    lay = dpx.DpLayout(*layout)
+    W, rb, wrb = lay.world_size, 7168 * 2, 7168 + 56 * 4
+    for counts in ([5, 0, 9, 1, 0, 3][:lay.dp_size], [0] * lay.dp_size,
+                   [16] * lay.dp_size):
+        shards = [[n // lay.cp_size + (c < n % lay.cp_size) for c in range(lay.cp_size)]
+                  for n in counts] if lay.cp_size > 1 else None
+        for mode, cap in itertools.product(("max_len", "sum_len", "gatherv"), (None, 64)):
+            plan = dpx.plan_step(counts, lay, mode=mode, capacity=cap, cp_shards=shards)
+            real = sum(counts) * (W - 1)
+            for op, wire in (("gather", "native"), ("gather", "fp8"),
+                             ("reduce_scatter", "native"), ("reduce_scatter", "fp8")):
+                if op == "gather" and wire == "fp8" and mode == "sum_len":
+                    continue
+                moved = [peer_bytes(dpx.build_schedule(
+                    plan, op, rank=r, transport="peer", device_counts=cap is not None,
+                    wire=wire), row_bytes=rb, wire_row_bytes=wrb) for r in range(W)]
+                unit = rb if wire == "native" else wrb
+                side = 0 if op == "gather" else 1
+                assert sum(m[side] for m in moved) == real * unit, (counts, mode, op, wire)
+                assert sum(m[1 - side] for m in moved) == 0
+
+
+# ---------------------------------------------------------------- torch on host memory
+@pytest.fixture(scope="module")
+def peer_worlds(tmp_path_factory):
+    """``get(size)``: a gloo world whose communicators run on the peer transport."""
+    from harness import GlooWorld
+
+    worlds: dict[int, GlooWorld] = {}
+    root = tmp_path_factory.mktemp("peer")
+
+    def get(size: int) -> GlooWorld:
+        w = worlds.get(size)
+        if w is None or not w.alive:
+            w = worlds[size] = GlooWorld(size, root / f"w{size}-{len(worlds)}")
+            choices = w.run("torch_jobs:use_transport", "peer")
+            assert all(c.startswith("peer (host memory)") for c in choices), choices
+        return w
+
+    yield get
+    for w in worlds.values():
+        w.close()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("layout", [(4, 4), (4, 2), (4, 1), (4, 1, 2), (4, 2, 2), (3, 3),
+                                    (3, 1)], ids=IDS)
+def test_every_op_matches_the_reference(peer_worlds, layout):
+    """gather (partial and replicated), scatter, reduce_scatter, scatter_columns and its
+    prepared form, in every mode with idle replicas, host and device counts, attn-tp and
+    CP (shards too); the wires (fp8, nvfp4, mxfp4: payloads and dequantized rows bit for
+    bit), several tensors in one call, pad masks, the in-place gather, the quantized
+    combine in every mode and its other call forms (prepared, async, the gradient), the
+    count exchange (a world step too) and counts riding the gather -- the jobs of the
+    per_root transport's tests, on the peer one."""
+    import test_combine as tc
+    import test_torch_hotpath as hp
+    import test_torch_serving as ts
+
+    world = peer_worlds(layout[0])
+    dp, cp = layout[1], (layout[2] if len(layout) > 2 else 1)
+    rep = world.run("peer_jobs:report", layout)
+    assert all(r["transport"] == "peer" for r in rep), rep
+    assert rep[0]["kinds"][0][-1] == "all_gather_v" and "reduce_scatter_v" in rep[0]["kinds"][1]
+    idle = [0 if i % 2 else 3 + 2 * i for i in range(dp)]
+    cases = [dict(counts=c, mode=m, partial=p, dtype=d, seed=i)
+             for i, (c, m, p, d) in enumerate(itertools.product(
+                 (idle, [5] * dp), ("max_len", "sum_len", "gatherv"), (True, False),
+                 ("bfloat16", "int64")))]
+    cases += [dict(counts=[0] * dp, mode=m, capacity=8 * dp, partial=p, seed=7,
+                   run_counts=[min(2 + i, 8) for i in range(dp)])
+              for m in ("max_len", "sum_len", "gatherv") for p in (True, False)]
+    if cp > 1:
+        cases += [dict(counts=[5] * dp, shards=[[5 - i, i] + [0] * (cp - 2) for i in range(dp)],
+                       mode=m, partial=p) for m in ("max_len", "gatherv") for p in (True, False)]
+    n = layout[0]
+    assert world.run("torch_jobs:check_cases", layout, cases) == [4 * len(cases)] * n
+    assert world.run("serving_jobs:check_serving", layout, ts._fixed_cases(dp, cp))[0] > 0
+    c = hp._in_place_cases(dp, cp)
+    assert world.run("hotpath_jobs:in_place", layout, c) == [len(c)] * n
+    assert world.run("combine_jobs:check_combine", layout, tc._cases(dp, cp))[0] > 0
+    counts = [[0] * dp, [3 + 2 * i for i in range(dp)], [0 if i % 2 else 9 for i in range(dp)]]
+    res = world.run("serving_jobs:check_exchange_counts", layout, counts,
+                    [[[c + e for c in range(cp)] for e in range(dp)]])
+    assert all(r["good"] == [4] * dp for r in res) and len({r["counts"] for r in res}) == 1
+    if 8 % (n // dp) == 0:   # (the job's rows are a capacity of 8, aligned)
+        ride = ts.ride_cases(dp, cp)
+        ts.check_ride_results(world.run("serving_jobs:check_ride", layout, ride), layout,
+                              ride)
+
+
+@pytest.mark.multiproc
+def test_autograd_async_validate_and_several_tensors(peer_worlds):
+    """Gradients (every op, device counts), overlapped calls, validate=True (every rank
+    raises the same error) and the sync count exchange, on the peer transport."""
+    import test_torch_comm as tcomm
+
+    world = peer_worlds(4)
+    layout = (4, 2)
+    cases = [dict(counts=c, mode=m, seed=i) for i, (c, m) in enumerate(itertools.product(
+        tcomm._count_sets(2, 7)[1:4], ("max_len", "sum_len", "gatherv")))]
+    world.run("torch_jobs:check_grads", layout, cases)
+    auto = [dict(counts=[0, 0], mode=m, capacity=8, run_counts=[5, 0], seed=3)
+            for m in ("max_len", "gatherv")]
+    world.run("torch_jobs:check_autograd", layout, auto)
+    steps = [[3, 0], [8, 2], [0, 0], [5, 5], [1, 9]] * 2
+    world.run("torch_jobs:check_async_matches_sync", layout, steps)
+    out = world.run("torch_jobs:check_validate")
+    for key in out[0]:
+        assert len({o[key] for o in out}) == 1, (key, out)
+    assert out[0]["ok"] and all(v != "no error" for k, v in out[0].items() if k != "ok")
+
+
+@pytest.mark.multiproc
+def test_native_combine_sums_in_float32_in_rank_order(peer_worlds):
+    """The native reduce_scatter on the peer transport is the float32 sum in rank order
+    from +0.0, rounded once, bit for bit (random magnitudes, -0.0, a NaN); the backend's
+    (per_root, its own order and roundings) differs from it within the two sums' rounding
+    errors, ``W * eps * sum |x|`` per element."""
+    res = peer_worlds(4).run("peer_jobs:native_sum_order", (4, 2),
+                             ("float32", "bfloat16", "float16"))
+    assert all(r["checked"] == 6 for r in res)
+    assert max(r["worst"] for r in res) <= 1.0, res
+
+
+@pytest.mark.multiproc
+def test_bytes_moved_are_the_planned_real_rows(peer_worlds):
+    """What each rank wrote into its peers' workspaces and read from theirs, counted by the
+    host passes, equals :func:`dpx.cost.peer_bytes` of the schedule -- host and device
+    counts, idle replicas, MAX_LEN's pad rows left out."""
+    cases = [dict(counts=[5, 0], mode="max_len"), dict(counts=[3, 7], mode="sum_len"),
+             dict(counts=[0, 9], mode="gatherv"),
+             dict(counts=[0, 0], mode="max_len", capacity=12, run_counts=[9, 1]),
+             dict(counts=[0, 0], mode="gatherv", capacity=24, run_counts=[0, 6])]
+    res = peer_worlds(4).run("peer_jobs:traffic", (4, 2), cases)
+    for rank in res:
+        for mode, op, wire, moved, planned in rank:
+            assert tuple(moved) == tuple(planned), (mode, op, wire, moved, planned)
+    assert any(m[3][0] for m in res[0]) and any(m[3][1] for m in res[0])
+
+
+@pytest.mark.multiproc
+def test_fallbacks_and_workspace_limits(peer_worlds):
+    """Where the peer transport cannot run every rank falls back to per_root alike, saying
+    why; a call whose rows exceed a phase raises the same DpxCapacityError everywhere
+    before any step."""
+    res = peer_worlds(3).run("peer_jobs:fallbacks")
+    for name, why in (("mixed", "the ranks' devices differ"),
+                      ("none", "cannot share memory")):
+        assert len({r[name] for r in res}) == 1, res
+        transport, reason, ok = res[0][name]
+        assert transport == "per_root" and why in reason and ok, res[0][name]
+    assert "'ragged' and 'equal' are JAX's" in res[0]["jax"]
+    assert "timeout" in res[0]["options"]
+    small = peer_worlds(3).run("peer_jobs:too_small")
+    assert len({r["error"] for r in small}) == 1 and small[0]["small"]
+    assert small[0]["error"].startswith("DpxCapacityError: peer transport: all_gather_v")
+
+
+def _torchrun(n: int, device: str, variant: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         str(n), SCRIPT, device, variant], capture_output=True, text=True, timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def check_scripts(device: str) -> None:
+    """The peer script's variants (tests/peer_script.py), two at once: a dead peer is
+    named on every live rank within the timeout (1 s, plus the step's own time) and every
+    call form then raises; 300 steps with ranks out of step reuse the phases correctly;
+    exit 0 with and without destroy(), no warning of shared memory still held, and no
+    workspace file left behind."""
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    runs = [(3, "dead"), (3, "phases"), (2, "destroy"), (2, "no_destroy")]
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda a: _torchrun(a[0], device, a[1]), runs))
+    for (n, variant), p in zip(runs, done):
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, (variant, out[-3000:])
+        assert out.count(f"transport ") == n and "transport 0 peer" in out, (variant, out)
+        assert "Producer process" not in out and "leaked" not in out, (variant, out)
+        if variant == "dead":
+            dead = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("dead ")]
+            assert len(dead) == n - 1, out
+            assert all(float(s) < 1.0 + 3.0 and r == f"[{n - 1}]" for _, _, s, r in dead), dead
+            refused = [ln for ln in p.stdout.splitlines() if ln.startswith("refused ")]
+            assert len(refused) == n - 1 and all(
+                ln.split()[2] == ln.split()[4] for ln in refused), refused
+        elif variant == "phases":
+            assert p.stdout.count("phases ") == n, out
+        else:
+            assert p.stdout.count("ok ") == n, out
+    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert not [f for f in after - before if f.startswith("dpx-peer")], after - before
+
+
+@pytest.mark.multiproc
+def test_dead_peer_phases_and_exits():
+    check_scripts("cpu")
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("layout", [(4, 2), (4, 4)], ids=IDS)
+def test_sglang_dropin_on_the_peer_transport(peer_worlds, layout):
+    """``dpx_torch.sglang.setup(DpComm(layout, transport="peer"), ...)``: every drop-in
+    function equals the dpx call (both on the peer transport), the quantized combine, and
+    a layer written against sglang's names against the dense reference."""
+    import test_sglang as tsg
+
+    world = peer_worlds(layout[0])
+    dp, n = layout[1], layout[0]
+    cases = tsg._cases(dp, n // dp)
+    assert world.run("sglang_jobs:dropin_matches_native", layout, cases) == [len(cases)] * n
+    steps = []
+    for s in tsg.STEPS:
+        s = dict(s)
+        s["counts"] = ([(5 * e + 3) % 13 for e in range(dp)] if s.get("bucket") else
+                       [4 + e for e in range(dp)] if s["mode"] == "MAX_LEN" else
+                       [7] + [0] * (dp - 1))
+        steps.append(s)
+    assert max(world.run("sglang_jobs:layer_matches_dense", layout, steps)) < 1e-4
