@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU validation and benchmarks in one go (for a GPU machine with no network):
 #   bash benchmarks/run_gpu.sh [STAGE ...]      (default: every stage)
-# Stages: tests (the GPU-marked tests), sweep (launch sweep), fp4 (the fp4 kernels' launch
+# Stages: peer (the peer transport's GPU tests -- worlds of 2-4 processes on the one GPU,
+# run under MPS, which this stage starts and stops -- and benchmarks/peer.py), tests (the
+# other GPU-marked tests), sweep (launch sweep), fp4 (the fp4 kernels' launch
 # sweep), probe (the slot place against its write ceiling), kernels, jax_kernels,
 # torch_step, serving, soak, rss (process memory per kind of call), lm_head (the LM-head
 # scatter against all-gather + scatter),
@@ -13,7 +15,7 @@ set -uo pipefail
 export OUT="${RESULTS:-benchmarks/out}" XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests kernels jax_kernels torch_step serving fp4 soak lm_head example)
+[ ${#stages[@]} -eq 0 ] && stages=(peer tests kernels jax_kernels torch_step serving fp4 soak lm_head example)
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -n 2
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -22,8 +24,21 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton, jax; print('torch', torch.__version__, 'triton', triton.__version__, 'jax', jax.__version__, jax.default_backend())"
+if want peer; then
+  # MPS: the processes sharing the GPU run side by side instead of time-sliced (a spinning
+  # barrier then costs microseconds, not a time slice)
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/dpx_mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/dpx_mps_log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && echo "MPS daemon started"
+  python3 -m pytest -q -m gpu tests/test_peer_gpu.py -p no:cacheprovider 2>&1 \
+    | tee "$OUT/peer_gpu_tests.log" | tail -n 30
+  echo quit | nvidia-cuda-mps-control
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  (cd benchmarks && python3 peer.py 2>&1 | tee "$OUT/peer.log")
+fi
 if want tests; then
-  python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 30
+  python3 -m pytest -q -m gpu tests --ignore=tests/test_peer_gpu.py -p no:cacheprovider 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -n 30
 fi
 cd benchmarks
 want sweep && python3 launch_sweep.py 2>&1 | tee "$OUT/launch_sweep.log"

@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=_rank, default=0,
                    help="whose schedules to print: a rank or 'all'")
     p.add_argument("--transport", default="per_root",
-                   help="per_root (torch.distributed) | ragged (JAX GPU) | equal (JAX CPU)")
+                   help="per_root (torch.distributed) | peer (torch, puts and pulls in the "
+                        "ranks' shared memory) | ragged (JAX GPU) | equal (JAX CPU)")
     p.add_argument("--device-counts", action="store_true",
                    help="with --capacity: the schedules for counts passed as device data")
     p.add_argument("--wire", default="native",

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpx.cost import CostModel, estimate_op, price, split_costs
+from dpx.cost import CostModel, estimate_op, peer_bytes, price, split_costs
 from dpx.extents import op_rows
 from dpx.errors import DpxValueError, check_int
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.policy import compare_modes
 from dpx.schedule import build_schedule
+from dpx.transport import TransportChoice
 from dpx.wire import wire_row_bytes
+from dpx.workspace import PeerLayout, peer_phase_bytes
 
-__all__ = ["buffer_picture", "explain", "fmt_bytes", "lm_head_line", "schedule_lines"]
+__all__ = ["buffer_picture", "explain", "fmt_bytes", "lm_head_line", "peer_lines",
+           "schedule_lines"]
 
 _BAR = 48
 
@@ -81,14 +84,18 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
 def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
             cost_model: CostModel | None = None, ranks: Sequence[int] | None = (0,),
             transport: Transport | str = Transport.PER_ROOT, device_counts: bool = False,
-            wire: Wire | str = Wire.NATIVE, vocab: int | None = None) -> str:
+            wire: Wire | str = Wire.NATIVE, vocab: int | None = None,
+            choice: TransportChoice | None = None) -> str:
     """A human-readable account of ``plan``: layout, slots, a picture, every mode's
     estimate, and the priced schedules (partial and replicated gather and
     reduce_scatter, on ``wire``) of ``ranks`` (``None``: all). Prices rows of ``hidden`` elements of
     ``itemsize`` bytes; ``vocab``: also the LM-head scatter of logits of ``vocab`` columns
-    against an all-gather of the columns and a scatter."""
+    against an all-gather of the columns and a scatter. ``choice``: a communicator's
+    transport and why (``DpComm.explain`` passes it; it sets ``transport``). On the peer
+    transport it also states the workspace a phase needs and what each rank puts and
+    pulls."""
     model = cost_model or CostModel()
-    transport = Transport.parse(transport)
+    transport = Transport.parse(transport) if choice is None else choice.transport
     row_bytes = hidden * itemsize
     modes = compare_modes(plan.num_tokens, plan.layout, row_bytes=row_bytes, cost_model=model,
                           transport=transport, cp_shards=plan.cp_shards)
@@ -120,6 +127,10 @@ def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
                "for non-capacity plans of the same counts)")
     if vocab is not None:
         out.append(lm_head_line(plan, vocab, itemsize, model, transport))
+    if choice is not None:
+        out.append(f"transport: {choice}")
+    if transport is Transport.PEER:
+        out.extend(peer_lines(plan, hidden, itemsize, Wire.parse(wire), ranks))
     counts = "device counts (priced at the plan's counts)" if device_counts else "host counts"
     out.append(f"schedules ({counts}):")
     for r in range(lay.world_size) if ranks is None else ranks:
@@ -127,6 +138,29 @@ def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
                                   transport=transport, device_counts=device_counts,
                                   hidden=hidden, wire=Wire.parse(wire)))
     return "\n".join(out)
+
+
+def peer_lines(plan: DpPlan, hidden: int, itemsize: int, wire: Wire,
+               ranks: Sequence[int] | None) -> list[str]:
+    """The peer transport's workspace for this plan (the bytes a phase needs: the gather's
+    and the combine's ``global_rows`` rows) and each listed rank's puts and pulls (real
+    rows only)."""
+    rb = hidden * itemsize
+    wrb = rb if wire is Wire.NATIVE else wire_row_bytes(hidden, wire)
+    need = peer_phase_bytes(plan.global_rows, max(rb, wrb))
+    lay = PeerLayout(plan.layout.world_size, need)
+    out = [f"peer   : a phase of >= {fmt_bytes(need)} ({plan.global_rows} rows x "
+           f"{max(rb, wrb)} B; PeerOptions(phase_bytes=)), {fmt_bytes(lay.total_bytes)} a "
+           f"rank in all (two phases, flags)"]
+    for r in range(plan.layout.world_size) if ranks is None else ranks:
+        g = peer_bytes(build_schedule(plan, Op.GATHER, rank=r, transport=Transport.PEER,
+                                      wire=wire), row_bytes=rb, wire_row_bytes=wrb)
+        c = peer_bytes(build_schedule(plan, Op.REDUCE_SCATTER, rank=r,
+                                      transport=Transport.PEER, wire=wire),
+                       row_bytes=rb, wire_row_bytes=wrb)
+        out.append(f"  rank {r}: gather puts {fmt_bytes(g[0])}, reduce_scatter pulls "
+                   f"{fmt_bytes(c[1])} (real rows only)")
+    return out
 
 
 def lm_head_line(plan: DpPlan, vocab: int, itemsize: int, model: CostModel,

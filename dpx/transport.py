@@ -18,7 +18,8 @@ from typing import Sequence
 from dpx.errors import DpxValueError
 from dpx.modes import Transport
 
-__all__ = ["MAX_PEERS", "RankFacts", "TransportChoice", "choose_transport", "confirm_peer"]
+__all__ = ["MAX_PEERS", "RankFacts", "TransportChoice", "check_requested", "choose_transport",
+           "confirm_peer"]
 
 #: The most ranks the peer transport serves (its error word has one bit a rank).
 MAX_PEERS = 63
@@ -62,6 +63,16 @@ def _fallback(requested: Transport, why: str) -> TransportChoice:
                            f"{requested.value} requested, per_root taken: {why}")
 
 
+def check_requested(requested: Transport | str) -> Transport:
+    """``requested`` as a transport a torch communicator runs on (``per_root`` or
+    ``peer``), else the error (raised before any exchange, alike on every rank)."""
+    t = Transport.parse(requested)
+    if t is not Transport.PER_ROOT and t is not Transport.PEER:
+        raise DpxValueError(f"transport={t.value!r}: a torch communicator runs on "
+                            f"'per_root' or 'peer' ('ragged' and 'equal' are JAX's)")
+    return t
+
+
 def choose_transport(requested: Transport | str, facts: Sequence[RankFacts]) -> TransportChoice:
     """The transport of a communicator whose ranks report ``facts`` (rank order).
     ``requested``: ``per_root`` (collectives of the process group's backend) or ``peer``
@@ -69,12 +80,9 @@ def choose_transport(requested: Transport | str, facts: Sequence[RankFacts]) -> 
     cannot run -- ranks on several hosts or on different device types, a rank without a
     kind of shared memory every rank has, more than :data:`MAX_PEERS` ranks -- with the
     reason)."""
-    requested = Transport.parse(requested)
+    requested = check_requested(requested)
     if requested is Transport.PER_ROOT:
         return TransportChoice(Transport.PER_ROOT, requested, None, "requested")
-    if requested is not Transport.PEER:
-        raise DpxValueError(f"transport={requested.value!r}: a torch communicator runs on "
-                            f"'per_root' or 'peer' ('ragged' and 'equal' are JAX's)")
     if not facts:
         raise DpxValueError("choose_transport needs every rank's facts")
     if len(facts) > MAX_PEERS:

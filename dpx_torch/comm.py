@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from dpx.errors import DpxTypeError
+from dpx.explain import explain
 from dpx.layout import DpLayout
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
@@ -420,6 +421,21 @@ class DpComm(OverflowMethods):
                               device_counts=device_counts, transport=self.runner.transport,
                               in_rows=in_rows, in_place=in_place,
                               cache=self.runner.schedules)
+
+    def check_peers(self) -> None:
+        """On the peer transport, raise :class:`dpx.DpxPeerError` when a barrier found a
+        peer missing -- the error word, read on the host without a sync: the check for
+        after a CUDA graph's replays, whose barriers cannot raise (every eager call checks
+        it too). Nothing to check on the per_root transport."""
+        self._life.check()
+        if self.runner.peer is not None:
+            self.runner.peer.check()
+
+    def explain(self, plan: DpPlan, **kw) -> str:
+        """:func:`dpx.explain` of ``plan`` on this communicator: its transport and why, and
+        on the peer transport its workspace and each rank's puts and pulls (``kw``:
+        ``explain``'s options)."""
+        return explain(plan, choice=self.transport_choice, **kw)
 
     def cache_sizes(self) -> dict[str, int]:
         """Entries in each of this communicator's caches (see :class:`CacheLimits`)."""

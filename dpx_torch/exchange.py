@@ -53,16 +53,20 @@ class CountsExchange:
         self._peer_gather = None
 
     def _all_gather(self, out: torch.Tensor, n_local: torch.Tensor) -> None:
-        """Every rank's count into ``out``: on the peer transport a world step of its own
-        (the step's barrier names a dead peer), else the world group's all-gather."""
+        """Every rank's count into ``out``: on the peer transport (counts on its
+        workspace's device) a world step of its own (the step's barrier names a dead
+        peer), else the world group's all-gather."""
         peer = self.runner.peer
-        if peer is None:
+        if peer is None or n_local.device != peer.device:
             all_gather_single(out, n_local, group=self.groups.world)
             return
-        if self._peer_gather is None:
-            self._peer_gather = peer.blocks(lambda x, o: x.view(1, 1), lambda x, o: o.view(-1, 1),
-                                            1, 1, torch.int32, all_to_all=False)
-        self._peer_gather(n_local, out, None)
+        fn = self._peer_gather
+        if fn is None:
+            fn = peer.blocks(lambda x, o: x.view(1, 1), lambda x, o: o.view(-1, 1), 1, 1,
+                             torch.int32, all_to_all=False)
+            if not torch.compiler.is_compiling():   # (a traced call binds afresh)
+                self._peer_gather = fn
+        fn(n_local, out, None)
 
     def __call__(self, n_local: torch.Tensor, *, shards: bool, plan: DpPlan | None,
                  validate: bool) -> torch.Tensor:

@@ -32,13 +32,15 @@ from dpx.errors import DpxCapacityError, DpxPeerError, DpxTypeError, DpxValueErr
 from dpx.kernels import launch as L
 from dpx.layout import DpLayout
 from dpx.modes import Transport, Wire
-from dpx.transport import TransportChoice, choose_transport, confirm_peer
+from dpx.transport import TransportChoice, check_requested, choose_transport, confirm_peer
 from dpx.workspace import PeerLayout
-from dpx_torch.peer_memory import PeerMemory, open_memory, rank_facts
+from dpx_torch.peer_memory import PeerMemory, TableMemory, open_memory, rank_facts
 from dpx_torch.peer_passes import CudaPeerPasses, HostPeerPasses, PeerPasses
-from dpx_torch.shims.triton_launch import Launcher
+from dpx_torch.shims.triton_launch import JIT, Launcher
 
-__all__ = ["PeerOptions", "PeerTransport", "open_transport"]
+__all__ = ["PeerOptions", "PeerTransport", "open_transport", "peer_step_"]
+
+_compiling = torch.compiler.is_compiling
 
 StepFn = Callable[[torch.Tensor, torch.Tensor, Any], None]
 Buffer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -152,6 +154,9 @@ class PeerTransport:
         """``dst [rows, width]``: every rank's ``src[:lens[r]]`` at ``firsts[r]``, zeros
         elsewhere."""
         self._fits("all_gather_v", rows, width, dtype.itemsize)
+        if _compiling():
+            return self._traced("gather_v", src, dst, firsts, lens,
+                                [src_rows, rows, block, width])
         p = self.passes
         put = p.bind_put(L.PEER_CHUNK, src_rows, block, width, dtype)
         take = p.bind_take(L.PEER_CHUNK, rows, block, width, dtype)
@@ -174,6 +179,9 @@ class PeerTransport:
         in order of their ``src[firsts[me] + j]`` (rows of ``width`` elements of ``dtype``:
         the input's, or wire bytes summed dequantized in float32), zeros after."""
         self._fits("reduce_scatter_v", src_rows, width, dtype.itemsize)
+        if _compiling():
+            return self._traced("reduce_scatter_v", src, dst, firsts, lens,
+                                [src_rows, block, width, hidden], wire, g)
         p = self.passes
         stage = p.bind_put(L.PEER_STAGE, src_rows, block, width, dtype)
         pull = p.bind_sum(block, hidden, out_dtype, wire, g)
@@ -199,6 +207,12 @@ class PeerTransport:
         W = self.mem.layout.world_size
         self._fits("all_to_all" if all_to_all else "all_gather", W * block, width,
                    dtype.itemsize)
+        if _compiling():
+            if report is not None:
+                raise DpxValueError("counts ride a gather outside torch.compile (the peer "
+                                    "transport's reports are read back on the host)")
+            return self._traced("all_to_all" if all_to_all else "all_gather", src, dst,
+                                None, None, [block, width])
         p = self.passes
         src_rows = W * block if all_to_all else block
         put = p.bind_put(L.PEER_BLOCKS, src_rows, block, width, dtype,
@@ -220,6 +234,22 @@ class PeerTransport:
                 reports(dv, got)
         return run
 
+    def _traced(self, kind: str, src: Buffer, dst: Buffer, firsts: Table | None,
+                lens: Table | None, sizes: list[int], wire: Wire = Wire.NATIVE,
+                g: float | None = None) -> StepFn:
+        """A world step as one ``dpx::peer_step_`` custom op (a call traced by
+        torch.compile): the op carries the table and sizes, and runs the same step."""
+        mem, opts = self.mem, self.options
+        ints = [mem.rank, mem.layout.world_size, mem.layout.phase_bytes,
+                int(opts.timeout * 1e9), mem.error_address, *sizes]
+        table, scale = mem.table, 0.0 if g is None else g
+
+        def run(x, out, dv):
+            peer_step_(kind, src(x, out), dst(x, out),
+                       None if firsts is None else firsts(dv),
+                       None if lens is None else lens(dv), table, ints, wire.value, scale)
+        return run
+
     # ------------------------------------------------------------ lifetime
     def close(self) -> None:
         """Unmap the peers' workspaces (this rank's reads and writes of them end here)."""
@@ -228,6 +258,47 @@ class PeerTransport:
     def release(self) -> None:
         """Free this rank's workspace (after every peer closed it)."""
         self.mem.release()
+
+
+def _whole(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _out(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return out
+
+
+@torch.library.custom_op("dpx::peer_step_", mutates_args=("out",))
+def peer_step_(kind: str, src: torch.Tensor, out: torch.Tensor, firsts: torch.Tensor | None,
+               lens: torch.Tensor | None, table: torch.Tensor, ints: list[int], wire: str,
+               g: float) -> None:
+    """One world step of the peer transport from its table and sizes (what a call traced
+    by torch.compile runs: :meth:`PeerTransport._traced`); ``kind`` names the
+    :class:`PeerTransport` method. A peer found missing raises :class:`dpx.DpxPeerError`."""
+    me, W, phase, timeout_ns, error, *sizes = ints
+    mem = TableMemory(table, PeerLayout(W, phase), me, error)
+    timeout = timeout_ns / 1e9
+    passes = (CudaPeerPasses(mem, timeout, JIT) if table.is_cuda
+              else HostPeerPasses(mem, timeout))
+    step = PeerTransport(mem, passes, PeerOptions(phase, timeout), lambda err: None)
+    got = (lambda dv: firsts), (lambda dv: lens)
+    if kind == "gather_v":
+        src_rows, rows, block, width = sizes
+        fn = step.gather_v(_whole, src_rows, _out, rows, *got, block, width, src.dtype)
+    elif kind == "reduce_scatter_v":
+        src_rows, block, width, hidden = sizes
+        w = Wire(wire)
+        fn = step.reduce_scatter_v(_whole, src_rows, _out, block, *got, width, src.dtype,
+                                   hidden, out.dtype, w, g if w is Wire.NVFP4 else None)
+    else:
+        block, width = sizes
+        fn = step.blocks(_whole, _out, block, width, src.dtype, all_to_all=kind == "all_to_all")
+    fn(src, out, None)
+
+
+@peer_step_.register_fake
+def _(kind, src, out, firsts, lens, table, ints, wire, g) -> None:
+    return None
 
 
 def open_transport(layout: DpLayout, rank: int, exchange: Callable[[Any], list],
@@ -242,7 +313,7 @@ def open_transport(layout: DpLayout, rank: int, exchange: Callable[[Any], list],
     if options is not None and not isinstance(options, PeerOptions):
         raise DpxTypeError(f"peer={options!r} must be a dpx_torch.PeerOptions")
     options = options or PeerOptions()
-    req = Transport.parse(requested)
+    req = check_requested(requested)
     if req is Transport.PER_ROOT:
         return None, choose_transport(req, [])
     device = options.workspace_device()

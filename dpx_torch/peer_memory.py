@@ -23,6 +23,7 @@ barrier), or is left to the process's end.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import socket
@@ -37,7 +38,8 @@ from dpx.transport import RankFacts
 from dpx.workspace import PeerLayout
 from dpx_torch.shims import ipc as _ipc
 
-__all__ = ["CudaMemory", "HostMemory", "PeerMemory", "open_memory", "rank_facts"]
+__all__ = ["CudaMemory", "HostMemory", "PeerMemory", "TableMemory", "open_memory",
+           "rank_facts"]
 
 Exchange = Callable[[Any], list]
 
@@ -77,13 +79,15 @@ class PeerMemory:
     layout: PeerLayout
     rank: int
     device: torch.device
-    #: int64 [W + 1] on the device: every workspace's address, then the error word's
+    #: int64 [W + 1] on the workspaces' device: every workspace's address, then the error
+    #: word's (:class:`TableMemory` rebuilds a view of the memory from it)
     table: torch.Tensor | None = None
     #: uint8 views of every rank's workspace (host memory only)
     views: list[torch.Tensor] | None = None
     #: this rank's error word (int64 [1], host readable): the bits of the ranks a barrier
-    #: did not see arrive
+    #: did not see arrive; and its address (the table's last entry)
     error: np.ndarray
+    error_address: int
 
     def close(self) -> None:
         """Unmap the peers' workspaces (idempotent)."""
@@ -104,7 +108,7 @@ class CudaMemory(PeerMemory):
             self.addr, self._own = self.ipc.alloc(layout.total_bytes)
         self._maps: list[Any] = []
         self._err = torch.zeros(1, dtype=torch.int64, pin_memory=True)
-        self.error = self._err.numpy()
+        self.error, self.error_address = self._err.numpy(), self._err.data_ptr()
         self._closed = False
 
     def handle(self) -> Any:
@@ -138,7 +142,10 @@ class CudaMemory(PeerMemory):
         with torch.cuda.device(self.device):
             torch.cuda.synchronize()   # no kernel of this rank still reads a peer's memory
             for keep in self._maps:
-                self.ipc.close(keep)
+                try:
+                    self.ipc.close(keep)
+                except RuntimeError:   # the exporter is gone (a dead peer): nothing to unmap
+                    pass
         self._maps = []
         self.table = None
 
@@ -162,6 +169,7 @@ class HostMemory(PeerMemory):
             os.close(fd)
         self._maps: list[mmap.mmap] = []
         self.error = np.zeros(1, np.int64)
+        self.error_address = self.error.ctypes.data
         self._closed = False
 
     def handle(self) -> str:
@@ -183,6 +191,8 @@ class HostMemory(PeerMemory):
             return f"{type(exc).__name__}: {exc}"
         self._maps = maps
         self.views = [torch.frombuffer(m, dtype=torch.uint8) for m in maps]
+        self.table = torch.tensor([v.data_ptr() for v in self.views] + [self.error_address],
+                                  dtype=torch.int64)
         return ""
 
     def unlink(self) -> None:
@@ -200,7 +210,7 @@ class HostMemory(PeerMemory):
         if self._closed:
             return
         self._closed = True
-        self.views = None
+        self.views = self.table = None
         for m in self._maps:
             if m is not self._own:
                 try:
@@ -211,7 +221,28 @@ class HostMemory(PeerMemory):
 
     def release(self) -> None:
         self.close()
+        try:
+            self._own.close()
+        except BufferError:   # a view still exported: the mapping goes with it
+            pass
         self.unlink()
+
+
+class TableMemory(PeerMemory):
+    """The memory a :attr:`PeerMemory.table` points at, for a call that holds only the
+    table (a torch.compile'd call's custom op): views of host workspaces made from their
+    addresses, the error word read at its address (host memory in both kinds). Valid while
+    the communicator that made the table holds its memory."""
+
+    def __init__(self, table: torch.Tensor, layout: PeerLayout, rank: int,
+                 error_address: int) -> None:
+        self.layout, self.rank, self.device, self.table = layout, rank, table.device, table
+        W, n = layout.world_size, layout.total_bytes
+        self.error = np.ctypeslib.as_array((ctypes.c_int64 * 1).from_address(error_address))
+        self.error_address = error_address
+        if table.device.type == "cpu":
+            self.views = [torch.frombuffer((ctypes.c_uint8 * n).from_address(a),
+                                           dtype=torch.uint8) for a in table.tolist()[:W]]
 
 
 def open_memory(kind: str, layout: PeerLayout, rank: int, device: torch.device,

@@ -81,7 +81,7 @@ class CudaPeerPasses(PeerPasses):
         self.dummy = torch.zeros(1, dtype=torch.int32, device=self.device)
         lt = L.peer_barrier_launch(self.world, lay.epoch)
         self._barrier = launcher.bind(lt.kernel, self.device, lt.consts, lt.warps,
-                                      ((0, torch.int64),))
+                                      ((0, torch.int64),)).tensors
         self._barrier_args = (mem.table, self.me, int(timeout * 1e9))
 
     def _bind(self, lt: L.Launch, dtypes: tuple[torch.dtype, ...]) -> Any:

@@ -306,11 +306,13 @@ class _Bind:
         return self.shape.runner.groups.process_group(g)
 
     def peer(self, s: Step) -> Any:
-        """The communicator's peer transport, which carries world step ``s`` (None: the
-        group's backend does)."""
-        if getattr(s, "group", None) is not Group.WORLD:
+        """The communicator's peer transport, which carries world step ``s`` of a call on
+        its workspace's device (None: the group's backend does)."""
+        peer = self.shape.runner.peer
+        if getattr(s, "group", None) is not Group.WORLD or peer is None \
+                or peer.device != self.shape.device:
             return None
-        return self.shape.runner.peer
+        return peer
 
     def host(self, v: Any, what: str) -> int:
         h = self.value(v)

@@ -162,7 +162,7 @@ class Runner:
         in_rows = x.shape[0]
         tkey = self.template_key(plan, op, partial=partial, device_counts=device_counts,
                                  wire=wire, dequantize=dequantize, in_place=in_place,
-                                 ride=ride)
+                                 ride=ride, device=x.device)
         counts = plan.leaf_counts
         if compiling:
             variant, values = ScheduleCache(max_templates=1).variant(
@@ -179,12 +179,21 @@ class Runner:
 
     def template_key(self, plan: DpPlan, op: Op, *, partial: bool, device_counts: bool,
                      wire: Wire, dequantize: bool, in_place: bool,
-                     ride: bool = False) -> TemplateKey:
-        """The schedule template of a call of this rank (plain values: hashed on every
-        lookup; ``ride``: the counts ride the gather)."""
+                     ride: bool = False, device: torch.device | None = None) -> TemplateKey:
+        """The schedule template of a call of this rank on tensors of ``device`` (plain
+        values: hashed on every lookup; ``ride``: the counts ride the gather)."""
         return TemplateKey(plan.structure, op._value_, partial, self.rank, device_counts,
-                           self.transport._value_, wire._value_,
+                           self.transport_for(device)._value_, wire._value_,
                            dequantize or wire is Wire.NATIVE, in_place, True, ride)
+
+    def transport_for(self, device: torch.device | None) -> Transport:
+        """The transport of a call on tensors of ``device``: the peer transport for its
+        workspace's device, the world group's backend (``per_root``) for any other (CPU
+        counts on a GPU communicator, say); None: this communicator's transport."""
+        peer = self.peer
+        if peer is None or device is None or device == peer.device:
+            return self.transport
+        return Transport.PER_ROOT
 
     def program(self, variant: Variant) -> Program:
         """The compiled program of ``variant`` (cached)."""

@@ -227,3 +227,39 @@ def graph_replays(ctx, layout_args, replays: int) -> dict:
         if not ok:
             bad.append(i)
     return {"replays": replays, "bad": bad, "overflowed": comm.overflowed()}
+
+
+def compiled_steps(ctx, layout_args, which) -> int:
+    """torch.compile(fullgraph=True) of a step -- gather, a matmul, the combine (native and
+    fp8), the LM-head scatter -- on the peer transport, for each ``(mode, device counts)``
+    of ``which`` (GATHERV too: its world steps are one custom op each): equal to the eager
+    step bit for bit."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    d = layout.coords(ctx.rank).attn_dp_rank
+    dev = torch_jobs.DEVICE
+    w = torch.randn(128, 128, generator=torch.Generator().manual_seed(1)).to(dev)
+    done = 0
+    for mode, device in which:
+        for cap in [8 * layout.dp_size] if device else [None]:
+            plan = dpx.plan_step([3 + e % 2 for e in range(layout.dp_size)], layout, mode=mode,
+                                 capacity=cap)
+            counts = None if cap is None else torch.tensor(
+                [2 + e for e in range(layout.dp_size)], dtype=torch.int32, device=dev)
+
+            def step(x):
+                g = comm.gather(x, plan, partial=True, counts=counts)
+                y = torch.tanh(g @ w)
+                return (comm.reduce_scatter(y, plan, counts=counts),
+                        comm.reduce_scatter(y.bfloat16(), plan, counts=counts, wire="fp8"),
+                        comm.scatter_columns(y[:, :16].contiguous(), plan, counts=counts))
+
+            torch._dynamo.reset()
+            rows = plan.slot_rows[d] if plan.is_static else plan.num_tokens[d]
+            x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(ctx.rank)).to(dev)
+            eager = step(x)
+            compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(x)
+            for a, b in zip(eager, compiled):
+                assert torch.equal(a, b), (mode, cap)
+            done += 1
+    return done

@@ -5,11 +5,12 @@ tests/test_peer_gpu.py on a GPU):
 
 DEVICE: ``cpu`` or ``cuda`` (every rank on the one GPU). VARIANT:
 
-- ``dead``: every rank gathers and combines; the last rank exits in the middle of a step
-  (``os._exit``); every live rank's next call raises :class:`dpx.DpxPeerError` naming it
-  within the timeout, and so does every later call of each form (implicit, prepared,
-  scatter, async); ``destroy()`` works; exit 0. Prints ``dead <rank> <seconds> <ranks>``
-  and ``refused <rank> <n>``.
+- ``dead``: every rank gathers and combines; the last rank exits between two steps
+  (``os._exit``); every live rank raises :class:`dpx.DpxPeerError` naming it within the
+  timeout (on the CPU in the next step, whose barrier waits on the host; on a GPU in the
+  step after the one whose barrier timed out, each step ending in a sync), and so does
+  every later call of each form (implicit, prepared, scatter, async); ``destroy()`` works;
+  exit 0. Prints ``dead <rank> <seconds> <ranks>`` and ``refused <rank> <n>``.
 - ``phases``: 300 steps with new counts, the ranks delayed at random before their calls
   (one rank up to a step ahead of another), every result checked; then ``destroy()``.
   Prints ``phases <rank> <steps>``.
@@ -79,9 +80,13 @@ if variant == "dead":
     if rank == world - 1:
         os._exit(0)   # dies between two steps: it never arrives at the next barrier
     t0 = time.monotonic()
-    try:
-        one_step(99, [3 + r for r in range(world)], False)
-        raise AssertionError("a call with a dead peer returned")
+    try:   # a GPU runs the steps after the call returns: the step after the barrier that
+        # timed out raises (a server's steps end in a sync when it reads its results)
+        for step in range(99, 104):
+            one_step(step, [3 + r for r in range(world)], False)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+        raise AssertionError("calls with a dead peer returned")
     except dpx.DpxPeerError as exc:
         took = time.monotonic() - t0
         print(f"dead {rank} {took:.2f} {list(exc.ranks)}", flush=True)

@@ -29,11 +29,20 @@ def test_every_mode_combines_after_one_all_to_all(mode):
     chunks are its blocks, or travel as they lie), one world all-to-all of wire rows -- of
     each chunk's rows alone where the sizes are host ints on a per-root transport, SUM_LEN
     and GATHERV -- one summing pass, then the slot; on every transport, for a known and a
-    symbolic rank, with host and device counts."""
+    symbolic rank, with host and device counts -- but the peer transport, which quantizes
+    the input once and pulls each rank's chunk (its real rows) from every rank."""
     lay = dpx.DpLayout(world_size=8, dp_size=4, cp_size=2)
     plan = dpx.plan_step([5, 0, 3, 7], lay, mode=mode)
     cap = dpx.plan_step([0] * 4, lay, mode=mode, capacity=8 if mode == "max_len" else 32)
-    for transport, rank, p in itertools.product(dpx.Transport, (None, 3), (plan, cap)):
+    for p in (plan, cap):
+        s = dpx.build_schedule(p, "reduce_scatter", rank=3, wire="nvfp4", transport="peer",
+                               device_counts=p is cap)
+        kinds = [st.kind for st in s.steps]
+        assert kinds[:3] == (["check_counts"] if p is cap else []) + [
+            "quantize", "reduce_scatter_v", *([] if p is cap else ["all_gather"])][:3], kinds
+        assert s.is_wire("wire_send") and not s.is_wire("chunk")
+    for transport, rank, p in itertools.product(
+            [t for t in dpx.Transport if t is not dpx.Transport.PEER], (None, 3), (plan, cap)):
         s = dpx.build_schedule(plan if p is plan else cap, "reduce_scatter", rank=rank,
                                wire="nvfp4", transport=transport,
                                device_counts=p is cap)

@@ -77,6 +77,22 @@ def _strict(comm):
     return DpComm(comm.layout, validate=True)
 
 
+def _peer(comm, **options):
+    """A peer-transport communicator on the world-1 group (host memory), destroyed once it
+    has raised."""
+    from dpx_torch import DpComm, PeerOptions
+
+    return DpComm(comm.layout, transport="peer", peer=PeerOptions(device="cpu", **options))
+
+
+def _peer_call(comm, fn, **options):
+    other = _peer(comm, **options)
+    try:
+        return fn(other)
+    finally:
+        other.destroy()
+
+
 def _sglang(comm):
     """``dpx_torch.sglang`` set up on ``comm`` (torn down when ``comm`` is None)."""
     import dpx_torch.sglang as sg
@@ -103,6 +119,16 @@ _RIDE_SUM = dpx.plan_step([0], L1, mode="sum_len", capacity=8)
 _RIDE_MAX = dpx.plan_step([0], L1, mode="max_len", capacity=8)
 
 CASES = {
+    "peer-transport": (lambda c: __import__("dpx_torch").DpComm(c.layout, transport="ragged"),
+                       DpxValueError, r"transport='ragged': a torch communicator runs on "
+                                      r"'per_root' or 'peer'"),
+    "peer-options": (lambda c: __import__("dpx_torch").PeerOptions(phase_bytes=-1),
+                     DpxValueError, r"PeerOptions\(phase_bytes=-1\) must be an int >= 0"),
+    "peer-phase": (lambda c: _peer_call(c, lambda p: p.gather(_x(), P5, partial=True),
+                                        phase_bytes=64),
+                   DpxCapacityError, r"peer transport: all_gather_v moves a 5 x 16-byte "
+                                     r"buffer \(80 bytes a phase\); this communicator's "
+                                     r"workspace holds 64"),
     "wire-sum-len": (lambda c: c.gather(_x(6, 128), P5_SUM, partial=True, wire="fp8"),
                      DpxValueError, r"wire='fp8' needs a copy mode \(max_len or gatherv\)"),
     "wire-width": (lambda c: c.gather(_x(6, 100), P5_MAX, partial=True, wire="fp8"),

@@ -183,6 +183,16 @@ def test_autograd_async_validate_and_several_tensors(peer_worlds):
 
 
 @pytest.mark.multiproc
+def test_steps_compile_fullgraph(peer_worlds):
+    """torch.compile(fullgraph=True) over gather -> matmul -> combines -> LM-head scatter:
+    MAX_LEN with host counts and GATHERV (no traceable form on per_root) with device counts,
+    the eager step's bits (tests/test_peer_gpu.py: every mode, both kinds of counts)."""
+    which = [("max_len", False), ("gatherv", True)]
+    assert peer_worlds(4).run("peer_jobs:compiled_steps", (4, 2), which,
+                              timeout=300) == [2] * 4
+
+
+@pytest.mark.multiproc
 def test_native_combine_sums_in_float32_in_rank_order(peer_worlds):
     """The native reduce_scatter on the peer transport is the float32 sum in rank order
     from +0.0, rounded once, bit for bit (random magnitudes, -0.0, a NaN); the backend's

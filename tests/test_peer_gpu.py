@@ -53,6 +53,12 @@ def test_native_combine_order_on_the_gpu(cuda_peer_worlds):
     tp.test_native_combine_sums_in_float32_in_rank_order(cuda_peer_worlds)
 
 
+def test_steps_compile_fullgraph_on_the_gpu(cuda_peer_worlds):
+    which = [(m, dev) for m in ("max_len", "sum_len", "gatherv") for dev in (False, True)]
+    assert cuda_peer_worlds(4).run("peer_jobs:compiled_steps", (4, 2), which,
+                                   timeout=300) == [6] * 4
+
+
 def test_one_graph_replays_with_new_device_counts(cuda_peer_worlds):
     for size, layout in ((4, (4, 2)), (3, (3, 3))):
         res = cuda_peer_worlds(size).run("peer_jobs:graph_replays", layout, 100, timeout=300)
