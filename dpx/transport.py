@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from dpx.errors import DpxValueError
+from dpx.errors import DpxMismatchValueError, DpxValueError
 from dpx.modes import Transport
 
 __all__ = ["MAX_PEERS", "RankFacts", "TransportChoice", "check_requested", "choose_transport",
@@ -30,13 +30,15 @@ class RankFacts:
     """What one rank reports: ``host`` (ranks whose hosts are equal share memory),
     ``device`` (``"cuda"`` or ``"cpu"``: where its workspace would live), ``memory`` (the
     kinds of shared memory it can export and open, first choice first: ``"driver"`` /
-    ``"torch"`` CUDA IPC, ``"host"`` shared memory files) and ``why`` (when ``memory`` is
-    empty: why not)."""
+    ``"torch"`` CUDA IPC, ``"host"`` shared memory files), ``why`` (when ``memory`` is
+    empty: why not), and the options it was given (``options``: the phase bytes and the
+    timeout, which every rank must share)."""
 
     host: str
     device: str
     memory: tuple[str, ...]
     why: str = ""
+    options: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,14 @@ def _ranks(rs: Sequence[int]) -> str:
     return ", ".join(map(str, rs)) if len(rs) <= 8 else f"{rs[0]}..{rs[-1]} ({len(rs)} ranks)"
 
 
+def _by(facts: Sequence[RankFacts], field: str) -> tuple[dict[str, list[int]], str]:
+    """The ranks by the value of one of their facts, and the groups in words."""
+    groups: dict[str, list[int]] = {}
+    for r, f in enumerate(facts):
+        groups.setdefault(getattr(f, field), []).append(r)
+    return groups, "; ".join(f"{v}: ranks {_ranks(rs)}" for v, rs in groups.items())
+
+
 def _fallback(requested: Transport, why: str) -> TransportChoice:
     return TransportChoice(Transport.PER_ROOT, requested, None,
                            f"{requested.value} requested, per_root taken: {why}")
@@ -76,8 +86,9 @@ def check_requested(requested: Transport | str) -> Transport:
 def choose_transport(requested: Transport | str, facts: Sequence[RankFacts]) -> TransportChoice:
     """The transport of a communicator whose ranks report ``facts`` (rank order).
     ``requested``: ``per_root`` (collectives of the process group's backend) or ``peer``
-    (puts and pulls in the ranks' shared memory; falls back to ``per_root`` where it
-    cannot run -- ranks on several hosts or on different device types, a rank without a
+    (puts and pulls in the ranks' shared memory; every rank's ``options`` must be equal,
+    else every rank raises the same :class:`dpx.DpxMismatchValueError`; falls back to
+    ``per_root`` where it cannot run -- ranks on several hosts or on different device types, a rank without a
     kind of shared memory every rank has, more than :data:`MAX_PEERS` ranks -- with the
     reason)."""
     requested = check_requested(requested)
@@ -85,21 +96,19 @@ def choose_transport(requested: Transport | str, facts: Sequence[RankFacts]) -> 
         return TransportChoice(Transport.PER_ROOT, requested, None, "requested")
     if not facts:
         raise DpxValueError("choose_transport needs every rank's facts")
+    options, where = _by(facts, "options")
+    if len(options) > 1:   # a workspace of one layout on every rank, or none
+        raise DpxMismatchValueError(f"transport='peer': the ranks' PeerOptions differ "
+                                    f"(phase_bytes, timeout: {where})")
     if len(facts) > MAX_PEERS:
         return _fallback(requested, f"{len(facts)} ranks, more than the {MAX_PEERS} the "
                                     f"peer transport serves")
-    hosts: dict[str, list[int]] = {}
-    for r, f in enumerate(facts):
-        hosts.setdefault(f.host, []).append(r)
+    hosts, where = _by(facts, "host")
     if len(hosts) > 1:
-        where = "; ".join(f"{h}: ranks {_ranks(rs)}" for h, rs in hosts.items())
         return _fallback(requested, f"the ranks span {len(hosts)} hosts ({where}); peer "
                                     f"memory is shared within one host")
-    devices: dict[str, list[int]] = {}
-    for r, f in enumerate(facts):
-        devices.setdefault(f.device, []).append(r)
+    devices, where = _by(facts, "device")
     if len(devices) > 1:
-        where = "; ".join(f"{d}: ranks {_ranks(rs)}" for d, rs in devices.items())
         return _fallback(requested, f"the ranks' devices differ ({where})")
     for r, f in enumerate(facts):
         if not f.memory:

@@ -126,7 +126,9 @@ class DpComm(OverflowMethods):
     def from_mesh(cls, layout: DpLayout, mesh, *, group: dist.ProcessGroup | None = None,
                   replica_group: dist.ProcessGroup | None = None,
                   cpu_group: dist.ProcessGroup | None = None,
-                  validate: bool = False, limits: CacheLimits | None = None) -> "DpComm":
+                  validate: bool = False, limits: CacheLimits | None = None,
+                  transport: Transport | str = Transport.PER_ROOT,
+                  peer: PeerOptions | None = None) -> "DpComm":
         """A communicator over a ``torch.distributed.DeviceMesh`` whose dims are (dp, cp,
         tp) in that order (or (dp, tp) when ``cp_size == 1``), named as the caller chose:
         its last dim's group is the attn-tp group; creates no group. ``group`` (the world
@@ -135,7 +137,8 @@ class DpComm(OverflowMethods):
         spanning two dims without creating one)."""
         world, tp_group = mesh_groups(layout, mesh, group)
         return cls(layout, group=world, attn_tp_group=tp_group, replica_group=replica_group,
-                   cpu_group=cpu_group, validate=validate, limits=limits)
+                   cpu_group=cpu_group, validate=validate, limits=limits,
+                   transport=transport, peer=peer)
 
     def _exchange(self, obj: object) -> list:
         """Every rank's ``obj`` (an all-gather of Python objects over the host group)."""
@@ -466,20 +469,20 @@ class DpComm(OverflowMethods):
         prepared ops' included. Collective: every rank calls it. Each subgroup is drained
         with a barrier before it is destroyed, and the world group after, so no rank
         tears a group down while a peer still uses it (:mod:`dpx_torch.lifecycle` says
-        why the references matter at exit). Without ``destroy()``, the same release runs
+        why the references matter at exit); on the peer transport the drain is its own
+        bounded barrier, after which the peers' workspaces are unmapped and this rank's
+        freed (:meth:`dpx_torch.peer.PeerTransport.shutdown`: a dead or failed peer never
+        makes it wait longer than the timeout). Without ``destroy()``, the same release runs
         at interpreter exit (an ``atexit`` hook; the subgroups this communicator created
         are destroyed there, without barriers)."""
         if not self._life.alive:
             return
-        failed = self._life.failure is not None
         peer = self.runner.peer
-        if peer is not None:
-            peer.close()
-            if not failed:   # every peer has closed this rank's workspace
-                dist.barrier(group=self.agreement._cpu("destroy"))
-            peer.release()
-        # a failed communicator drains nothing: a dead peer would never arrive
-        end_groups(self.groups.owned, self.groups.world, drain=not failed)
+        if peer is None:
+            end_groups(self.groups.owned, self.groups.world, drain=True)
+        else:   # the peer transport's own barrier, bounded, is the drain: no unbounded wait
+            peer.shutdown()
+            end_groups(self.groups.owned, self.groups.world, drain=False)
         self._release()
 
     def _release(self) -> None:

@@ -15,7 +15,9 @@ Each world step is its passes before a barrier, the barrier, and its passes afte
   scatter): blocks put into every rank's workspace at this rank's block, then taken --
   with every rank's report for the counts.
 
-The attn-tp and replica steps stay the groups' backend collectives. :meth:`PeerTransport.enter`
+The attn-tp and replica steps stay the groups' backend collectives. Every world step's
+function carries ``peer = True`` (a several-tensor batch runs them one by one, outside a
+backend's coalescing). :meth:`PeerTransport.enter`
 starts every world step: it raises the communicator's :class:`dpx.DpxPeerError` when a
 barrier found a peer missing (and the communicator then refuses every call), and keeps the
 steps of every stream in issue order (a step on another stream than the last waits for it).
@@ -28,12 +30,12 @@ from typing import Any, Callable
 
 import torch
 
-from dpx.errors import DpxCapacityError, DpxPeerError, DpxTypeError, DpxValueError
+from dpx.errors import DpxCapacityError, DpxPeerError, DpxTypeError, DpxValueError, check_int
 from dpx.kernels import launch as L
 from dpx.layout import DpLayout
 from dpx.modes import Transport, Wire
 from dpx.transport import TransportChoice, check_requested, choose_transport, confirm_peer
-from dpx.workspace import PeerLayout
+from dpx.workspace import PeerLayout, peer_phase_bytes
 from dpx_torch.peer_memory import PeerMemory, TableMemory, open_memory, rank_facts
 from dpx_torch.peer_passes import CudaPeerPasses, HostPeerPasses, PeerPasses
 from dpx_torch.shims.triton_launch import JIT, Launcher
@@ -54,21 +56,23 @@ class PeerOptions:
     and a few KiB of flags: :attr:`dpx.workspace.PeerLayout.total_bytes`); a call that moves
     more -- a ``[rows, H]`` buffer needs ``dpx.peer_phase_bytes(rows, row_bytes)`` -- raises
     a :class:`dpx.DpxCapacityError` before any step runs. ``timeout``: seconds a barrier
-    waits for a peer before naming it (:class:`dpx.DpxPeerError`). ``device``: where the
+    waits for a peer before naming it (:class:`dpx.DpxPeerError`): whatever keeps a rank
+    from its next world step counts -- the first call of a new shape compiles kernels on
+    each rank while its peers wait -- so the default leaves room for that; a server that
+    wants a dead peer named sooner sets less. ``device``: where the
     workspace lives (default: the current CUDA device where CUDA is available, else the
     CPU)."""
 
     phase_bytes: int = 64 * 2**20
-    timeout: float = 2.0
+    timeout: float = 30.0
     device: torch.device | str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.phase_bytes, bool) or not isinstance(self.phase_bytes, int) \
-                or self.phase_bytes < 0:
-            raise DpxValueError(f"PeerOptions(phase_bytes={self.phase_bytes!r}) must be an "
-                                f"int >= 0")
-        if not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
-            raise DpxValueError(f"PeerOptions(timeout={self.timeout!r}) must be seconds > 0")
+        check_int("PeerOptions(phase_bytes)", self.phase_bytes, minimum=0)
+        t = self.timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e6:
+            raise DpxValueError(f"PeerOptions(timeout={t!r}) must be a number of seconds in "
+                                f"(0, 1e6)")
 
     def workspace_device(self) -> torch.device:
         """:attr:`device` with a CUDA device's index (the current one when unnamed). Never
@@ -117,15 +121,13 @@ class PeerTransport:
             raise err
 
     def enter(self, device: torch.device) -> None:
-        """The start of every world step: the failure check, then issue order across
+        """The start of every world step (on the workspace's device: ``Runner.transport_for``
+        routes other devices to the backend): the failure check, then issue order across
         streams (a step on another CUDA stream than the last waits for the last; inside a
         CUDA graph capture the graph orders them)."""
         if self.mem.error[0]:
             self.check()
-        if device.type != "cuda" or device != self.device:
-            if device != self.device:
-                raise DpxValueError(f"this communicator's peer workspace is on "
-                                    f"{self.device}; a call on {device} cannot use it")
+        if device.type != "cuda":
             return
         cur = torch.cuda.current_stream(device)
         last = self._last
@@ -136,10 +138,18 @@ class PeerTransport:
             cur.wait_event(self._event)
         self._last = cur
 
+    def barrier(self) -> None:
+        """The step's barrier, then the failure check: on the host the barrier has run (a
+        call whose barrier gave up raises instead of returning stale rows); on a GPU it
+        runs after the call returns, and a later call raises."""
+        self.passes.barrier()
+        if self.mem.error[0]:
+            self.check()
+
     def _fits(self, what: str, rows: int, width: int, itemsize: int) -> int:
         """The phase rows of ``width`` elements of ``itemsize`` bytes, or the capacity
         error of a step that needs ``rows`` of them."""
-        need = rows * width * itemsize
+        need = peer_phase_bytes(rows, width * itemsize)
         if need > self.phase_bytes:
             raise DpxCapacityError(
                 f"peer transport: {what} moves a {rows} x {width * itemsize}-byte buffer "
@@ -160,16 +170,8 @@ class PeerTransport:
         p = self.passes
         put = p.bind_put(L.PEER_CHUNK, src_rows, block, width, dtype)
         take = p.bind_take(L.PEER_CHUNK, rows, block, width, dtype)
-        enter, barrier = self.enter, p.barrier
-
-        def run(x, out, dv):
-            s = src(x, out)
-            enter(s.device)
-            f, n = firsts(dv), lens(dv)
-            put(s, f, n, None)
-            barrier()
-            take(dst(x, out), f, n, None)
-        return run
+        return self._step(src, dst, firsts, lens, lambda s, f, n: put(s, f, n, None),
+                          lambda d, f, n: take(d, f, n, None))
 
     def reduce_scatter_v(self, src: Buffer, src_rows: int, dst: Buffer, block: int,
                          firsts: Table, lens: Table, width: int, dtype: torch.dtype,
@@ -184,16 +186,23 @@ class PeerTransport:
                                 [src_rows, block, width, hidden], wire, g)
         p = self.passes
         stage = p.bind_put(L.PEER_STAGE, src_rows, block, width, dtype)
-        pull = p.bind_sum(block, hidden, out_dtype, wire, g)
-        enter, barrier = self.enter, p.barrier
+        return self._step(src, dst, firsts, lens, lambda s, f, n: stage(s, f, n, None),
+                          p.bind_sum(block, hidden, out_dtype, wire, g))
+
+    def _step(self, src: Buffer, dst: Buffer, firsts: Table, lens: Table,
+              before: Callable[..., None], after: Callable[..., None]) -> StepFn:
+        """A world step on a chunk table: ``before(src, firsts, lens)``, the barrier,
+        ``after(dst, firsts, lens)``."""
+        enter, barrier = self.enter, self.barrier
 
         def run(x, out, dv):
             s = src(x, out)
             enter(s.device)
             f, n = firsts(dv), lens(dv)
-            stage(s, f, n, None)
+            before(s, f, n)
             barrier()
-            pull(dst(x, out), f, n)
+            after(dst(x, out), f, n)
+        run.peer = True  # type: ignore[attr-defined]
         return run
 
     def blocks(self, src: Buffer, dst: Buffer, block: int, width: int, dtype: torch.dtype,
@@ -219,7 +228,7 @@ class PeerTransport:
                          src_step=block if all_to_all else 0, report=report is not None)
         take = p.bind_take(L.PEER_BLOCKS, W * block, block, width, dtype,
                            report=report is not None)
-        enter, barrier = self.enter, p.barrier
+        enter, barrier = self.enter, self.barrier
 
         def run(x, out, dv):
             s = src(x, out)
@@ -232,6 +241,7 @@ class PeerTransport:
             take(dst(x, out), None, None, got)
             if reports is not None:
                 reports(dv, got)
+        run.peer = True  # type: ignore[attr-defined]
         return run
 
     def _traced(self, kind: str, src: Buffer, dst: Buffer, firsts: Table | None,
@@ -248,16 +258,31 @@ class PeerTransport:
             peer_step_(kind, src(x, out), dst(x, out),
                        None if firsts is None else firsts(dv),
                        None if lens is None else lens(dv), table, ints, wire.value, scale)
+        run.peer = True  # type: ignore[attr-defined]
         return run
 
     # ------------------------------------------------------------ lifetime
     def close(self) -> None:
-        """Unmap the peers' workspaces (this rank's reads and writes of them end here)."""
+        """Unmap the peers' workspaces (this rank's reads and writes of them end here; at
+        interpreter exit)."""
+        self.passes.close()
         self.mem.close()
 
-    def release(self) -> None:
-        """Free this rank's workspace (after every peer closed it)."""
+    def shutdown(self) -> bool:
+        """``destroy()``'s end, bounded: this rank's steps finished, one more barrier (no
+        rank's step still reads or writes a peer's memory once every rank passed it),
+        the peers' workspaces unmapped and this rank's freed (the driver and the host
+        keep memory another process still maps alive until it unmaps it). Returns whether
+        every rank arrived (False: a failure, found now or before)."""
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda d: None)
+        sync(self.device)
+        if not self.mem.error[0]:
+            self.passes.barrier()
+            sync(self.device)
+        ok = not self.mem.error[0]
+        self.passes.close()
         self.mem.release()
+        return ok
 
 
 def _whole(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -317,18 +342,21 @@ def open_transport(layout: DpLayout, rank: int, exchange: Callable[[Any], list],
     if req is Transport.PER_ROOT:
         return None, choose_transport(req, [])
     device = options.workspace_device()
-    choice = choose_transport(req, exchange(rank_facts(device)))
+    facts = rank_facts(device, (options.phase_bytes, float(options.timeout)))
+    choice = choose_transport(req, exchange(facts))
     if choice.transport is not Transport.PEER:
         return None, choice
     lay = PeerLayout(layout.world_size, options.phase_bytes)
     mem, why = open_memory(choice.memory, lay, rank, device, exchange)
-    choice = confirm_peer(choice, exchange(why))
+    try:
+        choice = confirm_peer(choice, exchange(why))
+    finally:
+        if mem is not None and hasattr(mem, "unlink"):
+            mem.unlink()   # every peer has mapped it (or will not): no file stays behind
     if choice.transport is not Transport.PEER:
         if mem is not None:
             mem.release()
         return None, choice
-    if hasattr(mem, "unlink"):
-        mem.unlink()   # every peer has it mapped: nothing stays behind a killed process
     passes = (CudaPeerPasses(mem, options.timeout, launcher) if device.type == "cuda"
               else HostPeerPasses(mem, options.timeout))
     return PeerTransport(mem, passes, options, on_failure), choice

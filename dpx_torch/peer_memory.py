@@ -58,19 +58,22 @@ def _shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-def rank_facts(device: torch.device) -> RankFacts:
-    """This rank's :class:`dpx.transport.RankFacts` for a workspace on ``device``."""
+def rank_facts(device: torch.device, options: tuple = ()) -> RankFacts:
+    """This rank's :class:`dpx.transport.RankFacts` for a workspace on ``device`` (and the
+    ``options`` every rank must share). Never raises: what this rank cannot do is
+    reported to every rank."""
+    host = _host_id()
     if device.type == "cuda":
         try:
             with torch.cuda.device(device):
                 kinds = _ipc.kinds()
-            return RankFacts(_host_id(), "cuda", kinds)
+            return RankFacts(host, "cuda", kinds, options=options)
         except Exception as exc:  # noqa: BLE001 - reported to every rank
-            return RankFacts(_host_id(), "cuda", (), f"{type(exc).__name__}: {exc}")
+            return RankFacts(host, "cuda", (), f"{type(exc).__name__}: {exc}", options)
     if device.type == "cpu":
-        return RankFacts(_host_id(), "cpu", ("host",) if os.access(_shm_dir(), os.W_OK)
-                         else (), f"{_shm_dir()} is not writable")
-    return RankFacts(_host_id(), device.type, (), f"no shared memory on {device.type}")
+        return RankFacts(host, "cpu", ("host",) if os.access(_shm_dir(), os.W_OK)
+                         else (), f"{_shm_dir()} is not writable", options)
+    return RankFacts(host, device.type, (), f"no shared memory on {device.type}", options)
 
 
 class PeerMemory:
@@ -88,28 +91,24 @@ class PeerMemory:
     #: did not see arrive; and its address (the table's last entry)
     error: np.ndarray
     error_address: int
+    _closed = False
 
     def close(self) -> None:
         """Unmap the peers' workspaces (idempotent)."""
 
     def release(self) -> None:
-        """Free this rank's workspace: after every peer closed it."""
-
-    @property
-    def open(self) -> bool:
-        return True
+        """Unmap the peers' workspaces and free this rank's."""
 
 
 class CudaMemory(PeerMemory):
     def __init__(self, kind: str, layout: PeerLayout, rank: int, device: torch.device) -> None:
         self.layout, self.rank, self.device = layout, rank, device
         self.ipc = _ipc.ipc_for(kind)
-        with torch.cuda.device(device):
-            self.addr, self._own = self.ipc.alloc(layout.total_bytes)
-        self._maps: list[Any] = []
         self._err = torch.zeros(1, dtype=torch.int64, pin_memory=True)
         self.error, self.error_address = self._err.numpy(), self._err.data_ptr()
-        self._closed = False
+        self._maps: list[Any] = []
+        with torch.cuda.device(device):
+            self.addr, self._own = self.ipc.alloc(layout.total_bytes)
 
     def handle(self) -> Any:
         return self.ipc.export(self._own)
@@ -130,10 +129,6 @@ class CudaMemory(PeerMemory):
         self.table = torch.tensor(addrs + [self._err.data_ptr()], dtype=torch.int64,
                                   device=self.device)
         return ""
-
-    @property
-    def open(self) -> bool:
-        return not self._closed
 
     def close(self) -> None:
         if self._closed:
@@ -170,7 +165,6 @@ class HostMemory(PeerMemory):
         self._maps: list[mmap.mmap] = []
         self.error = np.zeros(1, np.int64)
         self.error_address = self.error.ctypes.data
-        self._closed = False
 
     def handle(self) -> str:
         return self.path
@@ -187,7 +181,10 @@ class HostMemory(PeerMemory):
                     maps.append(mmap.mmap(fd, self.layout.total_bytes))
                 finally:
                     os.close(fd)
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - reported to every rank
+            for m in maps:
+                if m is not self._own:
+                    m.close()
             return f"{type(exc).__name__}: {exc}"
         self._maps = maps
         self.views = [torch.frombuffer(m, dtype=torch.uint8) for m in maps]
@@ -201,10 +198,6 @@ class HostMemory(PeerMemory):
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-
-    @property
-    def open(self) -> bool:
-        return not self._closed
 
     def close(self) -> None:
         if self._closed:
@@ -258,11 +251,15 @@ def open_memory(kind: str, layout: PeerLayout, rank: int, device: torch.device,
         handle = mem.handle()
     except Exception as exc:  # noqa: BLE001 - reported to every rank
         why = f"{type(exc).__name__}: {exc}"
-    handles = exchange(handle)
-    if not why:
-        missing = [p for p, h in enumerate(handles) if h is None]
-        why = f"ranks {missing} have no workspace" if missing else mem.map(handles)
-    if why and mem is not None:
-        mem.release()
-        mem = None
+    opened = False
+    try:
+        handles = exchange(handle)
+        if not why:
+            missing = [p for p, h in enumerate(handles) if h is None]
+            why = f"ranks {missing} have no workspace" if missing else mem.map(handles)
+        opened = not why
+    finally:
+        if not opened and mem is not None:   # nothing left behind
+            mem.release()
+            mem = None
     return mem, why

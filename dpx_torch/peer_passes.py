@@ -65,6 +65,9 @@ class PeerPasses:
     def barrier(self) -> None:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Drop every view of the workspaces (before they are unmapped)."""
+
 
 def _nothing(*args: Any) -> None:
     return None
@@ -89,7 +92,7 @@ class CudaPeerPasses(PeerPasses):
                                   tuple(zip(lt.pointers, dtypes)))
 
     def bind_put(self, mode, src_rows, block, width, dtype, *, src_step=0, report=False):
-        if block * width == 0:
+        if block * width == 0 and not report:
             return _nothing
         lt = L.peer_put_launch(mode, block, width, dtype.itemsize, self.world,
                                self.mem.layout.epoch, report=report)
@@ -164,6 +167,9 @@ class HostPeerPasses(PeerPasses):
         self.headers = [[v[lay.ctrl + q * lay.stride:lay.ctrl + q * lay.stride + 4 * W]
                          .view(torch.int32) for q in (0, 1)] for v in mem.views]
 
+    def close(self) -> None:
+        self.flags = self.epoch = self.headers = None  # type: ignore[assignment]
+
     def _phase(self, after: bool) -> int:
         return (int(self.epoch[0]) + (0 if after else 1)) & 1
 
@@ -230,25 +236,27 @@ class HostPeerPasses(PeerPasses):
             f, n = int(firsts[me]), min(int(lens[me]), out_rows)
             ws = [self._rows(p, q, width, dtype) if native else
                   self._rows(p, q, rb, torch.uint8) for p in range(W)]
-            k = max(0, min(n, ws[0].shape[0] - f))
+            # the rows j < n whose source row f + j lies in the phase (the kernels' mask)
+            lo, hi = max(0, -f), max(0, min(n, ws[0].shape[0] - f))
+            k = max(hi - lo, 0)
             self.traffic[1] += (W - 1) * k * (width * dtype.itemsize if native else rb)
             if not native:   # the combine's summing pass on the pulled wire rows
                 src = torch.zeros(W * out_rows, rb, dtype=torch.uint8)
                 for p, x in enumerate(ws):
-                    src[p * out_rows:p * out_rows + k].copy_(x[f:f + k])
+                    src[p * out_rows + lo:p * out_rows + lo + k].copy_(x[f + lo:f + lo + k])
                 dequantize_sum_rows(src, out, W, wire, g)
                 return
+            out.zero_()
             if dtype.is_floating_point:   # float32 from +0.0, in rank order, rounded once
                 acc = torch.zeros(k, width, dtype=torch.float32)
                 for x in ws:
-                    acc += x[f:f + k].float()
-                out[:k].copy_(torch.where(acc.isnan(), float("nan"), acc))
+                    acc += x[f + lo:f + lo + k].float()
+                out[lo:lo + k].copy_(torch.where(acc.isnan(), float("nan"), acc))
             else:
                 acc = torch.zeros(k, width, dtype=dtype)
                 for x in ws:
-                    acc += x[f:f + k]
-                out[:k].copy_(acc)
-            out[k:].zero_()
+                    acc += x[f + lo:f + lo + k]
+                out[lo:lo + k].copy_(acc)
         return pull_sum
 
     def barrier(self) -> None:

@@ -763,6 +763,10 @@ class BatchProgram:
                     fn, a = items[0]
                     fn(*a)
                     continue
+                if getattr(items[0][0], "peer", False):   # world steps in shared memory:
+                    for fn, a in items:                       # no backend to coalesce them
+                        fn(*a)
+                    continue
                 first = batch.items[0][1]
                 collected = isinstance(first, _COLLECTED)
                 for part in (_by_dtype(items, [calls[i][0].dtype for i, _ in batch.items])

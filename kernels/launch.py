@@ -313,8 +313,9 @@ def peer_put_launch(mode: int, block: int, width: int, itemsize: int, world: int
     ``width`` elements (runtime arguments: source, table, firsts, lens, count, then the
     ints of its signature)."""
     block_r, block_c, warps = row_blocks(width, tile_for(block, width, itemsize))
+    # (at least one program an entry: an empty block still carries its report)
     return Launch(_peer.peer_put_kernel,
-                  (world * -(-block // block_r), -(-width // block_c)), warps,
+                  (world * max(-(-block // block_r), 1), max(-(-width // block_c), 1)), warps,
                   dict(WIDTH=width, W=world, MODE=mode, REPORT=report, EPOCH=epoch,
                        BLOCK_R=block_r, BLOCK_C=block_c), (0, 1, 2, 3, 4))
 

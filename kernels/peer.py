@@ -88,7 +88,7 @@ def peer_put_kernel(src_ptr, table_ptr, firsts_ptr, lens_ptr, count_ptr, me, blo
     (``MODE``: see the module docstring). Entry ``k = program_id(0) // cdiv(block,
     BLOCK_R)``: its destination rank, first source row, rows (at most ``block``) and first
     destination row."""
-    tiles = tl.cdiv(block, BLOCK_R)
+    tiles = tl.maximum(tl.cdiv(block, BLOCK_R), 1)
     pid = tl.program_id(0)
     k = pid // tiles
     j = (pid % tiles).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)

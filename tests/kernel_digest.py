@@ -29,10 +29,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from dpx.kernels import combine, counts, fp4, mask, rows, wire
+from dpx.modes import Wire
 
 _TARGET = GPUTarget("cuda", 90, 32)
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-_SCALAR = {"g": "fp32", "fill": "fp32"}
+_SCALAR = {"g": "fp32", "fill": "fp32", "timeout_ns": "i64", "data": "i64", "stride": "i64"}
 
 
 def _case(name, kernel, ptr_types: dict[str, str], consts: dict, warps: int) -> tuple:
@@ -93,12 +94,42 @@ def _cases() -> list[tuple]:
                              dict(src_ptr=u8, out_ptr=dtype),
                              dict(H=7168, ROW_BYTES=rb, FP4=fp4_, NV=nv, PARTS=8,
                                   OUT_KIND=kind, BLOCK_B=bb, COMPILED=True, WIDE=False), w))
+    out.extend(peer_cases())
     out.append(_case("mask", mask.mask_rows_kernel,
                      dict(firsts_ptr=i32, lens_ptr=i32, buf_ptr=bf), dict(row, BLOCK_R=4), 16))
     out.append(_case("check_counts", counts.check_counts_kernel,
                      dict(counts_ptr=i32, flag_ptr=i32),
                      dict(ENTRIES=8, GROUP=2, ALIGN=2, MAX_EACH=64, MAX_SUM=512,
                           HAS_EACH=True, HAS_SUM=True, BLOCK=8, RBLOCK=4), 1))
+    return out
+
+
+def peer_cases(world: int = 8) -> list[tuple]:
+    """The peer transport's kernels as ``dpx_torch`` binds them (:mod:`dpx.kernels.launch`'s
+    descriptions, W = ``world``, rows of 7,168 bf16 or fp8 / nvfp4 wire bytes)."""
+    from dpx.kernels import launch as L
+
+    H, ep = 7168, 8 * world
+    tab = {"table_ptr": "*i64", "firsts_ptr": "*i32", "lens_ptr": "*i32"}
+    out = []
+    for mode, name in ((L.PEER_CHUNK, "chunk"), (L.PEER_STAGE, "stage"),
+                       (L.PEER_BLOCKS, "blocks")):
+        lt = L.peer_put_launch(mode, 64, H, 2, world, ep, report=mode == L.PEER_BLOCKS)
+        out.append(_case(f"peer put {name}", lt.kernel,
+                         dict(tab, src_ptr="*bf16", count_ptr="*i32"), lt.consts, lt.warps))
+    lt = L.peer_barrier_launch(world, ep)
+    out.append(_case("peer barrier", lt.kernel, {"table_ptr": "*i64"}, lt.consts, lt.warps))
+    for mode, name in ((L.PEER_CHUNK, "chunk"), (L.PEER_BLOCKS, "blocks")):
+        lt = L.peer_take_launch(mode, 512, H, 2, world, ep, report=mode == L.PEER_BLOCKS)
+        out.append(_case(f"peer take {name}", lt.kernel,
+                         dict(tab, reports_ptr="*i32", out_ptr="*bf16"), lt.consts, lt.warps))
+    lt = L.peer_sum_launch(64, H, "bfloat16", 2, world, ep, compiled=True)
+    out.append(_case("peer sum bf16", lt.kernel, dict(tab, out_ptr="*bf16"), lt.consts,
+                     lt.warps))
+    for wire in (Wire.FP8, Wire.NVFP4):
+        lt = L.peer_wire_sum_launch(wire, 64, H, "bfloat16", world, ep, compiled=True)
+        out.append(_case(f"peer sum {wire.value}", lt.kernel, dict(tab, out_ptr="*bf16"),
+                         lt.consts, lt.warps))
     return out
 
 

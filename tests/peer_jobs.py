@@ -131,6 +131,9 @@ def fallbacks(ctx) -> dict:
         out[name] = (comm.transport.value, str(comm.transport_choice),
                      bool(torch.equal(got[2 * W - 2:], torch.full((2, 3), W - 1.0))))
         comm.destroy()
+    # ranks that disagree on the workspace: the same error everywhere, nothing opened
+    out["mismatch"] = raised(lambda: DpComm(layout, transport="peer", peer=PeerOptions(
+        phase_bytes=4096 * (1 + (ctx.rank == 0)), device="cpu")))
     out["jax"] = raised(lambda: DpComm(layout, transport="ragged"))
     out["options"] = raised(lambda: PeerOptions(timeout=0))
     return out

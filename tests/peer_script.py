@@ -11,6 +11,9 @@ DEVICE: ``cpu`` or ``cuda`` (every rank on the one GPU). VARIANT:
   step after the one whose barrier timed out, each step ending in a sync), and so does
   every later call of each form (implicit, prepared, scatter, async); ``destroy()`` works;
   exit 0. Prints ``dead <rank> <seconds> <ranks>`` and ``refused <rank> <n>``.
+- ``skip``: the last rank skips one step; the others name it (their last barriers give
+  up), and every rank's ``destroy()`` ends within the timeout. Prints ``skip <rank> <ranks
+  named or None> <seconds destroy took>``.
 - ``phases``: 300 steps with new counts, the ranks delayed at random before their calls
   (one rank up to a step ahead of another), every result checked; then ``destroy()``.
   Prints ``phases <rank> <steps>``.
@@ -107,6 +110,25 @@ if variant == "dead":
             refused += 1
     print(f"refused {rank} {refused} of {len(forms)}", flush=True)
     comm.destroy()
+elif variant == "skip":
+    # the last rank skips one step: its later barriers pair with the others' earlier ones
+    # (a barrier counts arrivals), so the others' last barriers give up and they name it;
+    # every rank's destroy() still ends (its barrier is bounded); the processes exit 0
+    one_step(0, [2 + r for r in range(world)], True)
+    failed = None
+    for step in range(1, 4):
+        if rank == world - 1 and step == 1:
+            continue
+        try:
+            one_step(step, [2 + r for r in range(world)], False)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+        except dpx.DpxPeerError as exc:
+            failed = list(exc.ranks)
+            break
+    t0 = time.monotonic()
+    comm.destroy()
+    print(f"skip {rank} {failed} {time.monotonic() - t0:.2f}", flush=True)
 elif variant == "phases":
     rng = random.Random(rank)
     n_steps = 300

@@ -123,7 +123,7 @@ CASES = {
                        DpxValueError, r"transport='ragged': a torch communicator runs on "
                                       r"'per_root' or 'peer'"),
     "peer-options": (lambda c: __import__("dpx_torch").PeerOptions(phase_bytes=-1),
-                     DpxValueError, r"PeerOptions\(phase_bytes=-1\) must be an int >= 0"),
+                     DpxValueError, r"PeerOptions\(phase_bytes\)=-1 must be >= 0"),
     "peer-phase": (lambda c: _peer_call(c, lambda p: p.gather(_x(), P5, partial=True),
                                         phase_bytes=64),
                    DpxCapacityError, r"peer transport: all_gather_v moves a 5 x 16-byte "

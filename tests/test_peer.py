@@ -223,8 +223,8 @@ def test_bytes_moved_are_the_planned_real_rows(peer_worlds):
 @pytest.mark.multiproc
 def test_fallbacks_and_workspace_limits(peer_worlds):
     """Where the peer transport cannot run every rank falls back to per_root alike, saying
-    why; a call whose rows exceed a phase raises the same DpxCapacityError everywhere
-    before any step."""
+    why; ranks given different PeerOptions raise the same error; a call whose rows exceed
+    a phase raises the same DpxCapacityError everywhere before any step."""
     res = peer_worlds(3).run("peer_jobs:fallbacks")
     for name, why in (("mixed", "the ranks' devices differ"),
                       ("none", "cannot share memory")):
@@ -232,6 +232,9 @@ def test_fallbacks_and_workspace_limits(peer_worlds):
         transport, reason, ok = res[0][name]
         assert transport == "per_root" and why in reason and ok, res[0][name]
     assert "'ragged' and 'equal' are JAX's" in res[0]["jax"]
+    assert len({r["mismatch"] for r in res}) == 1, res
+    assert res[0]["mismatch"].startswith("DpxMismatchValueError: transport='peer': the "
+                                         "ranks' PeerOptions differ"), res[0]["mismatch"]
     assert "timeout" in res[0]["options"]
     small = peer_worlds(3).run("peer_jobs:too_small")
     assert len({r["error"] for r in small}) == 1 and small[0]["small"]
@@ -248,11 +251,13 @@ def _torchrun(n: int, device: str, variant: str) -> subprocess.CompletedProcess:
 def check_scripts(device: str) -> None:
     """The peer script's variants (tests/peer_script.py), two at once: a dead peer is
     named on every live rank within the timeout (1 s, plus the step's own time) and every
-    call form then raises; 300 steps with ranks out of step reuse the phases correctly;
-    exit 0 with and without destroy(), no warning of shared memory still held, and no
-    workspace file left behind."""
+    call form then raises; a rank that skips a call is named by the ranks that made every
+    call (its later barriers pair with their earlier ones: a barrier counts arrivals, it
+    cannot tell a skipped call from a late one) and no destroy() waits past the timeout; 300 steps with ranks out of step reuse the phases
+    correctly; exit 0 with and without destroy(), no warning of shared memory still held,
+    and no workspace file left behind."""
     before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    runs = [(3, "dead"), (3, "phases"), (2, "destroy"), (2, "no_destroy")]
+    runs = [(3, "dead"), (3, "phases"), (3, "skip"), (2, "destroy"), (2, "no_destroy")]
     with ThreadPoolExecutor(2) as pool:
         done = list(pool.map(lambda a: _torchrun(a[0], device, a[1]), runs))
     for (n, variant), p in zip(runs, done):
@@ -269,6 +274,13 @@ def check_scripts(device: str) -> None:
                 ln.split()[2] == ln.split()[4] for ln in refused), refused
         elif variant == "phases":
             assert p.stdout.count("phases ") == n, out
+        elif variant == "skip":
+            skips = {int(ln.split()[1]): ln.split(maxsplit=2)[2] for ln in
+                     p.stdout.splitlines() if ln.startswith("skip ")}
+            assert len(skips) == n, out
+            # the ranks that made every call name the one that skipped one
+            assert all(skips[r].startswith(f"[{n - 1}]") for r in range(n - 1)), skips
+            assert all(float(v.split()[-1]) < 1.0 + 3.0 for v in skips.values()), skips
         else:
             assert p.stdout.count("ok ") == n, out
     after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
@@ -300,3 +312,21 @@ def test_sglang_dropin_on_the_peer_transport(peer_worlds, layout):
                        [7] + [0] * (dp - 1))
         steps.append(s)
     assert max(world.run("sglang_jobs:layer_matches_dense", layout, steps)) < 1e-4
+
+
+def test_peer_kernels_compile_for_sm90():
+    """Every peer kernel as dpx_torch launches it compiles for an H100/H200 (sm_90, no GPU
+    needed): the barrier reads the global clock and orders its flags at system scope, the
+    sums add with ``add.rn.f32`` (the combine's rounding, never fused into a multiply-add),
+    and no kernel spills to local memory."""
+    pytest.importorskip("triton")
+    import kernel_digest as kd
+
+    for name, kernel, ptrs, consts, warps in kd.peer_cases():
+        k = kd.compile_case(kernel, ptrs, consts, warps)
+        ptx = kd.normalised_ptx(k.asm["ptx"])
+        assert ".local" not in ptx and "ld.local" not in ptx, name
+        if name == "peer barrier":
+            assert "%globaltimer" in ptx and ".sys" in ptx and "release" in ptx, ptx[-2000:]
+        if name.startswith("peer sum"):
+            assert "add.rn.f32" in ptx, name
