@@ -88,9 +88,9 @@ def choose_transport(requested: Transport | str, facts: Sequence[RankFacts]) -> 
     ``requested``: ``per_root`` (collectives of the process group's backend) or ``peer``
     (puts and pulls in the ranks' shared memory; every rank's ``options`` must be equal,
     else every rank raises the same :class:`dpx.DpxMismatchValueError`; falls back to
-    ``per_root`` where it cannot run -- ranks on several hosts or on different device types, a rank without a
-    kind of shared memory every rank has, more than :data:`MAX_PEERS` ranks -- with the
-    reason)."""
+    ``per_root`` where it cannot run -- ranks on several hosts or on different device
+    types, a rank without a kind of shared memory every rank has, more than
+    :data:`MAX_PEERS` ranks -- with the reason)."""
     requested = check_requested(requested)
     if requested is Transport.PER_ROOT:
         return TransportChoice(Transport.PER_ROOT, requested, None, "requested")

@@ -207,7 +207,7 @@ class HostPeerPasses(PeerPasses):
         return put
 
     def bind_take(self, mode, out_rows, block, width, dtype, *, report=False):
-        W, me = self.world, self.me
+        me = self.me
 
         def take(out, firsts, lens, reports):
             q = self._phase(True)

@@ -172,7 +172,7 @@ def graph_replays(ctx, layout_args, replays: int) -> dict:
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.comm(layout)
     dev = torch_jobs.DEVICE
-    dp, W, r = layout.dp_size, layout.world_size, ctx.rank
+    dp, r = layout.dp_size, ctx.rank
     d = layout.coords(r).attn_dp_rank
     H, cap = 256, 16
     pm = dpx.plan_step([0] * dp, layout, mode="max_len", capacity=cap)

@@ -14,7 +14,7 @@ DEVICE: ``cpu`` or ``cuda`` (every rank on the one GPU). VARIANT:
 - ``skip``: the last rank skips one step; the others name it (their last barriers give
   up), and every rank's ``destroy()`` ends within the timeout. Prints ``skip <rank> <ranks
   named or None> <seconds destroy took>``.
-- ``phases``: 300 steps with new counts, the ranks delayed at random before their calls
+- ``phases``: 150 steps with new counts, the ranks delayed at random before their calls
   (one rank up to a step ahead of another), every result checked; then ``destroy()``.
   Prints ``phases <rank> <steps>``.
 - ``destroy`` / ``no_destroy``: gathers, then ``comm.destroy()`` and
@@ -140,7 +140,7 @@ elif variant == "skip":
     say(f"skip {rank} {failed} {time.monotonic() - t0:.2f}")
 elif variant == "phases":
     rng = random.Random(rank)
-    n_steps = 300
+    n_steps = 150
     for step in range(n_steps):
         counts = [random.Random(step * 7 + r).randint(0, 9) for r in range(world)]
         if rng.random() < 0.3:

@@ -7,9 +7,10 @@ Two implementations with one interface (:class:`Ipc`):
 - ``"driver"`` (first choice): the CUDA driver's public API through ``ctypes``
   (``libcuda.so.1``: ``cuMemAlloc``, ``cuIpcGetMemHandle``, ``cuIpcOpenMemHandle`` with
   lazy peer access, ``cuIpcCloseMemHandle``, ``cuMemFree``), checked with driver 580
-  (CUDA 13) on an H100, torch 2.11, with and without MPS. The memory is dpx's own allocation, outside torch's caching allocator
-  (so an allocator configuration such as ``expandable_segments`` does not matter), and
-  closing and freeing are explicit: no reference counting that outlives the process.
+  (CUDA 13) on an H100, torch 2.11, with and without MPS. The memory is dpx's own
+  allocation, outside torch's caching allocator (so an allocator configuration such as
+  ``expandable_segments`` does not matter), and closing and freeing are explicit: no
+  reference counting that outlives the process.
 - ``"torch"`` (fallback, private): torch's own CUDA tensor sharing
   (``torch.multiprocessing.reductions.reduce_tensor`` and its rebuild function), written
   against torch 2.11 and 2.13 (``tests/test_peer_gpu.py`` forces it; not yet run on a
