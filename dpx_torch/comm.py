@@ -31,26 +31,24 @@ import torch
 import torch.distributed as dist
 
 from dpx.errors import DpxTypeError
-from dpx.explain import explain
 from dpx.layout import DpLayout
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
 from dpx.schedule import Schedule, build_schedule
-from dpx.transport import TransportChoice
 from dpx_torch.agreement import Agreement
 from dpx_torch.checks import InputChecks
 from dpx_torch.exchange import CountsExchange
 from dpx_torch.flags import OverflowMethods
 from dpx_torch.fullpath import FullPath, in_place
 from dpx_torch.groups import DpGroups, adopt_groups, build_groups, mesh_groups
-from dpx_torch.lifecycle import Lifecycle, end_groups, exit_hook
+from dpx_torch.lifecycle import Lifecycle, exit_hook
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import pad_row_mask
-from dpx_torch.peer import PeerOptions
+from dpx_torch.peer import PeerOptions, TransportMethods
 from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps
 from dpx_torch.program import flat_counts
 from dpx_torch.rows import inside
-from dpx_torch.runner import CacheLimits, Runner
+from dpx_torch.runner import CacheLimits, CacheMethods, Runner
 
 __all__ = ["DpComm", "counts_tensor"]
 
@@ -61,7 +59,7 @@ _GATHER, _NATIVE = Op.GATHER._value_, Wire.NATIVE
 _key = tuple.__new__
 
 
-class DpComm(OverflowMethods):
+class DpComm(OverflowMethods, CacheMethods, TransportMethods):
     """The communicator of one DP-attention layout over one process group.
 
     ``group`` (default: the default process group) must have ``layout.world_size`` ranks.
@@ -75,6 +73,11 @@ class DpComm(OverflowMethods):
     backends carry (``"gloo"``: CPU and CUDA; ``"nccl"``: CUDA; ``"cuda:nccl,cpu:gloo"``:
     both). It holds all state (groups, caches bounded by ``limits``, scratch pool, comm
     stream, events, overflow flags), so several communicators coexist.
+
+    ``transport="peer"`` (every rank alike; ``peer``: its :class:`dpx_torch.PeerOptions`)
+    runs the world steps through memory the ranks of one host share, where every rank can
+    (docs/semantics.md, "The peer transport"): construction then also exchanges what each
+    rank can do and opens the workspaces; :attr:`transport_choice` says what was chosen.
 
     ``validate=True`` adds one small host exchange before every call: all ranks
     compare the plan (mode, counts, capacity), op, dtype, width, ``partial`` and device
@@ -116,9 +119,8 @@ class DpComm(OverflowMethods):
         self.full = FullPath(layout, self.rank, self.runner, self.checks, self.agreement,
                              self.prepared)
         self._counts = CountsExchange(layout, self.rank, self.groups, self.runner, self.checks)
-        #: the transport every rank agreed on, and why (:func:`dpx.choose_transport`)
-        self.transport_choice: TransportChoice = self.runner.open_peer(
-            layout, self._exchange, transport, peer, self._life.fail)
+        self.transport_choice = self.runner.open_peer(layout, self._exchange, transport,
+                                                      peer, self._life.fail)
         self._exit_hook = exit_hook(weakref.ref(self))
         atexit.register(self._exit_hook)
 
@@ -127,7 +129,7 @@ class DpComm(OverflowMethods):
                   replica_group: dist.ProcessGroup | None = None,
                   cpu_group: dist.ProcessGroup | None = None,
                   validate: bool = False, limits: CacheLimits | None = None,
-                  transport: Transport | str = Transport.PER_ROOT,
+                  transport: Transport | str = "per_root",
                   peer: PeerOptions | None = None) -> "DpComm":
         """A communicator over a ``torch.distributed.DeviceMesh`` whose dims are (dp, cp,
         tp) in that order (or (dp, tp) when ``cp_size == 1``), named as the caller chose:
@@ -137,20 +139,8 @@ class DpComm(OverflowMethods):
         spanning two dims without creating one)."""
         world, tp_group = mesh_groups(layout, mesh, group)
         return cls(layout, group=world, attn_tp_group=tp_group, replica_group=replica_group,
-                   cpu_group=cpu_group, validate=validate, limits=limits,
-                   transport=transport, peer=peer)
-
-    def _exchange(self, obj: object) -> list:
-        """Every rank's ``obj`` (an all-gather of Python objects over the host group)."""
-        out: list = [None] * self.layout.world_size
-        dist.all_gather_object(out, obj, group=self.agreement._cpu("transport='peer'"))
-        return out
-
-    @property
-    def transport(self) -> Transport:
-        """The transport this communicator's world steps run on (see
-        :attr:`transport_choice` for why)."""
-        return self.runner.transport
+                   cpu_group=cpu_group, validate=validate, limits=limits, transport=transport,
+                   peer=peer)
 
     @property
     def validate(self) -> bool:
@@ -425,37 +415,6 @@ class DpComm(OverflowMethods):
                               in_rows=in_rows, in_place=in_place,
                               cache=self.runner.schedules)
 
-    def check_peers(self) -> None:
-        """On the peer transport, raise :class:`dpx.DpxPeerError` when a barrier found a
-        peer missing -- the error word, read on the host without a sync: the check for
-        after a CUDA graph's replays, whose barriers cannot raise (every eager call checks
-        it too). Nothing to check on the per_root transport."""
-        self._life.check()
-        if self.runner.peer is not None:
-            self.runner.peer.check()
-
-    def explain(self, plan: DpPlan, **kw) -> str:
-        """:func:`dpx.explain` of ``plan`` on this communicator: its transport and why, and
-        on the peer transport its workspace and each rank's puts and pulls (``kw``:
-        ``explain``'s options)."""
-        return explain(plan, choice=self.transport_choice, **kw)
-
-    def cache_sizes(self) -> dict[str, int]:
-        """Entries in each of this communicator's caches (see :class:`CacheLimits`)."""
-        return {"prepared": len(self.prepared.ops), "classes": len(self.prepared.classes),
-                **self.runner.sizes()}
-
-    def host_bytes(self) -> int:
-        """An estimate of the host memory the caches hold (:meth:`Runner.host_bytes`, the
-        prepared ops included). Slow: for tests and the soak benchmark."""
-        return self.runner.host_bytes(self.prepared.ops, self.prepared.classes)
-
-    def clear_caches(self) -> None:
-        """Empty every cache and the scratch pool (recapture CUDA graphs after this)."""
-        self.prepared.clear()
-        self.runner.clear()
-        self._counts.clear()
-
     @property
     def comm_stream(self) -> torch.cuda.Stream:
         """The one communication stream of the ``*_async`` calls."""
@@ -469,20 +428,13 @@ class DpComm(OverflowMethods):
         prepared ops' included. Collective: every rank calls it. Each subgroup is drained
         with a barrier before it is destroyed, and the world group after, so no rank
         tears a group down while a peer still uses it (:mod:`dpx_torch.lifecycle` says
-        why the references matter at exit); on the peer transport the drain is its own
-        bounded barrier, after which the peers' workspaces are unmapped and this rank's
-        freed (:meth:`dpx_torch.peer.PeerTransport.shutdown`: a dead or failed peer never
-        makes it wait longer than the timeout). Without ``destroy()``, the same release runs
-        at interpreter exit (an ``atexit`` hook; the subgroups this communicator created
-        are destroyed there, without barriers)."""
+        why the references matter at exit; the peer transport's drain:
+        :meth:`~dpx_torch.peer.TransportMethods._end`). Without ``destroy()``, the same
+        release runs at interpreter exit (an ``atexit`` hook; the subgroups this
+        communicator created are destroyed there, without barriers)."""
         if not self._life.alive:
             return
-        peer = self.runner.peer
-        if peer is None:
-            end_groups(self.groups.owned, self.groups.world, drain=True)
-        else:   # the peer transport's own barrier, bounded, is the drain: no unbounded wait
-            peer.shutdown()
-            end_groups(self.groups.owned, self.groups.world, drain=False)
+        self._end(at_exit=False)
         self._release()
 
     def _release(self) -> None:
@@ -502,9 +454,7 @@ class DpComm(OverflowMethods):
 
     def _at_exit(self) -> None:
         if self._life.alive:
-            if self.runner.peer is not None:   # peers' workspaces unmapped before the end
-                self.runner.peer.close()
-            end_groups(self.groups.owned, self.groups.world, drain=False)
+            self._end(at_exit=True)
             self._release()
 
 

@@ -29,18 +29,23 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from dpx.errors import DpxCapacityError, DpxPeerError, DpxTypeError, DpxValueError, check_int
 from dpx.kernels import launch as L
+from dpx.explain import explain
 from dpx.layout import DpLayout
 from dpx.modes import Transport, Wire
+from dpx.plan import DpPlan
 from dpx.transport import TransportChoice, check_requested, choose_transport, confirm_peer
 from dpx.workspace import PeerLayout, peer_phase_bytes
+from dpx_torch.lifecycle import end_groups
 from dpx_torch.peer_memory import PeerMemory, TableMemory, open_memory, rank_facts
 from dpx_torch.peer_passes import CudaPeerPasses, HostPeerPasses, PeerPasses
 from dpx_torch.shims.triton_launch import JIT, Launcher
 
-__all__ = ["PeerOptions", "PeerTransport", "open_transport", "peer_step_"]
+__all__ = ["PeerOptions", "PeerTransport", "TransportMethods", "open_transport",
+           "peer_step_"]
 
 _compiling = torch.compiler.is_compiling
 
@@ -283,6 +288,60 @@ class PeerTransport:
         self.passes.close()
         self.mem.release()
         return ok
+
+
+class TransportMethods:
+    """A communicator's methods on its transport (:attr:`transport_choice`, made by
+    ``Runner.open_peer``; ``self.runner.peer`` on the peer transport)."""
+
+    runner: Any
+    layout: DpLayout
+    groups: Any
+    agreement: Any
+    #: the transport every rank agreed on, and why (:func:`dpx.choose_transport`)
+    transport_choice: TransportChoice
+    _life: Any
+
+    def _end(self, *, at_exit: bool) -> None:
+        """The end of the communicator's groups: drained with barriers and destroyed
+        (``destroy()``); on the peer transport its own bounded barrier is the drain
+        (:meth:`PeerTransport.shutdown`: a dead or failed peer never makes it wait past
+        the timeout, and no backend barrier waits after it); at interpreter exit the
+        peers' workspaces are unmapped and nothing waits."""
+        peer = self.runner.peer
+        if peer is not None:
+            if at_exit:
+                peer.close()
+            else:
+                peer.shutdown()
+        end_groups(self.groups.owned, self.groups.world, drain=not at_exit and peer is None)
+
+    def _exchange(self, obj: object) -> list:
+        """Every rank's ``obj`` (an all-gather of Python objects over the host group)."""
+        out: list = [None] * self.layout.world_size
+        dist.all_gather_object(out, obj, group=self.agreement._cpu("transport='peer'"))
+        return out
+
+    @property
+    def transport(self) -> Transport:
+        """The transport this communicator's world steps run on (see
+        :attr:`transport_choice` for why)."""
+        return self.runner.transport
+
+    def check_peers(self) -> None:
+        """On the peer transport, raise :class:`dpx.DpxPeerError` when a barrier found a
+        peer missing -- the error word, read on the host without a sync: the check for
+        after a CUDA graph's replays, whose barriers cannot raise (every eager call checks
+        it too). Nothing to check on the per_root transport."""
+        self._life.check()
+        if self.runner.peer is not None:
+            self.runner.peer.check()
+
+    def explain(self, plan: DpPlan, **kw) -> str:
+        """:func:`dpx.explain` of ``plan`` on this communicator: its transport and why, and
+        on the peer transport its workspace and each rank's puts and pulls (``kw``:
+        ``explain``'s options)."""
+        return explain(plan, choice=self.transport_choice, **kw)
 
 
 def _whole(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ from dpx_torch.shims.coalescing import Coalescing
 from dpx_torch.program import (BatchProgram, CallShape, DeviceTables, FreshTables,
                                PreparedCall, Program)
 
-__all__ = ["CacheLimits", "Call", "Runner"]
+__all__ = ["CacheLimits", "CacheMethods", "Call", "Runner"]
 
 
 @dataclass(frozen=True)
@@ -289,6 +289,31 @@ class Runner:
         self.tables.clear()
         self.launcher.clear()
         self.pool.clear()
+
+
+class CacheMethods:
+    """A communicator's methods on its caches: its prepared ops (``self.prepared``), its
+    runner's and its count exchange's."""
+
+    prepared: Any
+    runner: Runner
+    _counts: Any
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Entries in each of this communicator's caches (see :class:`CacheLimits`)."""
+        return {"prepared": len(self.prepared.ops), "classes": len(self.prepared.classes),
+                **self.runner.sizes()}
+
+    def host_bytes(self) -> int:
+        """An estimate of the host memory the caches hold (:meth:`Runner.host_bytes`, the
+        prepared ops included). Slow: for tests and the soak benchmark."""
+        return self.runner.host_bytes(self.prepared.ops, self.prepared.classes)
+
+    def clear_caches(self) -> None:
+        """Empty every cache and the scratch pool (recapture CUDA graphs after this)."""
+        self.prepared.clear()
+        self.runner.clear()
+        self._counts.clear()
 
 
 def _filled(cell: Any) -> bool:

@@ -162,9 +162,13 @@ def test_every_op_matches_the_reference(peer_worlds, layout):
 
 @pytest.mark.multiproc
 def test_autograd_async_validate_and_several_tensors(peer_worlds):
-    """Gradients (every op, device counts), overlapped calls, validate=True (every rank
-    raises the same error) and the sync count exchange, on the peer transport."""
+    """Gradients (every op, device counts), overlapped calls, and validate=True on the
+    peer transport: every call form (implicit, prepared, scatter, scatter_columns, async,
+    the sglang drop-in, a several-tensor gather, validate switched on after prepared calls)
+    raises the same error on every rank, of the class the rejected input's own error
+    has."""
     import test_torch_comm as tcomm
+    import test_trust as tt
 
     world = peer_worlds(4)
     layout = (4, 2)
@@ -180,6 +184,8 @@ def test_autograd_async_validate_and_several_tensors(peer_worlds):
     for key in out[0]:
         assert len({o[key] for o in out}) == 1, (key, out)
     assert out[0]["ok"] and all(v != "no error" for k, v in out[0].items() if k != "ok")
+    tt.check_validate_forms(world.run("trust_jobs:validate_forms", timeout=120))
+    tt.check_validate_kinds(world.run("trust_jobs:validate_kinds"))
 
 
 @pytest.mark.multiproc

@@ -223,7 +223,12 @@ def test_validate_holds_for_every_call_form(gloo_worlds):
     drop-in's dp_scatter against dp_reduce_scatter_tensor, and validate switched on after
     ops were prepared: every rank raises the same error, none hangs, and the world stays
     usable."""
-    res = gloo_worlds(4).run("trust_jobs:validate_forms", timeout=120)
+    check_validate_forms(gloo_worlds(4).run("trust_jobs:validate_forms", timeout=120))
+
+
+def check_validate_forms(res: list[dict]) -> None:
+    """Every rank's ``trust_jobs:validate_forms``: each scenario's one error on every rank,
+    then a usable world."""
     expect = {"implicit": "ranks disagree on the plan's num_tokens",
               "explicit": "rank 2 rejected its input (DpxTypeError: local has dtype "
                           "torch.float64",
@@ -263,7 +268,11 @@ def test_validate_keeps_the_error_class(gloo_worlds):
     """A rejected input raises, on every rank, a DpxMismatchError that is also a TypeError
     / ValueError as the rank's own error was: ``except ValueError`` catches with validate
     what it catches without."""
-    res = gloo_worlds(4).run("trust_jobs:validate_kinds")
+    check_validate_kinds(gloo_worlds(4).run("trust_jobs:validate_kinds"))
+
+
+def check_validate_kinds(res: list[dict]) -> None:
+    """Every rank's ``trust_jobs:validate_kinds``: the same class on every rank."""
     want = {"type": ("DpxMismatchTypeError", True, False),
             "value": ("DpxMismatchValueError", False, True),
             "both": ("DpxMismatchInputError", True, True),
