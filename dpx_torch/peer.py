@@ -17,10 +17,10 @@ Each world step is its passes before a barrier, the barrier, and its passes afte
 
 The attn-tp and replica steps stay the groups' backend collectives. Every world step's
 function carries ``peer = True`` (a several-tensor batch runs them one by one, outside a
-backend's coalescing). :meth:`PeerTransport.enter`
-starts every world step: it raises the communicator's :class:`dpx.DpxPeerError` when a
-barrier found a peer missing (and the communicator then refuses every call), and keeps the
-steps of every stream in issue order (a step on another stream than the last waits for it).
+backend's coalescing). :meth:`PeerTransport.enter` starts every world step: it raises the
+communicator's :class:`dpx.DpxPeerError` when a barrier found a peer missing (and the
+communicator then refuses every call), and keeps the steps of every stream in issue order
+(a step on another stream than the last waits for it).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from dpx.errors import DpxCapacityError, DpxPeerError, DpxTypeError, DpxValueError, check_int
-from dpx.kernels import launch as L
 from dpx.explain import explain
+from dpx.kernels import launch as L
 from dpx.layout import DpLayout
 from dpx.modes import Transport, Wire
 from dpx.plan import DpPlan
@@ -64,9 +64,8 @@ class PeerOptions:
     waits for a peer before naming it (:class:`dpx.DpxPeerError`): whatever keeps a rank
     from its next world step counts -- the first call of a new shape compiles kernels on
     each rank while its peers wait -- so the default leaves room for that; a server that
-    wants a dead peer named sooner sets less. ``device``: where the
-    workspace lives (default: the current CUDA device where CUDA is available, else the
-    CPU)."""
+    wants a dead peer named sooner sets less. ``device``: where the workspace lives
+    (default: the current CUDA device where CUDA is available, else the CPU)."""
 
     phase_bytes: int = 64 * 2**20
     timeout: float = 30.0
