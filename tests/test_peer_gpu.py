@@ -32,7 +32,7 @@ def cuda_peer_worlds(tmp_path_factory):
             w.run("torch_jobs:use_device", "cuda")
             if ipc:
                 w.run("peer_jobs:force_ipc", ipc)
-            choices = w.run("torch_jobs:use_transport", "peer", 1 << 22, 10.0, timeout=180)
+            choices = w.run("torch_jobs:use_transport", "peer", 1 << 22, 60.0, timeout=180)
             want = f"peer ({ipc or 'driver'} memory)"
             assert all(c.startswith(want) for c in choices), choices
         return w
