@@ -150,9 +150,9 @@ class PeerTransport:
         if self.mem.error[0]:
             self.check()
 
-    def _fits(self, what: str, rows: int, width: int, itemsize: int) -> int:
-        """The phase rows of ``width`` elements of ``itemsize`` bytes, or the capacity
-        error of a step that needs ``rows`` of them."""
+    def _fits(self, what: str, rows: int, width: int, itemsize: int) -> None:
+        """The capacity error of a step whose ``rows`` rows of ``width`` elements of
+        ``itemsize`` bytes do not fit a phase (raised when bound: before any step)."""
         need = peer_phase_bytes(rows, width * itemsize)
         if need > self.phase_bytes:
             raise DpxCapacityError(
@@ -160,7 +160,6 @@ class PeerTransport:
                 f"({need} bytes a phase); this communicator's workspace holds "
                 f"{self.phase_bytes} (DpComm(peer=PeerOptions(phase_bytes=...)); "
                 f"dpx.peer_phase_bytes(rows, row_bytes))")
-        return need
 
     # ------------------------------------------------------------ the world steps
     def gather_v(self, src: Buffer, src_rows: int, dst: Buffer, rows: int, firsts: Table,

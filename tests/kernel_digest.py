@@ -126,9 +126,9 @@ def peer_cases(world: int = 8) -> list[tuple]:
     lt = L.peer_sum_launch(64, H, "bfloat16", 2, world, ep, compiled=True)
     out.append(_case("peer sum bf16", lt.kernel, dict(tab, out_ptr="*bf16"), lt.consts,
                      lt.warps))
-    for wire in (Wire.FP8, Wire.NVFP4):
-        lt = L.peer_wire_sum_launch(wire, 64, H, "bfloat16", world, ep, compiled=True)
-        out.append(_case(f"peer sum {wire.value}", lt.kernel, dict(tab, out_ptr="*bf16"),
+    for w in (Wire.FP8, Wire.NVFP4):
+        lt = L.peer_wire_sum_launch(w, 64, H, "bfloat16", world, ep, compiled=True)
+        out.append(_case(f"peer sum {w.value}", lt.kernel, dict(tab, out_ptr="*bf16"),
                          lt.consts, lt.warps))
     return out
 
