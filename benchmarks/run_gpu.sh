@@ -2,7 +2,8 @@
 # GPU validation and benchmarks in one go (for a GPU machine with no network):
 #   bash benchmarks/run_gpu.sh [STAGE ...]      (default: every stage)
 # Stages: peer (the peer transport's GPU tests -- worlds of 2-4 processes on the one GPU,
-# run under MPS, which this stage starts and stops -- and benchmarks/peer.py), tests (the
+# run under MPS, which this stage starts and stops; about 10 minutes on an H100),
+# peer_bench (benchmarks/peer.py), tests (the
 # other GPU-marked tests), sweep (launch sweep), fp4 (the fp4 kernels' launch
 # sweep), probe (the slot place against its write ceiling), kernels, jax_kernels,
 # torch_step, serving, soak, rss (process memory per kind of call), lm_head (the LM-head
@@ -15,7 +16,7 @@ set -uo pipefail
 export OUT="${RESULTS:-benchmarks/out}" XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(peer tests kernels jax_kernels torch_step serving fp4 soak lm_head example)
+[ ${#stages[@]} -eq 0 ] && stages=(peer peer_bench tests kernels jax_kernels torch_step serving fp4 soak lm_head example)
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -n 2
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -34,6 +35,8 @@ if want peer; then
     | tee "$OUT/peer_gpu_tests.log" | tail -n 30
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
+if want peer_bench; then
   (cd benchmarks && python3 peer.py 2>&1 | tee "$OUT/peer.log")
 fi
 if want tests; then

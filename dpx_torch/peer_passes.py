@@ -25,7 +25,7 @@ from dpx.modes import Wire
 from dpx.wire import wire_row_bytes
 from dpx_torch.peer_memory import PeerMemory
 from dpx_torch.shims.triton_launch import Launcher
-from dpx_torch.wire import dequantize_sum_rows
+from dpx_torch.wire import dequantize_sum_rows, write_rounded
 
 __all__ = ["CudaPeerPasses", "HostPeerPasses", "PeerPasses"]
 
@@ -251,7 +251,7 @@ class HostPeerPasses(PeerPasses):
                 acc = torch.zeros(k, width, dtype=torch.float32)
                 for x in ws:
                     acc += x[f + lo:f + lo + k].float()
-                out[lo:lo + k].copy_(torch.where(acc.isnan(), float("nan"), acc))
+                write_rounded(acc, out[lo:lo + k])
             else:
                 acc = torch.zeros(k, width, dtype=dtype)
                 for x in ws:

@@ -11,6 +11,8 @@ the float32 sum from +0.0, over ``p`` in order, of ``dequantize(src[p*k + j])`` 
 rounded to ``out``'s dtype (a NaN: the canonical one). CPU float32 additions are IEEE with
 subnormals: torch leaves the flush-to-zero mode off (``torch.set_flush_denormal(True)``
 would flush mxfp4's subnormal sums, and the bits would no longer be the definition's).
+``write_rounded(v float32, out)``: ``v`` rounded once to ``out``'s dtype, a NaN as the
+dtype's canonical quiet NaN (torch's own CPU conversion writes bfloat16 NaNs as 0xFFFF).
 ``split_wire(buf, wire)``: fp8 ``(payload float8_e4m3fn [rows, H], scales float32 [rows,
 H/128])``; fp4 ``(payload uint8 [rows, H/2], scales uint8 [rows, H/16 or H/32])``: views of
 a wire buffer (strided views of its bytes, no copy).
@@ -29,7 +31,8 @@ import torch
 from dpx import wire as W
 from dpx.modes import Wire
 
-__all__ = ["dequantize_rows", "dequantize_sum_rows", "quantize_rows", "split_wire"]
+__all__ = ["dequantize_rows", "dequantize_sum_rows", "quantize_rows", "split_wire",
+           "write_rounded"]
 
 #: The canonical quiet NaN a dequantized NaN code becomes, by output dtype: its bits
 #: (:data:`dpx.wire.CANONICAL_NAN`) and the int dtype they are written in.
@@ -65,7 +68,7 @@ def dequantize_rows(src: torch.Tensor, out: torch.Tensor, wire: Wire = Wire.FP8,
         return
     k, h = out.shape
     payload, scales = split_wire(src)
-    _write_rounded((payload.float().view(k, h // W.GROUP, W.GROUP)
+    write_rounded((payload.float().view(k, h // W.GROUP, W.GROUP)
                     * scales[..., None]).view(k, h), out)
 
 
@@ -77,10 +80,10 @@ def dequantize_sum_rows(src: torch.Tensor, out: torch.Tensor, parts: int,
     for p in range(parts):
         dequantize_rows(src[p * k:(p + 1) * k], v, wire, g)
         acc += v
-    _write_rounded(acc, out)
+    write_rounded(acc, out)
 
 
-def _write_rounded(v: torch.Tensor, out: torch.Tensor) -> None:
+def write_rounded(v: torch.Tensor, out: torch.Tensor) -> None:
     """``out = v`` rounded to ``out``'s dtype (nearest even), a NaN as the canonical one."""
     res = v.to(out.dtype)
     nan = torch.isnan(v)

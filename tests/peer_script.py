@@ -130,8 +130,9 @@ elif variant == "skip":
             continue
         try:
             one_step(step, [2 + r for r in range(world)], False)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
+            if dev.type == "cuda":   # the barriers ran after the calls returned: a server
+                torch.cuda.synchronize()   # checks after its sync (or its next call raises)
+                comm.check_peers()
         except dpx.DpxPeerError as exc:
             failed = list(exc.ranks)
             break

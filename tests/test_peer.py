@@ -192,7 +192,7 @@ def test_autograd_async_validate_and_several_tensors(peer_worlds):
 def test_steps_compile_fullgraph(peer_worlds):
     """torch.compile(fullgraph=True) over gather -> matmul -> combines -> LM-head scatter:
     GATHERV (no traceable form on per_root) with device counts, the eager step's bits
-    (tests/test_peer_gpu.py: every mode, both kinds of counts)."""
+    (tests/test_peer_gpu.py: every mode, host and device counts)."""
     assert peer_worlds(4).run("peer_jobs:compiled_steps", (4, 2), [("gatherv", True)],
                               timeout=300) == [1] * 4
 

@@ -54,13 +54,19 @@ def test_native_combine_order_on_the_gpu(cuda_peer_worlds):
 
 
 def test_steps_compile_fullgraph_on_the_gpu(cuda_peer_worlds):
-    which = [(m, dev) for m in ("max_len", "sum_len", "gatherv") for dev in (False, True)]
-    assert cuda_peer_worlds(4).run("peer_jobs:compiled_steps", (4, 2), which,
-                                   timeout=300) == [6] * 4
+    """Every mode, host and device counts among them; first a layout whose every step is
+    a world step (a rank that fails then fails its peers' barriers: each rank's error comes
+    back), then one with attn-tp steps (gloo's, which wait for a failed rank)."""
+    which = [("max_len", False), ("sum_len", True), ("gatherv", True)]
+    for layout in ((4, 4), (4, 2)):
+        assert cuda_peer_worlds(4).run("peer_jobs:compiled_steps", layout, which,
+                                       timeout=300) == [3] * 4, layout
 
 
 def test_one_graph_replays_with_new_device_counts(cuda_peer_worlds):
-    for size, layout in ((4, (4, 2)), (3, (3, 3))):
+    """Layouts of attn_tp 1: an attn-tp group's steps are its backend's, gloo's here, which
+    a graph cannot capture (docs/semantics.md, "The peer transport")."""
+    for size, layout in ((4, (4, 4)), (3, (3, 3))):
         res = cuda_peer_worlds(size).run("peer_jobs:graph_replays", layout, 100, timeout=300)
         assert all(r["replays"] == 100 and not r["bad"] for r in res), res
 
