@@ -106,6 +106,16 @@ class Emitter:
         getattr(self, f"{family}_{self.route.value}")()
         if self.ride:
             self.ride_counts()
+        if self.geo.layout.world_size == 1:
+            self.steps = [t for s in self.steps for t in self.alone(s)]
+
+    def alone(self, s: Step) -> tuple[Step, ...]:
+        """``s`` on a world of one rank, where every group is this rank: no collective
+        (:meth:`~dpx.steps.Step.alone`); an in-place gather's rows are the output's
+        already."""
+        if self.in_place and type(s) is AllGather and s.src.buf == IN:
+            return ()
+        return s.alone()
 
     def ride_counts(self) -> None:
         """The counts ride the world all-gather (the steps before it read only this rank's

@@ -63,6 +63,12 @@ class Step:
     def fields(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}  # type: ignore
 
+    def alone(self) -> tuple[Step, ...]:
+        """What the step does where its group is this rank alone, as local steps (none:
+        it leaves its buffers as they are); a local step, or a step no backend collective
+        carries (the ragged and peer transports' variable steps), is itself."""
+        return (self,)
+
     def __str__(self) -> str:
         shown = {k: v.value if isinstance(v, Group) else v if isinstance(v, Ref) else _v(v)
                  for k, v in self.fields().items()}
@@ -243,6 +249,9 @@ class AllGather(Step):
     collective = True
     text = "all_gather     {group}: {src}[{rows}] -> {dst}"
 
+    def alone(self) -> tuple[Step, ...]:
+        return (Move(self.src, self.dst, self.rows, 0, 0, self.rows),)
+
 
 @dataclass(eq=False, slots=True)
 class AllGatherCounts(AllGather):
@@ -252,6 +261,9 @@ class AllGatherCounts(AllGather):
     here on (docs/semantics.md, "Counts that ride the gather")."""
 
     text = "all_gather     {group}: {src}[{rows}] -> {dst}, with every rank's count"
+
+    def alone(self) -> tuple[Step, ...]:
+        return (self,)   # the frontend reads the count it carries
 
 
 @dataclass(eq=False, slots=True)
@@ -265,6 +277,9 @@ class ReduceScatter(Step):
     collective = True
     text = "reduce_scatter {group}: {src} -> {dst}[{rows}]"
 
+    def alone(self) -> tuple[Step, ...]:
+        return (Move(self.src, self.dst, self.rows, 0, 0, self.rows),)
+
 
 @dataclass(eq=False, slots=True)
 class AllReduce(Step):
@@ -275,6 +290,9 @@ class AllReduce(Step):
     rows: Any
     collective = True
     text = "all_reduce     {group}: {buf}[{rows}] in place"
+
+    def alone(self) -> tuple[Step, ...]:
+        return ()
 
 
 @dataclass(eq=False, slots=True)
@@ -288,6 +306,9 @@ class AllToAll(Step):
     rows: Any
     collective = True
     text = "all_to_all     {group}: {src}[{rows} per rank] -> {dst}"
+
+    def alone(self) -> tuple[Step, ...]:
+        return (Move(self.src, self.dst, self.rows, 0, 0, self.rows),)
 
 
 @dataclass(eq=False, slots=True)
@@ -304,6 +325,9 @@ class AllToAllV(Step):
     rows: Any
     collective = True
     text = "all_to_all_v   {group}: {src} -> {dst}[{n} x {rows}], lens={lens}"
+
+    def alone(self) -> tuple[Step, ...]:
+        return (Move(self.src, self.dst, self.rows, 0, 0, self.rows),)
 
 
 @dataclass(eq=False, slots=True)
@@ -325,6 +349,9 @@ class BroadcastV(_Variable):
     buf: Ref = Ref(OUT)
     text = "broadcast_v    {group}: {buf}[{rows}] per root, chunks firsts={firsts} lens={lens}"
 
+    def alone(self) -> tuple[Step, ...]:
+        return ()
+
 
 @dataclass(eq=False, slots=True)
 class ReduceV(_Variable):
@@ -332,6 +359,9 @@ class ReduceV(_Variable):
 
     buf: Ref = Ref(OUT)
     text = "reduce_v       {group}: {buf}[{rows}] per root, chunks firsts={firsts} lens={lens}"
+
+    def alone(self) -> tuple[Step, ...]:
+        return ()
 
 
 @dataclass(eq=False, slots=True)

@@ -11,6 +11,7 @@ import torch
 import dpx
 import torch_jobs
 from dpx.cost import peer_bytes
+from dpx.wire import CANONICAL_NAN
 from dpx_torch import DpComm, PeerOptions
 from harness import raised
 from torch_jobs import _t
@@ -30,7 +31,7 @@ def report(ctx, layout_args) -> dict:
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 #: the canonical quiet NaNs' bits (as the int dtypes of _BITS hold them)
-_NAN = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+_NAN = {dt: CANONICAL_NAN[str(dt).replace("torch.", "")] for dt in _BITS}
 
 
 def native_sum_order(ctx, layout_args, dtypes) -> dict:

@@ -287,6 +287,36 @@ def test_every_rank_issues_the_same_collectives():
                 assert len(sigs) == 1, (layout, counts, mode, op, partial, transport, sigs)
 
 
+def test_a_world_of_one_rank_calls_no_collective():
+    """World 1: every op, mode, transport, wire (kept or dequantized), in-place gather and
+    kind of counts holds no backend collective -- each is a copy or nothing
+    (``Step.alone``); what stays is the transports' own variable steps and the counts
+    riding a gather. (The results: test_host_plans and the capacity test run world 1
+    against the reference.)"""
+    from dpx.steps import AllGatherCounts, AllGatherV, ReduceScatterV
+    own = (AllGatherV, ReduceScatterV)
+    lay = dpx.DpLayout(1, 1)
+    seen = 0
+    for mode, cap, transport, wire in itertools.product(MODES, (None, 16), TRANSPORTS,
+                                                        ("native", "fp8", "nvfp4")):
+        plan = dpx.plan_step([5] if cap is None else [0], lay, mode=mode, capacity=cap)
+        for op, partial, dev, in_place, keep, ride in itertools.product(
+                list(Op), (True, False), (False, True), (False, True), (True, False),
+                (False, True)):
+            try:
+                s = build_schedule(plan, op, rank=0, partial=partial, transport=transport,
+                                   device_counts=dev, wire=wire, dequantize=keep,
+                                   in_place=in_place, counts_ride=ride)
+            except (dpx.DpxError, ValueError):
+                continue   # a combination the call refuses (e.g. device counts on host plans)
+            kept = [t for t in s.steps if t.collective and not isinstance(t, own)
+                    and type(t) is not AllGatherCounts]
+            assert not kept, (mode, cap, transport, wire, op, partial, dev, in_place, kept)
+            assert ride or not any(type(t) is AllGatherCounts for t in s.steps)
+            seen += 1
+    assert seen > 500, seen
+
+
 def test_no_step_writes_the_input():
     rng = random.Random(4)
     for layout in ((4, 2), (8, 2), (3, 1), (8, 2, 2)):
