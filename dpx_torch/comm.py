@@ -45,18 +45,14 @@ from dpx_torch.lifecycle import Lifecycle, exit_hook
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import pad_row_mask
 from dpx_torch.peer import PeerOptions, TransportMethods
-from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps
+from dpx_torch.prepared import PreparedOp, PreparedOps, call_key, plain
 from dpx_torch.program import flat_counts
 from dpx_torch.rows import inside
 from dpx_torch.runner import CacheLimits, CacheMethods, Runner
 
 __all__ = ["DpComm", "counts_tensor"]
 
-_compiling = torch.compiler.is_compiling
 _GATHER, _NATIVE = Op.GATHER._value_, Wire.NATIVE
-#: ``_key(CallKey, fields)``: a key from all its fields in order, without NamedTuple's
-#: Python-level constructor (a quarter of a microsecond of the fast path)
-_key = tuple.__new__
 
 
 class DpComm(OverflowMethods, CacheMethods, TransportMethods):
@@ -191,18 +187,14 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         per batch where the backend coalesces). When a tensor requires grad, each is
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
-        if self._life.fast and type(local) is torch.Tensor and type(partial) is bool \
-                and (out is None or type(out) is torch.Tensor) \
-                and (counts is None or type(counts) is torch.Tensor) and not _compiling() \
+        if self._life.fast and plain(local, counts, out) and type(partial) is bool \
                 and (wire_scale is None or type(wire_scale) is float):
-            fields = (_GATHER, plan, partial,   # wire_key(wire, wire_scale), inlined
-                      wire if wire_scale is None else (wire, wire_scale), dequantize,
-                      local.shape, local.dtype, local.device, counts is not None,
-                      out is not None)
             find = self.prepared.find
-            op = find(_key(CallKey, fields + (False, "")), local, counts, out)
+            op = find(call_key(_GATHER, plan, partial, wire, wire_scale, dequantize, local,
+                               counts, out, False), local, counts, out)
             if op is None and out is not None and inside(local, out):   # in place
-                op = find(_key(CallKey, fields + (True, "")), local, counts, out)
+                op = find(call_key(_GATHER, plan, partial, wire, wire_scale, dequantize,
+                                   local, counts, out, True), local, counts, out)
             if op is not None:
                 return op.run(local, counts, out)
         self._life.check()
@@ -297,14 +289,10 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         return self._prepare_global(Op.SCATTER_COLUMNS, shard, plan, counts, out)
 
     def _global_op(self, kind: Op, x, plan, counts, out, wire=_NATIVE, wire_scale=None):
-        if self._life.fast and type(x) is torch.Tensor and not _compiling() \
-                and (out is None or type(out) is torch.Tensor) \
-                and (counts is None or type(counts) is torch.Tensor) \
+        if self._life.fast and plain(x, counts, out) \
                 and (wire_scale is None or type(wire_scale) is float):
-            op = self.prepared.find(_key(CallKey, (   # wire_key(wire, wire_scale), inlined
-                kind._value_, plan, True, wire if wire_scale is None else (wire, wire_scale),
-                True, x.shape, x.dtype, x.device, counts is not None, out is not None, False,
-                "")), x, counts, out)
+            op = self.prepared.find(call_key(kind._value_, plan, True, wire, wire_scale, True,
+                                             x, counts, out, False), x, counts, out)
             if op is not None:
                 return op.run(x, counts, out)
         self._life.check()

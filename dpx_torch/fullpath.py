@@ -29,13 +29,13 @@ from dpx_torch.autograd import OpFunction
 from dpx_torch.checks import InputChecks
 from dpx_torch.exchange import check_reports
 from dpx_torch.padrows import mask_pad_rows
-from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps
+from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps, call_key
 from dpx_torch.program import flat_counts
 from dpx_torch.rows import overlaps
 from dpx_torch.runner import Call, Runner
 from dpx_torch.wire import split_wire
 
-__all__ = ["FullPath", "gather_label", "in_place", "own_counts", "wire_key"]
+__all__ = ["FullPath", "gather_label", "in_place", "own_counts"]
 
 _compiling = torch.compiler.is_compiling
 Tensors = tuple[torch.Tensor, ...]
@@ -82,9 +82,8 @@ class FullPath:
             in_place = self.in_place(local, out, plan, counts)
             rows, g = self.gather_checks(local, plan, partial, counts, out, w,
                                          bool(dequantize), in_place, wire_scale)
-            key = CallKey(Op.GATHER._value_, plan, partial, wire_key(wire, wire_scale),
-                          dequantize, local.shape, local.dtype, local.device,
-                          counts is not None, out is not None, in_place, form)
+            key = call_key(Op.GATHER._value_, plan, partial, wire, wire_scale, dequantize,
+                           local, counts, out, in_place, form)
             return self._op(key, local, counts, out, in_place, rows, dict(
                 partial=partial, wire=wire, dequantize=dequantize, wire_scale=wire_scale),
                 wire=w, dequantize=bool(dequantize), wire_scale=g)
@@ -106,9 +105,8 @@ class FullPath:
             w = Wire.parse(wire)
             rows, g = self.gather_checks(local, plan, partial, own[0], out, w,
                                          bool(dequantize), False, wire_scale)
-            key = CallKey(Op.GATHER._value_, plan, partial, wire_key(wire, wire_scale),
-                          dequantize, local.shape, local.dtype, local.device, True,
-                          out is not None, False, "ride")
+            key = call_key(Op.GATHER._value_, plan, partial, wire, wire_scale, dequantize,
+                           local, own[0], out, False, "ride")
             return self._op(key, local, own[0], out, False, rows, {}, wire=w,
                             dequantize=bool(dequantize), wire_scale=g, ride=True)
         op = self.checked(gather_label(wire, wire_scale, "gather+counts"), plan, local,
@@ -137,8 +135,8 @@ class FullPath:
             if w is not Wire.NATIVE:
                 W.check_wire(w, plan.mode, tuple(x.shape), str(x.dtype).replace("torch.", ""),
                              "global_", op)
-            key = CallKey(op._value_, plan, True, wire_key(wire, wire_scale), True, x.shape,
-                          x.dtype, x.device, counts is not None, out is not None, False, form)
+            key = call_key(op._value_, plan, True, wire, wire_scale, True, x, counts, out,
+                           False, form)
             return self._op(key, x, counts, out, False, rows,
                             {} if w is Wire.NATIVE else dict(wire=wire, wire_scale=wire_scale),
                             wire=w, wire_scale=g)
@@ -260,9 +258,8 @@ class FullPath:
         every call."""
         self.ops.life.check()
         kind = call.op.adjoint
-        key = CallKey(kind._value_, call.plan, True, Wire.NATIVE, True, grad.shape,
-                      grad.dtype, grad.device, call.counts is not None, False, False,
-                      ("adjoint", call.in_rows))
+        key = call_key(kind._value_, call.plan, True, Wire.NATIVE, None, True, grad,
+                       call.counts, None, False, ("adjoint", call.in_rows))
 
         def make() -> PreparedOp:
             op = None if _compiling() else self.ops.get(key)
@@ -375,11 +372,6 @@ def no_grad(form: str, x: Any, arg: str,
     if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
         raise DpxValueError(f"{form}: {arg} requires grad; {form} records no autograd "
                             f"graph ({hint}, or pass a detached tensor)")
-
-
-def wire_key(wire: Any, wire_scale: Any) -> Any:
-    """The wire of a :class:`~dpx_torch.prepared.CallKey`: as given, with nvfp4's scale."""
-    return wire if wire_scale is None else (wire, wire_scale)
 
 
 def gather_label(wire: Any, wire_scale: object, op: str = "gather") -> str:

@@ -45,7 +45,8 @@ from dpx_torch.program import CallShape, Host, PreparedCall, flat_counts
 from dpx_torch.rows import inside
 from dpx_torch.wire import split_wire
 
-__all__ = ["CallKey", "ClassKey", "PreparedClass", "PreparedOp", "PreparedOps"]
+__all__ = ["call_key", "CallKey", "ClassKey", "plain", "PreparedClass", "PreparedOp",
+           "PreparedOps"]
 
 _compiling = torch.compiler.is_compiling
 _grad = torch.is_grad_enabled
@@ -75,6 +76,26 @@ class CallKey(NamedTuple):
     #: stream), ``"comm"`` (``*_async``), ``"caller#i"`` (tensor ``i`` of a several-tensor
     #: gather), ``("adjoint", rows)`` (a backward into ``rows`` rows)
     form: Any = ""
+
+
+def call_key(op: str, plan: DpPlan, partial: bool, wire: Any, wire_scale: Any,
+             dequantize: Any, x: torch.Tensor, counts: Any, out: Any, in_place: bool,
+             form: Any = "") -> CallKey:
+    """The :class:`CallKey` of a call, the one place keys are made (every call form looks
+    up the keys the full path stores): ``wire`` as given, beside nvfp4's ``wire_scale``
+    when one is given; ``counts`` and ``out`` count only as given or not. Made without
+    NamedTuple's Python-level constructor (a quarter of a microsecond a call)."""
+    return _new(CallKey, (op, plan, partial, wire if wire_scale is None else (wire, wire_scale),
+                          dequantize, x.shape, x.dtype, x.device, counts is not None,
+                          out is not None, in_place, form))
+
+
+def plain(x: Any, counts: Any, out: Any) -> bool:
+    """The fast paths' one guard on a call's tensors: ``x`` a plain tensor (not a subclass,
+    not several), ``counts`` and ``out`` plain tensors or not given, and no torch.compile
+    trace running (a traced call takes the full path and its traceable steps)."""
+    return type(x) is torch.Tensor and (out is None or type(out) is torch.Tensor) \
+        and (counts is None or type(counts) is torch.Tensor) and not _compiling()
 
 
 class PreparedOp:
@@ -137,10 +158,7 @@ class PreparedOp:
 
     def __call__(self, x: torch.Tensor, *, counts: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> Any:
-        if self.life.fast and type(x) is torch.Tensor and not _compiling() \
-                and (out is None or type(out) is torch.Tensor) \
-                and (counts is None or type(counts) is torch.Tensor) \
-                and x.shape == self.shape and x.dtype is self.dtype \
+        if self.life.fast and plain(x, counts, out) and x.shape == self.shape and x.dtype is self.dtype \
                 and x.device == self.device and self.admits(x, counts, out):
             return self.run(x, counts, out)
         method, plan, kw = self.full
