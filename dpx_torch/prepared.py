@@ -41,7 +41,8 @@ from dpx.plan import DpPlan
 from dpx.schedule import TemplateKey
 from dpx_torch.lifecycle import Lifecycle
 from dpx_torch.lru import LRU
-from dpx_torch.program import CallShape, Host, PreparedCall, flat_counts
+from dpx_torch.binders import CallShape, Host
+from dpx_torch.program import PreparedCall, flat_counts
 from dpx_torch.rows import inside
 from dpx_torch.wire import split_wire
 

@@ -45,8 +45,8 @@ from dpx_torch.passes import Passes, TorchPasses, TritonPasses
 from dpx_torch.peer import PeerOptions, PeerTransport, open_transport
 from dpx_torch.pool import BufferPool
 from dpx_torch.shims.coalescing import Coalescing
-from dpx_torch.program import (BatchProgram, CallShape, DeviceTables, FreshTables,
-                               PreparedCall, Program)
+from dpx_torch.binders import CallShape
+from dpx_torch.program import BatchProgram, DeviceTables, FreshTables, PreparedCall, Program
 
 __all__ = ["CacheLimits", "CacheMethods", "Call", "Runner"]
 

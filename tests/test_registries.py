@@ -39,7 +39,7 @@ def test_simulator_runs_every_kind():
 
 def test_torch_frontend_runs_its_transports_kinds():
     pytest.importorskip("torch")
-    from dpx_torch.program import BINDERS
+    from dpx_torch.binders import BINDERS
 
     assert not _missing(BINDERS, kinds_for(Transport.PER_ROOT) | kinds_for(Transport.PEER))
 

@@ -278,7 +278,7 @@ def recording(comm, log: list[str]):
     """Record every local pass (by kind) and every torch.distributed call the communicator's
     prepared calls make (its caches are cleared before and after, so every call binds
     anew through the recorders)."""
-    import dpx_torch.program as it
+    import dpx_torch.binders as it
     from dpx_torch.passes import TorchPasses
 
     class Recorder(TorchPasses):
