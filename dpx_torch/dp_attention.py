@@ -33,8 +33,8 @@ from dpx_torch.padrows import real_rows
 from dpx_torch.sglang_plans import StepPlans
 from dpx_torch.collectives import all_gather_single, reduce_scatter_single
 
-__all__ = ["compute_dp_attention_world_info", "current", "DpAttention", "DpPaddingMode", "Installed",
-           "PLAN_CACHE"]
+__all__ = ["compute_dp_attention_world_info", "current", "DpAttention", "DpPaddingMode",
+           "Installed", "PLAN_CACHE"]
 
 
 #: Plans kept per :class:`DpAttention` (least recently used out first).

@@ -159,8 +159,9 @@ class PreparedOp:
 
     def __call__(self, x: torch.Tensor, *, counts: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> Any:
-        if self.life.fast and plain(x, counts, out) and x.shape == self.shape and x.dtype is self.dtype \
-                and x.device == self.device and self.admits(x, counts, out):
+        if self.life.fast and plain(x, counts, out) and x.shape == self.shape \
+                and x.dtype is self.dtype and x.device == self.device \
+                and self.admits(x, counts, out):
             return self.run(x, counts, out)
         method, plan, kw = self.full
         return method(x, plan, counts=counts, out=out, **kw)

@@ -7,7 +7,11 @@ Model code written against sglang's module switches by changing one import::
 The names, positional arguments and in-place writes into the caller's tensors are
 sglang's; the work is dpx's (plans, schedules, kernels). All state -- the communicator,
 the buffer metadata, the per-forward buffer lengths, the extend flag, the speculative
-``disable_dp_size`` override, the attn-CP groups -- lives in one :class:`~dpx_torch.dp_attention.DpAttention`.
+``disable_dp_size`` override, the attn-CP groups -- lives in one
+:class:`~dpx_torch.dp_attention.DpAttention`. That module's sglang names
+(``DpPaddingMode``, ``compute_dp_attention_world_info``), ``DpAttention`` and
+``current()`` (the installed one) import from this one too, as sglang's model code
+imports them.
 :func:`setup` builds it (in place of sglang's ``initialize_dp_attention(server_args,
 model_config)``) and installs it; the module functions act on the installed one, and each
 of them that reads the set-up is also a method of the object, for code that holds it.
@@ -49,9 +53,9 @@ from dpx_torch.dp_attention import (PLAN_CACHE, DpAttention, DpPaddingMode, Inst
                                     compute_dp_attention_world_info, current)
 
 __all__ = [
-    "DpAttention", "DpPaddingMode", "PLAN_CACHE", "attn_cp_all_gather_into_tensor",
+    "attn_cp_all_gather_into_tensor",
     "attn_cp_reduce_scatter_tensor", "attn_tp_all_gather_into_tensor", "attn_tp_all_reduce",
-    "attn_tp_reduce_scatter_tensor", "compute_dp_attention_world_info", "current",
+    "attn_tp_reduce_scatter_tensor",
     "disable_dp_size", "dp_gather_partial", "dp_gather_partial_async",
     "dp_gather_replicate", "dp_reduce_scatter_tensor", "dp_reduce_scatterv_async",
     "dp_scatter", "get_attention_cp_rank", "get_attention_cp_size", "get_attention_dp_rank",

@@ -69,7 +69,7 @@ def dequantize_rows(src: torch.Tensor, out: torch.Tensor, wire: Wire = Wire.FP8,
     k, h = out.shape
     payload, scales = split_wire(src)
     write_rounded((payload.float().view(k, h // W.GROUP, W.GROUP)
-                    * scales[..., None]).view(k, h), out)
+                   * scales[..., None]).view(k, h), out)
 
 
 def dequantize_sum_rows(src: torch.Tensor, out: torch.Tensor, parts: int,
