@@ -393,17 +393,16 @@ class Emitter:
         self.finish_slot(chunk, B)
 
     def rs_all_to_all(self) -> None:
-        """The quantized combine (any mode): every destination rank's chunk quantized into
-        a ``B``-row block of wire rows -- in one pass when the input's chunks already are
-        its blocks in rank order, else packed first -- one world all-to-all of the wire
-        rows, then one pass dequantizing the ``W`` copies of each row of this rank's chunk
-        and summing them in float32 in rank order, then the slot (:meth:`finish_slot`)."""
+        """The quantized combine where its chunks cannot travel as they lie (MAX_LEN, CP
+        shards, device sizes: :meth:`rs_all_to_all_v` otherwise): every destination rank's
+        chunk quantized into a ``B``-row block of wire rows -- in one pass when the input's
+        chunks already are its blocks in rank order, else packed first -- one world
+        all-to-all of the wire rows, then one pass dequantizing the ``W`` copies of each row
+        of this rank's chunk and summing them in float32 in rank order, then the slot
+        (:meth:`finish_slot`)."""
         g = self.geo
         B, W = g.block, g.layout.world_size
         span = X.mul(W, B)
-        if g.mode is not PaddingMode.MAX_LEN and not g.sharded and self.host_sizes():
-            self.rs_all_to_all_v()
-            return
         if g.mode is not PaddingMode.SUM_LEN and self.known(g.equal_chunks()):
             src = Ref(IN)
         else:
@@ -418,11 +417,6 @@ class Emitter:
         chunk = self.buffer("chunk", B)
         self.steps.append(DequantizeSum(recv, chunk, B, W))
         self.finish_slot(chunk, B)
-
-    def host_sizes(self) -> bool:
-        """A per-root transport, a known rank and host counts: collectives of host sizes."""
-        return (self.transport is Transport.PER_ROOT and not self.rank.is_symbolic
-                and not self.device_counts)
 
     def rs_all_to_all_v(self) -> None:
         """The quantized combine of a SUM_LEN or GATHERV plan (no CP shards) on host sizes:

@@ -19,7 +19,7 @@ from dpx.cost import CostModel
 from dpx.geometry import INTS
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Transport
-from dpx.routes import Route, route_of
+from dpx.routes import Route, host_sizes, route_of
 
 __all__ = ["cheaper", "cheapest", "cheapest_index", "MODE_ORDER"]
 
@@ -45,7 +45,9 @@ def cheapest_index(modes: Sequence[PaddingMode], seconds: Sequence[float]) -> in
 #: :func:`dpx.routes.route_of` by transport and whether every chunk is a full block, then by
 #: mode, for a plan without CP ranks on a known rank with host counts (the policy's case).
 _ROUTES = {(t.value, full): {m.value: route_of(m, t, equal=full or m is PaddingMode.MAX_LEN,
-                                               host_sizes=True) for m in PaddingMode}
+                                               host_sizes=host_sizes(t, rank_known=True,
+                                                                     device_counts=False))
+                             for m in PaddingMode}
            for t in Transport for full in (False, True)}
 
 

@@ -13,7 +13,7 @@ from dpx.geometry import Geometry, Structure, geometry
 from dpx.layout import DpLayout
 from dpx.modes import Op, PaddingMode, Transport
 
-__all__ = ["choose_route", "concrete_rank", "RankRef", "Route", "route_of",
+__all__ = ["choose_route", "concrete_rank", "host_sizes", "RankRef", "Route", "route_of",
            "symbolic_geometry", "symbolic_rank"]
 
 
@@ -28,6 +28,7 @@ class Route(enum.Enum):
     PEER = "peer"
     LOCAL = "local"
     ALL_TO_ALL = "all_to_all"
+    ALL_TO_ALL_V = "all_to_all_v"
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,13 @@ def symbolic_geometry(structure: Structure) -> Geometry:
     return geometry(structure, X, X.counts_leaf(structure.counts_size))
 
 
+def host_sizes(transport: Transport, *, rank_known: bool, device_counts: bool) -> bool:
+    """Whether a schedule's collectives may take host sizes -- the per_root transport's
+    per-root and variable collectives need them: on that transport, for a known rank,
+    with host counts. The one statement of the rule (:func:`choose_route` asks it)."""
+    return transport is Transport.PER_ROOT and rank_known and not device_counts
+
+
 def route_of(mode: PaddingMode, transport: Transport, *, equal: bool,
              host_sizes: bool) -> Route:
     """The route of a gather or reduce_scatter in ``mode`` (see the module docstring):
@@ -76,7 +84,7 @@ def route_of(mode: PaddingMode, transport: Transport, *, equal: bool,
     if mode is PaddingMode.GATHERV:
         if transport is Transport.RAGGED:
             return Route.RAGGED
-        if transport is Transport.PER_ROOT and host_sizes:
+        if host_sizes:
             return Route.PER_ROOT
     return Route.BLOCKS_UNPACK
 
@@ -90,11 +98,16 @@ def choose_route(geo: Geometry, op: Op, transport: Transport, *, device_counts: 
     an all-to-all in every mode, or pulls them on the peer transport)."""
     if op in (Op.SCATTER, Op.SCATTER_ADJOINT):
         return Route.LOCAL
-    if op in (Op.SCATTER_COLUMNS, Op.SCATTER_COLUMNS_ADJOINT) \
-            or (quantized and op is Op.REDUCE_SCATTER and transport is not Transport.PEER):
+    hosted = host_sizes(transport, rank_known=rank_known, device_counts=device_counts)
+    if op in (Op.SCATTER_COLUMNS, Op.SCATTER_COLUMNS_ADJOINT):
+        return Route.ALL_TO_ALL
+    if quantized and op is Op.REDUCE_SCATTER and transport is not Transport.PEER:
+        # a SUM_LEN or GATHERV plan's chunks tile the input in rank order: on host sizes
+        # each travels alone
+        if hosted and geo.mode is not PaddingMode.MAX_LEN and not geo.sharded:
+            return Route.ALL_TO_ALL_V
         return Route.ALL_TO_ALL
     # (the peer transport's route serves every chunk size: no guard to ask for)
     equal = transport is not Transport.PEER and geo.mode is not PaddingMode.SUM_LEN \
         and known(geo.equal_chunks())
-    return route_of(geo.mode, transport, equal=equal,
-                    host_sizes=rank_known and not device_counts)
+    return route_of(geo.mode, transport, equal=equal, host_sizes=hosted)
