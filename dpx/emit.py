@@ -113,7 +113,7 @@ class Emitter:
         """``s`` on a world of one rank, where every group is this rank: no collective
         (:meth:`~dpx.steps.Step.alone`); an in-place gather's rows are the output's
         already."""
-        if self.in_place and type(s) is AllGather and s.src.buf == IN:
+        if self.in_place and type(s) is AllGather and s.src.buf == IN and s.dst.buf == OUT:
             return ()
         return s.alone()
 
@@ -393,13 +393,13 @@ class Emitter:
         self.finish_slot(chunk, B)
 
     def rs_all_to_all(self) -> None:
-        """The quantized combine where its chunks cannot travel as they lie (MAX_LEN, CP
-        shards, device sizes: :meth:`rs_all_to_all_v` otherwise): every destination rank's
-        chunk quantized into a ``B``-row block of wire rows -- in one pass when the input's
-        chunks already are its blocks in rank order, else packed first -- one world
-        all-to-all of the wire rows, then one pass dequantizing the ``W`` copies of each row
-        of this rank's chunk and summing them in float32 in rank order, then the slot
-        (:meth:`finish_slot`)."""
+        """The quantized combine where its chunks cannot travel as they lie (every case
+        :meth:`rs_all_to_all_v` does not take: MAX_LEN, CP shards, and collectives without
+        host sizes, :func:`dpx.routes.host_sizes`): every destination rank's chunk quantized
+        into a ``B``-row block of wire rows -- in one pass when the input's chunks already
+        are its blocks in rank order, else packed first -- one world all-to-all of the wire
+        rows, then one pass dequantizing the ``W`` copies of each row of this rank's chunk
+        and summing them in float32 in rank order, then the slot (:meth:`finish_slot`)."""
         g = self.geo
         B, W = g.block, g.layout.world_size
         span = X.mul(W, B)
