@@ -51,7 +51,7 @@ want kernels && python3 kernels.py 2>&1 | tee "$OUT/kernels.log"
 want jax_kernels && python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"
 want torch_step && python3 torch_step.py 2>&1 | tee "$OUT/torch_step.log"
 want serving && python3 serving.py --gpu 2>&1 | tee "$OUT/serving.log"
-want soak && python3 soak.py --steps 20000 2>&1 | tee "$OUT/soak.log"
+want soak && python3 soak.py --steps 20000 --control 40000 2>&1 | tee "$OUT/soak.log"
 want rss && python3 rss_probe.py 20000 2>&1 | tee "$OUT/rss_probe.log"
 want lm_head && python3 lm_head.py --gpu 2>&1 | tee "$OUT/lm_head.log"
 cd ..

@@ -6,7 +6,11 @@ and pooled buffers, the process's resident memory and (on GPU) the device memory
     python benchmarks/soak.py [--steps 100000]                  # NCCL world 1, CUDA
     python benchmarks/soak.py --device cpu --steps 3000 --hidden 128   # gloo, interpreter
 
-World 1 (one GPU; on CPU one process). Prints a table of the figures at each checkpoint
+World 1 (one GPU; on CPU one process). A world of one rank calls no collective (dpx emits
+copies), so what grows is dpx's own. ``--control N`` then runs, in the same process and
+on the same process group, N bare backend pairs (``all_gather_into_tensor`` +
+``reduce_scatter_tensor`` of the same sizes, the backend called directly) as the control:
+its growth is the backend's. Prints a table of the figures at each checkpoint
 and writes ``soak.csv`` and ``soak.txt`` to ``$OUT`` (default ``benchmarks/out``).
 """
 
@@ -17,6 +21,7 @@ import os
 import random
 import tempfile
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -37,6 +42,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--checkpoints", type=int, default=10)
+    ap.add_argument("--control", type=int, default=0,
+                    help="bare backend all_gather + reduce_scatter pairs run after the soak")
     args = ap.parse_args()
     cuda = args.device == "cuda"
     if cuda:
@@ -105,8 +112,42 @@ def main() -> None:
     out = out_dir()
     write_csv(out / "soak.csv", rows)
     (out / "soak.txt").write_text(f"{text}\n{table}\ngrowth after warm-up: {growth}\n")
+    if args.control:
+        control = _control(args.control, args.checkpoints, src, cuda)
+        text_c = (f"control: {args.control} bare {dist.get_backend()} all_gather_into_tensor + "
+                  f"reduce_scatter_tensor pairs at world 1, same process, same sizes")
+        print(text_c)
+        table_c = print_table(control, list(control[0]))
+        growth_c = round(control[-1]["rss_mib"] - control[0]["rss_mib"], 2)
+        per = (control[-1]["rss_mib"] - control[0]["rss_mib"]) * 2**20 / max(
+            control[-1]["pair"] - control[0]["pair"], 1)
+        line = f"control growth after warm-up: {growth_c} MiB ({per:.0f} bytes a pair)"
+        print(line)
+        write_csv(out / "soak_control.csv", control)
+        with open(out / "soak.txt", "a") as f:
+            f.write(f"{text_c}\n{table_c}\n{line}\n")
     comm.destroy()
     dist.destroy_process_group()
+
+
+def _control(pairs: int, checkpoints: int, src: torch.Tensor, cuda: bool) -> list[dict]:
+    """The backend's own growth: ``pairs`` bare world-1 all-gather + reduce-scatter pairs."""
+    warnings.filterwarnings("ignore", category=FutureWarning)  # the names torch 2.13 renames
+    rng = random.Random(1)
+    out = torch.empty_like(src)
+    every = max(pairs // checkpoints, 1)
+    rows = []
+    t0 = time.perf_counter()
+    for i in range(pairs):
+        n = rng.randint(1, src.shape[0])
+        dist.all_gather_into_tensor(out[:n], src[:n])
+        dist.reduce_scatter_tensor(out[:n], src[:n])
+        if (i + 1) % every == 0:
+            if cuda:
+                torch.cuda.synchronize()
+            rows.append(dict(pair=i + 1, seconds=round(time.perf_counter() - t0, 1),
+                             rss_mib=round(_rss() / 2**20, 1)))
+    return rows
 
 
 if __name__ == "__main__":

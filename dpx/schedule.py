@@ -11,7 +11,6 @@ keeps templates; without one every call builds afresh without generating code.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -21,6 +20,7 @@ from dpx.emit import Emitter
 from dpx.errors import DpxValueError, check_int
 from dpx.extents import op_rows
 from dpx.geometry import Structure
+from dpx.lru import LRU
 from dpx.modes import Op, PaddingMode, Transport, Wire
 from dpx.plan import DpPlan, count_rule
 from dpx.routes import RankRef, Route, concrete_rank, symbolic_geometry, symbolic_rank
@@ -209,7 +209,7 @@ class ScheduleCache:
         self.max_templates = check_int("ScheduleCache(max_templates)", max_templates, minimum=1)
         self.max_variants = check_int("ScheduleCache(max_variants)", max_variants, minimum=1)
         #: per template, its variants, most recently used first
-        self._templates: OrderedDict[TemplateKey, list[Variant]] = OrderedDict()
+        self._templates = LRU(self.max_templates)
         self.builds = 0
 
     def __len__(self) -> int:
@@ -227,9 +227,8 @@ class ScheduleCache:
         """The variant of ``key`` for these counts and sizes and its host values (built on
         a miss; ``compiled=False``: without generated code)."""
         params = (in_rows, out_rows)
-        found = self._templates.get(key)
+        found = self._templates.hit(key)
         if found is not None:
-            self._templates.move_to_end(key)
             for i, v in enumerate(found):
                 values = v.values(counts, params)
                 if values is not None:
@@ -237,9 +236,7 @@ class ScheduleCache:
                         found.insert(0, found.pop(i))
                     return v, values
         else:
-            found = self._templates[key] = []
-            if len(self._templates) > self.max_templates:
-                self._templates.popitem(last=False)
+            found = self._templates.put(key, [])
         v = _emit(key, counts, in_rows, out_rows, compiled=compiled)
         self.builds += 1
         found.insert(0, v)

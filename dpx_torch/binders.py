@@ -189,11 +189,16 @@ def _whole_out(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _no_index(dv: Any) -> None:
+    """A host index's getter in a step that takes device ones."""
+    return None
+
+
 def _with_indices(go: Callable, a: Buffer, b: Buffer, getters: tuple) -> StepFn:
     """``go(a, b)`` or, when any index is device data, ``go(a, b, *indices)``."""
     if all(g is None for g in getters):
         return lambda x, out, dv: go(a(x, out), b(x, out))
-    gs = tuple((lambda dv: None) if g is None else g for g in getters)
+    gs = tuple(_no_index if g is None else g for g in getters)
     return lambda x, out, dv: go(a(x, out), b(x, out), *(g(dv) for g in gs))
 
 
@@ -221,8 +226,8 @@ def _zero(s: Zero, b: Bind) -> StepFn:
     go = sh.passes.bind_zero(rows, width, dtype, sh.device, ks, kn)
     if gs is None and gn is None:
         return lambda x, out, dv: go(buf(x, out))
-    gs = gs or (lambda dv: None)
-    gn = gn or (lambda dv: None)
+    gs = _no_index if gs is None else gs   # (no truth test of a function: dynamo
+    gn = _no_index if gn is None else gn   # refuses one on some torch releases)
     return lambda x, out, dv: go(buf(x, out), gs(dv), gn(dv))
 
 

@@ -43,7 +43,7 @@ from dpx.kernels import launch as _tiles
 from dpx.modes import Wire
 from dpx.plan import CountRule
 from dpx_torch.shims.triton_launch import JIT, BoundKernel, JitLauncher, Launcher
-from dpx_torch.lru import LRU
+from dpx.lru import LRU
 from dpx_torch.wire import dequantize_rows, dequantize_sum_rows, quantize_rows
 
 __all__ = ["DEVICE", "Index", "Passes", "passes_for", "rows_width", "TorchPasses",

@@ -40,7 +40,7 @@ from dpx.modes import Op
 from dpx.plan import DpPlan
 from dpx.schedule import TemplateKey
 from dpx_torch.lifecycle import Lifecycle
-from dpx_torch.lru import LRU
+from dpx.lru import LRU
 from dpx_torch.binders import CallShape, Host
 from dpx_torch.program import PreparedCall, flat_counts
 from dpx_torch.rows import inside

@@ -16,7 +16,6 @@ counts.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ from dpx import expr as X
 from dpx import values as V
 from dpx.batch import Stage, lockstep
 from dpx.errors import DpxValueError
+from dpx.lru import LRU
 from dpx.schedule import Variant
 from dpx.steps import AllGather, AllReduce, ReduceScatter
 from dpx_torch.binders import BINDERS, Bind, CallShape, Host
@@ -40,17 +40,13 @@ class DeviceTables:
 
     def __init__(self, *, max_entries: int = 512) -> None:
         self.max_entries = max_entries
-        self._tables: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._tables = LRU(max_entries)
 
     def get(self, values: tuple, device: torch.device) -> torch.Tensor:
         key = (values, device)
-        t = self._tables.get(key)
+        t = self._tables.hit(key)
         if t is None:
-            t = self._tables[key] = torch.tensor(values, dtype=torch.int32, device=device)
-            if len(self._tables) > self.max_entries:
-                self._tables.popitem(last=False)
-        else:
-            self._tables.move_to_end(key)
+            t = self._tables.put(key, torch.tensor(values, dtype=torch.int32, device=device))
         return t
 
     def __len__(self) -> int:

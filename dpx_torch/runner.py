@@ -12,7 +12,7 @@ counts of a known structure therefore cost one generated function call and one b
 never a new schedule. The prepared calls themselves are kept by the communicator's
 :class:`~dpx_torch.prepared.PreparedOps`.
 
-Every cache is least recently used first out (:class:`~dpx_torch.lru.LRU`). The bounds
+Every cache is least recently used first out (:class:`~dpx.lru.LRU`). The bounds
 are entries; the host bytes they hold were measured (benchmarks/soak.py; docs/semantics.md,
 "In a server"), and :meth:`Runner.host_bytes` estimates them at run time.
 """
@@ -38,7 +38,7 @@ from dpx.steps import OUT
 from dpx_torch.flags import OverflowFlags
 from dpx_torch.groups import DpGroups
 from dpx_torch.shims.triton_launch import Launcher
-from dpx_torch.lru import LRU
+from dpx.lru import LRU
 from dpx_torch.ops import OpPasses
 from dpx_torch.overlap import Overlap
 from dpx_torch.passes import Passes, TorchPasses, TritonPasses

@@ -15,7 +15,7 @@ from dpx.geometry import capacity_of, equal_slots
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 from dpx.plan import DpPlan
-from dpx_torch.lru import LRU
+from dpx.lru import LRU
 
 __all__ = ["StepPlans"]
 

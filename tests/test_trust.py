@@ -10,7 +10,7 @@ import torch
 
 import dpx
 from dpx_torch import CacheLimits, DpComm
-from dpx_torch.lru import LRU
+from dpx.lru import LRU
 from dpx_torch.prepared import CallKey
 
 L1 = dpx.DpLayout(1, 1)

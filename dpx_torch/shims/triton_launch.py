@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import torch
 
 from dpx.errors import DpxValueError
-from dpx_torch.lru import LRU
+from dpx.lru import LRU
 from dpx_torch.shims.interpreter import Interpreter
 from dpx_torch.shims.stream import raw_stream
 

@@ -1,11 +1,11 @@
-"""The one cache policy of a communicator: at most ``limit`` entries, least recently used
-first out. A hit refreshes its entry, so a hot entry survives any stream of one-off
-entries.
+"""The one cache policy of dpx: the planner's schedule templates and every cache of a
+communicator hold at most ``limit`` entries, least recently used first out. A hit
+refreshes its entry, so a hot entry survives any stream of one-off entries.
 
-The keys of the hot caches (a prepared op's :class:`~dpx_torch.prepared.CallKey`) are
-tuples of a dozen fields, whose hash is most of a lookup's cost and is not kept between
-lookups; so the recency order is kept apart, by a small int per entry: a hit costs one
-lookup by key and one ``move_to_end`` of an int, not a second hash of the key.
+The keys of the hot caches (a prepared op's call key: a tuple of a dozen fields) spend
+most of a lookup on their hash, which is not kept between lookups; so the recency order
+is kept apart, by a small int per entry: a hit costs one lookup by key and one
+``move_to_end`` of an int, not a second hash of the key.
 """
 
 from __future__ import annotations
