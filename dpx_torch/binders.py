@@ -3,8 +3,9 @@ one prepared call's buffers, once, as a function ``f(x, out, dv)`` of the call -
 (:mod:`dpx_torch.passes`: the Triton kernels on CUDA, torch ops on CPU, the custom ops
 under torch.compile), a ``torch.distributed`` collective (:mod:`dpx_torch.collectives`) or
 a world step of the peer transport (the runner's :class:`~dpx_torch.peer.PeerTransport`).
-The planner says which rows move where; a binder only maps its step. :class:`CallShape`
-is what a class of prepared calls shares, :class:`Host` what binders use of the runner.
+The planner says which rows move where; a binder only maps its step. :class:`CallContext`
+is what a class of prepared calls shares, :class:`RunnerView` what binders use of the
+runner.
 
 Imports: dpx (the steps, values, wire sizes), the passes and the collectives; nothing
 above them (:mod:`dpx_torch.program` compiles variants from these binders).
@@ -29,10 +30,10 @@ from dpx.wire import wire_row_bytes
 from dpx_torch import collectives as C
 from dpx_torch.passes import DEVICE, Passes
 
-__all__ = ["BINDERS", "Bind", "Buffer", "CallShape", "Host", "StepFn"]
+__all__ = ["BINDERS", "Bind", "Buffer", "CallContext", "RunnerView", "StepFn"]
 
 
-class Host(Protocol):
+class RunnerView(Protocol):
     """What bound programs (and :mod:`dpx_torch.prepared`) use of the communicator's runner
     (:class:`dpx_torch.runner.Runner`, which imports this module): its rank, groups,
     scratch pool, overflow flags, schedule cache, compiled programs, bound collectives
@@ -59,7 +60,7 @@ StepFn = Callable[[torch.Tensor, torch.Tensor, Any], None]
 Buffer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-class CallShape:
+class CallContext:
     """What a class of prepared calls shares besides the host values and rows: the input's
     trailing shape, dtype and device, the wire (and nvfp4's global scale) and whether the
     output is a wire buffer, the passes of the device, the device tables and the
@@ -69,7 +70,7 @@ class CallShape:
                  "tables", "runner", "parts", "out_rest", "wire", "wire_scale", "wire_width")
 
     def __init__(self, x: torch.Tensor, out_wire: bool, passes: Passes, tables,
-                 runner: Host, wide: frozenset = frozenset(), parts: int = 1,
+                 runner: RunnerView, wide: frozenset = frozenset(), parts: int = 1,
                  wire: Wire = Wire.NATIVE, wire_scale: float | None = None) -> None:
         #: ``wide``: the variant's wide buffers (rows of ``parts`` narrow rows side by
         #: side); only whether the input and output are wide is kept here (the same for
@@ -100,11 +101,11 @@ class Bind:
     """The values of one prepared call: host values of the variant resolved to ints, the
     rest marked :data:`~dpx_torch.passes.DEVICE` with a getter from the call's ``dv``."""
 
-    __slots__ = ("variant", "hv", "shape", "in_rows", "out_rows", "scratch")
+    __slots__ = ("variant", "hv", "context", "in_rows", "out_rows", "scratch")
 
-    def __init__(self, variant: Variant, hv: tuple, shape: CallShape, in_rows: int,
+    def __init__(self, variant: Variant, hv: tuple, context: CallContext, in_rows: int,
                  out_rows: int, scratch: dict[str, torch.Tensor]) -> None:
-        self.variant, self.hv, self.shape = variant, hv, shape
+        self.variant, self.hv, self.context = variant, hv, context
         self.in_rows, self.out_rows, self.scratch = in_rows, out_rows, scratch
 
     def value(self, v: Any) -> Any:
@@ -119,9 +120,9 @@ class Bind:
         """The element dtype and row width of buffer ``name``: uint8 wire rows for the
         variant's wire buffers, else the input's."""
         if name in self.variant.wire_bufs:
-            return torch.uint8, self.shape.wire_width
-        sh = self.shape
-        return sh.dtype, sh.width * (sh.parts if name in self.variant.wide_bufs else 1)
+            return torch.uint8, self.context.wire_width
+        cx = self.context
+        return cx.dtype, cx.width * (cx.parts if name in self.variant.wide_bufs else 1)
 
     def index(self, v: Any) -> tuple[int | None, Callable[[Any], Any] | None]:
         """``(value, getter)``: an int and no getter, or DEVICE and ``dv -> tensor``."""
@@ -159,18 +160,18 @@ class Bind:
         h = self.value(v)
         if h is DEVICE:
             return lambda dv: dv(v).reshape(-1)
-        t = self.shape.tables.get(tuple(h), self.shape.device)
+        t = self.context.tables.get(tuple(h), self.context.device)
         return lambda dv: t
 
     def group(self, g: Group) -> dist.ProcessGroup:
-        return self.shape.runner.groups.process_group(g)
+        return self.context.runner.groups.process_group(g)
 
     def peer(self, s: Step) -> Any:
         """The communicator's peer transport, which carries world step ``s`` of a call on
         its workspace's device (None: the group's backend does)."""
-        peer = self.shape.runner.peer
+        peer = self.context.runner.peer
         if getattr(s, "group", None) is not Group.WORLD or peer is None \
-                or peer.device != self.shape.device:
+                or peer.device != self.context.device:
             return None
         return peer
 
@@ -204,7 +205,7 @@ def _with_indices(go: Callable, a: Buffer, b: Buffer, getters: tuple) -> StepFn:
 
 # ---------------------------------------------------------------- local passes
 def _check(s: CheckCounts, b: Bind) -> StepFn:
-    flags, passes = b.shape.runner.flags, b.shape.passes
+    flags, passes = b.context.runner.flags, b.context.passes
     return lambda x, out, dv: flags.check(dv.counts(), s.rule, passes)
 
 
@@ -212,18 +213,18 @@ def _move(s: Move, b: Bind) -> StepFn:
     src, src_rows = b.buffer(s.src)
     dst, rows = b.buffer(s.dst, s.rows)
     (ss, gs), (ds, gd), (n, gn) = b.index(s.src_start), b.index(s.dst_start), b.index(s.count)
-    sh = b.shape
+    cx = b.context
     dtype, width = b.elem(s.dst.buf)
-    go = sh.passes.bind_move(src_rows, rows, width, dtype, sh.device, ss, ds, n)
+    go = cx.passes.bind_move(src_rows, rows, width, dtype, cx.device, ss, ds, n)
     return _with_indices(go, src, dst, (gs, gd, gn))
 
 
 def _zero(s: Zero, b: Bind) -> StepFn:
     buf, rows = b.buffer(s.buf, s.rows)
     (ks, gs), (kn, gn) = b.index(s.keep_start), b.index(s.keep_count)
-    sh = b.shape
+    cx = b.context
     dtype, width = b.elem(s.buf.buf)
-    go = sh.passes.bind_zero(rows, width, dtype, sh.device, ks, kn)
+    go = cx.passes.bind_zero(rows, width, dtype, cx.device, ks, kn)
     if gs is None and gn is None:
         return lambda x, out, dv: go(buf(x, out))
     gs = _no_index if gs is None else gs   # (no truth test of a function: dynamo
@@ -235,27 +236,27 @@ def _quantize(s: Quantize, b: Bind) -> StepFn:
     src, src_rows = b.buffer(s.src)
     dst, rows = b.buffer(s.dst, s.rows)
     (st, gs), (n, gn) = b.index(s.start), b.index(s.count)
-    sh = b.shape
-    go = sh.passes.bind_quantize(src_rows, rows, sh.width, sh.dtype, sh.device, st, n,
-                                 sh.wire, sh.wire_scale)
+    cx = b.context
+    go = cx.passes.bind_quantize(src_rows, rows, cx.width, cx.dtype, cx.device, st, n,
+                                 cx.wire, cx.wire_scale)
     return _with_indices(go, src, dst, (gs, gn))
 
 
 def _dequantize(s: Dequantize, b: Bind) -> StepFn:
     src, _ = b.buffer(s.src, s.rows)
     dst, rows = b.buffer(s.dst, s.rows)
-    sh = b.shape
-    go = sh.passes.bind_dequantize(rows, sh.width, sh.dtype, sh.device, sh.wire,
-                                   sh.wire_scale)
+    cx = b.context
+    go = cx.passes.bind_dequantize(rows, cx.width, cx.dtype, cx.device, cx.wire,
+                                   cx.wire_scale)
     return lambda x, out, dv: go(src(x, out), dst(x, out))
 
 
 def _dequantize_sum(s: DequantizeSum, b: Bind) -> StepFn:
     src, _ = b.buffer(s.src)
     dst, rows = b.buffer(s.dst, s.rows)
-    sh = b.shape
-    go = sh.passes.bind_dequantize_sum(rows, s.parts, sh.width, sh.dtype, sh.device,
-                                       sh.wire, sh.wire_scale)
+    cx = b.context
+    go = cx.passes.bind_dequantize_sum(rows, s.parts, cx.width, cx.dtype, cx.device,
+                                       cx.wire, cx.wire_scale)
     return lambda x, out, dv: go(src(x, out), dst(x, out))
 
 
@@ -264,11 +265,11 @@ def _chunks(pack: bool) -> Callable[[Pack | Unpack, Bind], StepFn]:
         src, src_rows = b.buffer(s.src)
         dst, rows = b.buffer(s.dst, s.rows)
         firsts, lens, block = b.table(s.firsts), b.table(s.lens), b.value(s.block)
-        sh = b.shape
+        cx = b.context
         n = len_of(s.firsts)
-        binder = sh.passes.bind_pack if pack else sh.passes.bind_unpack
+        binder = cx.passes.bind_pack if pack else cx.passes.bind_unpack
         dtype, width = b.elem(s.dst.buf)
-        go = binder(src_rows, rows, width, n, dtype, block, sh.device)
+        go = binder(src_rows, rows, width, n, dtype, block, cx.device)
         return lambda x, out, dv: go(src(x, out), firsts(dv), lens(dv), dst(x, out))
     return bind
 
@@ -279,7 +280,7 @@ def _join_columns(s: JoinColumns, b: Bind) -> StepFn:
     count, block = b.value(s.count), b.value(s.block)
     if count is DEVICE or block is DEVICE:
         raise DpxValueError("join_columns takes host sizes")
-    parts, w = s.parts, b.shape.width
+    parts, w = s.parts, b.context.width
 
     def go(x, out, dv):  # one strided copy: row j of part p to columns p of row j
         d = dst(x, out)
@@ -296,7 +297,7 @@ def _split_columns(s: SplitColumns, b: Bind) -> StepFn:
     count, block = b.value(s.count), b.value(s.block)
     if count is DEVICE or block is DEVICE:
         raise DpxValueError("split_columns takes host sizes")
-    parts, w = s.parts, b.shape.width
+    parts, w = s.parts, b.context.width
 
     def go(x, out, dv):  # one strided copy: columns p of row j to row j of block p
         d = dst(x, out).view(parts, block, w)
@@ -315,7 +316,7 @@ def _all_to_all(s: AllToAll, b: Bind) -> StepFn:
         dtype, width = b.elem(s.src.buf)
         return peer.blocks(src, dst, b.host(s.rows, "all_to_all"), width, dtype,
                            all_to_all=True)
-    go = b.shape.runner.collective(C.bind_all_to_all, b.group(s.group))
+    go = b.context.runner.collective(C.bind_all_to_all, b.group(s.group))
     return lambda x, out, dv: go(dst(x, out), src(x, out))
 
 
@@ -326,7 +327,7 @@ def _all_to_all_v(s: AllToAllV, b: Bind) -> StepFn:
     if lens is DEVICE or rows is DEVICE:
         raise DpxValueError("all_to_all_v takes host sizes")
     ins, outs = list(lens), [rows] * len(lens)
-    go = b.shape.runner.collective(C.bind_all_to_all_v, b.group(s.group))
+    go = b.context.runner.collective(C.bind_all_to_all_v, b.group(s.group))
     return lambda x, out, dv: go(dst(x, out), src(x, out), outs, ins)
 
 
@@ -338,7 +339,7 @@ def _all_gather(s: AllGather, b: Bind) -> StepFn:
         dtype, width = b.elem(s.src.buf)
         return peer.blocks(src, dst, b.host(s.rows, "all_gather"), width, dtype,
                            all_to_all=False)
-    go = b.shape.runner.collective(C.bind_all_gather, b.group(s.group))
+    go = b.context.runner.collective(C.bind_all_gather, b.group(s.group))
     if src is _whole_in and dst is _whole_out:
         return lambda x, out, dv: go(out, x)
     return lambda x, out, dv: go(dst(x, out), src(x, out))
@@ -348,14 +349,14 @@ def _all_gather_counts(s: AllGatherCounts, b: Bind) -> StepFn:
     """The rows' all-gather and every rank's own count in one grouped launch where the
     backend coalesces (NCCL); then the counts the exchange picks (as
     ``DpComm.exchange_counts``) become the call's."""
-    sh = b.shape
-    src = sources(b.variant.key.structure.layout, sh.runner.rank,
+    cx = b.context
+    src = sources(b.variant.key.structure.layout, cx.runner.rank,
                   shards=b.variant.key.structure.sharded)
     peer = b.peer(s)
     if peer is not None:   # the reports travel in the blocks' headers
         def arrived(dv, every):
             dv.reports = every
-            dv.set_counts(every[sh.tables.get(src, every.device)])
+            dv.set_counts(every[cx.tables.get(src, every.device)])
         rsrc, _ = b.buffer(s.src, s.rows)
         dst, _ = b.buffer(s.dst)
         dtype, width = b.elem(s.src.buf)
@@ -363,8 +364,8 @@ def _all_gather_counts(s: AllGatherCounts, b: Bind) -> StepFn:
                            all_to_all=False, report=lambda dv: dv.ride_own,
                            reports=arrived)
     rows = _all_gather(s, b)
-    go = sh.runner.collective(C.bind_all_gather, b.group(s.group))
-    coalesced, group, world = sh.runner.coalesced, s.group, sh.parts
+    go = cx.runner.collective(C.bind_all_gather, b.group(s.group))
+    coalesced, group, world = cx.runner.coalesced, s.group, cx.parts
 
     def run(x, out, dv):
         own = dv.ride_own
@@ -373,14 +374,14 @@ def _all_gather_counts(s: AllGatherCounts, b: Bind) -> StepFn:
             rows(x, out, dv)
             go(every, own)
         dv.reports = every
-        dv.set_counts(every[sh.tables.get(src, own.device)])
+        dv.set_counts(every[cx.tables.get(src, own.device)])
     return run
 
 
 def _reduce_scatter(s: ReduceScatter, b: Bind) -> StepFn:
     src, _ = b.buffer(s.src)
     dst, _ = b.buffer(s.dst, s.rows)
-    go = b.shape.runner.collective(C.bind_reduce_scatter, b.group(s.group))
+    go = b.context.runner.collective(C.bind_reduce_scatter, b.group(s.group))
     if src is _whole_in and dst is _whole_out:
         return lambda x, out, dv: go(out, x)
     return lambda x, out, dv: go(dst(x, out), src(x, out))
@@ -388,26 +389,27 @@ def _reduce_scatter(s: ReduceScatter, b: Bind) -> StepFn:
 
 def _all_reduce(s: AllReduce, b: Bind) -> StepFn:
     buf, _ = b.buffer(s.buf, s.rows)
-    go = b.shape.runner.collective(C.bind_all_reduce, b.group(s.group))
+    go = b.context.runner.collective(C.bind_all_reduce, b.group(s.group))
     return lambda x, out, dv: go(buf(x, out))
 
 
-def _per_root(fn_name: str, key: str) -> Callable[[BroadcastV | ReduceV, Bind], StepFn]:
+def _per_root(bind_fn: Callable[[Any], Callable[[torch.Tensor, int], None]]
+              ) -> Callable[[BroadcastV | ReduceV, Bind], StepFn]:
     def bind(s: BroadcastV | ReduceV, b: Bind) -> StepFn:
         buf, _ = b.buffer(s.buf)
-        group, fn = b.group(s.group), getattr(dist, fn_name)
-        roots = b.shape.runner.groups.global_ranks
+        fn = b.context.runner.collective(bind_fn, b.group(s.group))
+        roots = b.context.runner.groups.global_ranks
         firsts, lens = b.value(s.firsts), b.value(s.lens)
         if firsts is DEVICE or lens is DEVICE:
             raise DpxValueError("per-root collectives take host sizes")
         # every rank skips the same roots: the table is the same everywhere
         chunks = tuple((f, f + n, roots[r]) for r, (f, n) in enumerate(zip(firsts, lens)) if n)
-        runner, g = b.shape.runner, s.group
+        runner, g = b.context.runner, s.group
 
         def ungrouped(x, out, dv):
             t = buf(x, out)
             for lo, hi, root in chunks:
-                fn(t[lo:hi], **{key: root}, group=group)
+                fn(t[lo:hi], root)
 
         def run(x, out, dv):
             with runner.coalesced(g, buf(x, out).device):
@@ -442,11 +444,11 @@ def _reduce_scatter_v(s: ReduceScatterV, b: Bind) -> StepFn:
     block = b.host(s.block, "reduce_scatter_v")
     dst, _ = b.buffer(s.dst, block)
     dtype, width = b.elem(s.src.buf)
-    sh = b.shape
-    wire = sh.wire if s.src.buf in b.variant.wire_bufs else Wire.NATIVE
+    cx = b.context
+    wire = cx.wire if s.src.buf in b.variant.wire_bufs else Wire.NATIVE
     return _peer_of(s, b).reduce_scatter_v(src, src_rows, dst, block, b.table(s.firsts),
-                                           b.table(s.lens), width, dtype, sh.width, sh.dtype,
-                                           wire, sh.wire_scale)
+                                           b.table(s.lens), width, dtype, cx.width, cx.dtype,
+                                           wire, cx.wire_scale)
 
 
 #: The torch frontend's binder of every step kind its schedules hold (the per-root and
@@ -456,7 +458,7 @@ BINDERS: dict[type[Step], Callable[[Any, Bind], StepFn]] = {
     Dequantize: _dequantize, DequantizeSum: _dequantize_sum, Pack: _chunks(True),
     Unpack: _chunks(False), AllGather: _all_gather, AllGatherCounts: _all_gather_counts,
     ReduceScatter: _reduce_scatter, AllReduce: _all_reduce,
-    BroadcastV: _per_root("broadcast", "src"), ReduceV: _per_root("reduce", "dst"),
+    BroadcastV: _per_root(C.bind_broadcast), ReduceV: _per_root(C.bind_reduce),
     JoinColumns: _join_columns, SplitColumns: _split_columns, AllToAll: _all_to_all,
     AllToAllV: _all_to_all_v, AllGatherV: _all_gather_v, ReduceScatterV: _reduce_scatter_v,
 }

@@ -9,6 +9,10 @@ which falls back to the public functions where the private methods are missing o
 changed); inside a ``_coalescing_manager`` block, under torch.compile tracing and for
 tensor subclasses they call the public function (which handles those).
 
+``bind_broadcast(group)(buf, root)`` / ``bind_reduce(group)(buf, root)`` (sum onto the root):
+the per-root collectives (GATHERV's rows, one call per root with rows; the public
+functions, which a ``_coalescing_manager`` block groups).
+
 ``all_gather_single`` / ``reduce_scatter_single``: the public single-tensor functions
 (torch >= 2.12 renamed them; older releases have only the old names).
 """
@@ -24,7 +28,8 @@ from dpx_torch.shims.coalescing import coalescing_state
 from dpx_torch.shims.pg_methods import method_call
 
 __all__ = ["all_gather_single", "bind_all_gather", "bind_all_reduce", "bind_all_to_all",
-           "bind_all_to_all_v", "bind_reduce_scatter", "reduce_scatter_single"]
+           "bind_all_to_all_v", "bind_broadcast", "bind_reduce", "bind_reduce_scatter",
+           "reduce_scatter_single"]
 
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -90,3 +95,15 @@ def bind_all_to_all_v(group: dist.ProcessGroup) -> Callable[..., None]:
     the group's rank ``k``, ``out`` in pieces of ``out_rows[k]`` from it (host sizes)."""
     return lambda out, inp, outs, ins: dist.all_to_all_single(
         out, inp, output_split_sizes=outs, input_split_sizes=ins, group=group)
+
+
+def bind_broadcast(group: dist.ProcessGroup) -> Callable[[torch.Tensor, int], None]:
+    """``fn(buf, root)``: ``buf`` as the global rank ``root`` holds it, on every rank of
+    ``group``."""
+    return lambda buf, root: dist.broadcast(buf, src=root, group=group)
+
+
+def bind_reduce(group: dist.ProcessGroup) -> Callable[[torch.Tensor, int], None]:
+    """``fn(buf, root)``: the sum over ``group`` of ``buf`` on the global rank ``root``
+    (the other ranks' ``buf`` is left as the backend leaves it)."""
+    return lambda buf, root: dist.reduce(buf, dst=root, group=group)

@@ -117,7 +117,7 @@ class FullPath:
             check_reports("gather_with_counts", self.layout, reports, counts, shards=shards,
                           plan=plan)
         lay = self.layout
-        return (split_wire(res, op.prep.shape.wire) if op.prep.out_wire else res,
+        return (split_wire(res, op.prep.context.wire) if op.prep.out_wire else res,
                 counts.view(lay.dp_size, lay.cp_size) if shards else counts)
 
     def global_op(self, op: Op, x, plan, counts, out, form: Any = "",
@@ -313,7 +313,7 @@ class FullPath:
         batch = self.runner.batch(tuple(preps))
         c = flat_counts(counts)
         res = batch(preps, [(t, p.new_out(t), c) for p, t in zip(preps, tensors)])
-        return tuple(split_wire(r, p.shape.wire) if p.out_wire else r
+        return tuple(split_wire(r, p.context.wire) if p.out_wire else r
                      for r, p in zip(res, preps))
 
 

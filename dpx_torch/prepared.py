@@ -41,7 +41,7 @@ from dpx.plan import DpPlan
 from dpx.schedule import TemplateKey
 from dpx_torch.lifecycle import Lifecycle
 from dpx.lru import LRU
-from dpx_torch.binders import CallShape, Host
+from dpx_torch.binders import CallContext, RunnerView
 from dpx_torch.program import PreparedCall, flat_counts
 from dpx_torch.rows import inside
 from dpx_torch.wire import split_wire
@@ -155,7 +155,7 @@ class PreparedOp:
         prep = self.prep
         res = prep.run(x, prep.new_out(x) if out is None else out,
                        counts if counts is None else flat_counts(counts))
-        return split_wire(res, prep.shape.wire) if self.split else res
+        return split_wire(res, prep.context.wire) if self.split else res
 
     def __call__(self, x: torch.Tensor, *, counts: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> Any:
@@ -200,15 +200,15 @@ class PreparedClass:
     the counts, the program bound -- or None where the tensors need the full path (its
     checks say why)."""
 
-    __slots__ = ("runner", "life", "op", "tkey", "shape", "method", "keywords", "_rest",
+    __slots__ = ("runner", "life", "op", "tkey", "context", "method", "keywords", "_rest",
                  "_counts_shape")
 
-    def __init__(self, runner: Host, life: Lifecycle, op: Op, tkey: TemplateKey,
-                 shape: CallShape, method: Callable[..., Any], keywords: dict,
+    def __init__(self, runner: RunnerView, life: Lifecycle, op: Op, tkey: TemplateKey,
+                 context: CallContext, method: Callable[..., Any], keywords: dict,
                  counts_shape: torch.Size | None) -> None:
         self.runner, self.life, self.op, self.tkey = runner, life, op, tkey
-        self.shape, self.method, self.keywords = shape, method, keywords
-        self._rest = torch.Size(shape.out_rest)   # an output row's shape
+        self.context, self.method, self.keywords = context, method, keywords
+        self._rest = torch.Size(context.out_rest)   # an output row's shape
         #: the device counts' shape (the structure's: [dp], or [dp, cp] shards)
         self._counts_shape = counts_shape
 
@@ -225,7 +225,7 @@ class PreparedClass:
             return None
         variant, hv = runner.schedules.variant(self.tkey, plan.leaf_counts, in_rows,
                                                rows.out)
-        prep = runner.program(variant).prepare(hv, (in_rows, rows.out), self.shape,
+        prep = runner.program(variant).prepare(hv, (in_rows, rows.out), self.context,
                                                "caller", rows.need, rows.exact)
         op = PreparedOp(prep, (self.method, plan, self.keywords), self.life, x,
                         counts=counts, out=out, in_place=in_place, split=prep.out_wire)
@@ -238,7 +238,7 @@ class PreparedOps:
     communicator's public method of an op (what a prepared op falls back to);
     ``in_place(x, out, plan, counts)`` says whether a gather is in place."""
 
-    def __init__(self, life: Lifecycle, runner: Host, limit: int,
+    def __init__(self, life: Lifecycle, runner: RunnerView, limit: int,
                  full: Callable[[str], Callable[..., Any]],
                  in_place: Callable[..., bool]) -> None:
         self.life, self.runner = life, runner
@@ -292,7 +292,7 @@ class PreparedOps:
             self.ops.put(key, op)
             if key.form == "":
                 self.classes.put(ClassKey.of(key), PreparedClass(
-                    self.runner, self.life, Op(key.op), prep.variant.key, prep.shape,
+                    self.runner, self.life, Op(key.op), prep.variant.key, prep.context,
                     method, keywords, op.counts_shape))
         return op
 

@@ -27,7 +27,7 @@ from dpx.errors import DpxValueError
 from dpx.lru import LRU
 from dpx.schedule import Variant
 from dpx.steps import AllGather, AllReduce, ReduceScatter
-from dpx_torch.binders import BINDERS, Bind, CallShape, Host
+from dpx_torch.binders import BINDERS, Bind, CallContext, RunnerView
 
 __all__ = ["BatchProgram", "DeviceTables", "DeviceValues", "flat_counts", "FreshTables",
            "PreparedCall", "Program", "tables_for_call"]
@@ -173,9 +173,9 @@ class Program:
         self.scratch = tuple((name, rows, name in variant.wire_bufs)
                              for name, rows in variant.scratch)
 
-    def prepare(self, hv: tuple, params: tuple[int | None, int], shape: CallShape,
+    def prepare(self, hv: tuple, params: tuple[int | None, int], context: CallContext,
                 scratch_key: str, need: int, exact: bool) -> "PreparedCall":
-        return PreparedCall(self, hv, params, shape, scratch_key, need, exact)
+        return PreparedCall(self, hv, params, context, scratch_key, need, exact)
 
 
 class PreparedCall:
@@ -183,12 +183,12 @@ class PreparedCall:
     counts)`` runs its bound steps. ``need`` / ``exact``: the input rows it takes (at
     least, or exactly); ``out_rows``: the output's rows."""
 
-    __slots__ = ("program", "values", "params", "shape", "scratch_key", "need", "exact",
+    __slots__ = ("program", "values", "params", "context", "scratch_key", "need", "exact",
                  "out_rows", "steps", "scratch", "_pool_keys")
 
     def __init__(self, program: Program, hv: tuple, params: tuple[int | None, int],
-                 shape: CallShape, scratch_key: str, need: int, exact: bool) -> None:
-        self.program, self.values, self.params, self.shape = program, hv, params, shape
+                 context: CallContext, scratch_key: str, need: int, exact: bool) -> None:
+        self.program, self.values, self.params, self.context = program, hv, params, context
         self.scratch_key, self.need, self.exact = scratch_key, need, exact
         self.out_rows = params[1]
         self._bind()
@@ -199,29 +199,29 @@ class PreparedCall:
 
     @property
     def out_wire(self) -> bool:
-        return self.shape.out_wire
+        return self.context.out_wire
 
     def _bind(self) -> None:
-        sh, prog = self.shape, self.program
+        cx, prog = self.context, self.program
         scratch: dict[str, torch.Tensor] = {}
         keys = []
         if prog.scratch:
-            pool = sh.runner.pool
+            pool = cx.runner.pool
             hv = self.values
             for name, rows, wire in prog.scratch:
                 n = rows if type(rows) is int else hv[prog.variant.host_index[id(rows)]]
                 key = (name, self.scratch_key)
                 if wire:
-                    scratch[name] = pool.get(key, (n, sh.wire_width), torch.uint8, sh.device)
+                    scratch[name] = pool.get(key, (n, cx.wire_width), torch.uint8, cx.device)
                     keys.append((key, torch.uint8))
                 else:
-                    scratch[name] = pool.get(key, sh.buffer_shape(
-                        n, name in prog.variant.wide_bufs), sh.dtype, sh.device)
-                    keys.append((key, sh.dtype))
+                    scratch[name] = pool.get(key, cx.buffer_shape(
+                        n, name in prog.variant.wide_bufs), cx.dtype, cx.device)
+                    keys.append((key, cx.dtype))
         self.scratch = scratch
         # a traced call is bound afresh every time: nothing to refresh
         self._pool_keys = tuple(keys) if keys and not torch.compiler.is_compiling() else ()
-        b = Bind(prog.variant, self.values, sh, self.params[0], self.params[1], scratch)
+        b = Bind(prog.variant, self.values, cx, self.params[0], self.params[1], scratch)
         self.steps = tuple(binder(step, b) for binder, step in
                            zip(prog.binders, prog.variant.steps))
 
@@ -234,33 +234,33 @@ class PreparedCall:
         """Rebind when the pool has replaced a scratch buffer since (it grew for another
         call), and mark the scratch as read by a CUDA graph while one is being captured
         (:class:`~dpx_torch.pool.BufferPool`)."""
-        sh = self.shape
-        pool = sh.runner.pool
-        if not all(pool.holds(key, dtype, sh.device, self.scratch[name])
+        cx = self.context
+        pool = cx.runner.pool
+        if not all(pool.holds(key, dtype, cx.device, self.scratch[name])
                    for (key, dtype), (name, _, _) in zip(self._pool_keys,
                                                          self.program.scratch)):
             self._bind()
-        if sh.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if cx.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             for key, dtype in self._pool_keys:
-                pool.capture(key, dtype, sh.device)
+                pool.capture(key, dtype, cx.device)
 
     def new_out(self, x: torch.Tensor) -> torch.Tensor:
         """A new output for the input ``x``: wire rows (uint8) or rows of ``x``'s dtype."""
-        if self.shape.out_wire:
-            return x.new_empty((self.out_rows, self.shape.out_width), dtype=torch.uint8)
-        return x.new_empty((self.out_rows, *self.shape.out_rest))
+        if self.context.out_wire:
+            return x.new_empty((self.out_rows, self.context.out_width), dtype=torch.uint8)
+        return x.new_empty((self.out_rows, *self.context.out_rest))
 
     def device_values(self, counts: torch.Tensor | None) -> DeviceValues | None:
         if counts is None:
             return None
-        return DeviceValues(counts, self.shape.tables, self.params)
+        return DeviceValues(counts, self.context.tables, self.params)
 
     def run(self, x: torch.Tensor, out: torch.Tensor,
             counts: torch.Tensor | None) -> torch.Tensor:
         """Every step, in order."""
         if self._pool_keys:
             self.refresh()
-        dv = None if counts is None else DeviceValues(counts, self.shape.tables, self.params)
+        dv = None if counts is None else DeviceValues(counts, self.context.tables, self.params)
         for step in self.steps:
             step(x, out, dv)
         return out
@@ -272,7 +272,7 @@ class PreparedCall:
         report."""
         if self._pool_keys:
             self.refresh()
-        dv = DeviceValues(own, self.shape.tables, self.params, n_local)
+        dv = DeviceValues(own, self.context.tables, self.params, n_local)
         for step in self.steps:
             step(x, out, dv)
         return dv.counts(), dv.reports
@@ -299,7 +299,7 @@ class BatchProgram:
 
     __slots__ = ("stages", "_runner")
 
-    def __init__(self, runner: Host, variants: tuple[Variant, ...]) -> None:
+    def __init__(self, runner: RunnerView, variants: tuple[Variant, ...]) -> None:
         self._runner = runner
         self.stages: tuple[Stage, ...] = lockstep(variants)
 

@@ -45,7 +45,7 @@ from dpx_torch.passes import Passes, TorchPasses, TritonPasses
 from dpx_torch.peer import PeerOptions, PeerTransport, open_transport
 from dpx_torch.pool import BufferPool
 from dpx_torch.shims.coalescing import Coalescing
-from dpx_torch.binders import CallShape
+from dpx_torch.binders import CallContext
 from dpx_torch.program import BatchProgram, DeviceTables, FreshTables, PreparedCall, Program
 
 __all__ = ["CacheLimits", "CacheMethods", "Call", "Runner"]
@@ -128,7 +128,7 @@ class Runner:
 
     def collective(self, bind: Callable[[Any], Any], group: Any) -> Any:
         """``bind(group)`` (a :mod:`dpx_torch.collectives` binder), made once per group
-        and binder (a fixed set: four binders, three groups). Under torch.compile
+        and binder (a fixed set: seven binders, three groups). Under torch.compile
         tracing, made afresh."""
         if torch.compiler.is_compiling():
             return bind(group)
@@ -172,9 +172,9 @@ class Runner:
             variant, values = self.schedules.variant(tkey, counts, in_rows, out)
             program, passes, tables = self.program(variant), self.passes_for(x.device), \
                 self.tables
-        shape = CallShape(x, OUT in variant.wire_bufs, passes, tables, self, variant.wide_bufs,
+        context = CallContext(x, OUT in variant.wire_bufs, passes, tables, self, variant.wide_bufs,
                           plan.layout.world_size, wire, wire_scale)
-        return program.prepare(values, (in_rows, out), shape, scratch_key, rows.need,
+        return program.prepare(values, (in_rows, out), context, scratch_key, rows.need,
                                rows.exact)
 
     def template_key(self, plan: DpPlan, op: Op, *, partial: bool, device_counts: bool,

@@ -261,7 +261,7 @@ def backend_checks(ctx, layout_args, device: str) -> dict:
 def mixed_backend(ctx) -> dict:
     """A world initialised as a launcher would ("cuda:nccl,cpu:gloo", or plain "nccl"):
     what the groups carry, which group serves host exchanges, the groups DpComm made, and
-    gathers of CUDA tensors (three tensors in one grouped launch) with validate."""
+    a three-tensor gather of CUDA tensors with validate (the NCCL collectives it issues)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.set_device(0)
@@ -328,3 +328,54 @@ def graph_checks(ctx) -> dict:
     torch.cuda.synchronize()
     return dict(equal=equal, clear=clear, flagged=flagged, reason=reason, sticky=still,
                 reset=not comm.overflowed())
+
+
+
+def grouped_launches(ctx, layout_args) -> dict:
+    """A four-tensor gather (bf16, int32, fp32, bf16; partial but the int32) on a
+    backend taken to coalesce (the runner's grouped blocks recorded instead of NCCL's):
+    each collective's binder and the block it ran in (None: outside one), and whether
+    the results equal the tensors' calls alone."""
+    import contextlib
+
+    from dpx_torch.comm import DpComm
+
+    layout = dpx.DpLayout(*layout_args)
+    comm = DpComm(layout)
+    runner = comm.runner
+    log: list = []
+    state = {"blocks": 0, "inside": None}
+
+    @contextlib.contextmanager
+    def coalescing(pg, device):
+        state["blocks"] += 1
+        state["inside"] = state["blocks"]
+        yield
+        state["inside"] = None
+
+    bind = runner.collective
+
+    def collective(binder, group):
+        fn = bind(binder, group)
+
+        def logged(*a):
+            log.append((binder.__name__, state["inside"]))
+            return fn(*a)
+        logged.ungrouped = logged   # type: ignore[attr-defined]
+        return logged
+
+    runner.groups._coalesce["cpu"] = True   # as NCCL answers for CUDA tensors
+    runner.coalescing, runner.collective = coalescing, collective
+    plan = dpx.plan_step([3 + d for d in range(layout.dp_size)], layout, mode="max_len")
+    rows = plan.slot_rows[layout.coords(ctx.rank).attn_dp_rank]
+    g = torch.Generator().manual_seed(ctx.rank)
+    xs = (torch.randn(rows, 8, generator=g).bfloat16(),
+          torch.randint(0, 9, (rows, 4), generator=g, dtype=torch.int32),
+          torch.randn(rows, 8, generator=g), torch.randn(rows, 16, generator=g).bfloat16())
+    flags = (True, False, True, True)
+    got = comm.gather(xs, plan, partial=flags)
+    batched = list(log)
+    equal = all(torch.equal(a, comm.gather(x, plan, partial=p))
+                for a, x, p in zip(got, xs, flags))
+    comm.destroy()
+    return dict(equal=equal, log=batched)

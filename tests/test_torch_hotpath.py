@@ -159,3 +159,21 @@ def test_any_backend_spec_a_launcher_uses(gloo_worlds, spec):
         assert "cpu" in r["devices"] and r["cpu_is_world"]
         assert r["created"] == [None, None], r  # the two attn-tp groups, on the world's spec
         assert r["counts"] == (3, 3)
+
+
+@pytest.mark.parametrize("layout", [(2, 2), (4, 2)], ids=IDS)
+def test_several_tensors_go_out_as_one_grouped_launch_per_kind(gloo_worlds, layout):
+    """docs/semantics.md, "Several tensors in one call", on a backend that coalesces (as
+    NCCL does; gloo stands in, the runner's grouped blocks recorded): a four-tensor gather
+    issues its all-gathers in one block, its attn-tp reduce-scatters in one block per
+    dtype (a dtype of one tensor: no block), and equals the tensors gathered alone."""
+    for r in gloo_worlds(layout[0]).run("hotpath_jobs:grouped_launches", layout):
+        assert r["equal"], r
+        gathers = [b for kind, b in r["log"] if kind == "bind_all_gather"]
+        assert len(gathers) == 4 and len(set(gathers)) == 1 and gathers[0] is not None, r
+        rs = [b for kind, b in r["log"] if kind == "bind_reduce_scatter"]
+        if layout[0] == layout[1]:   # attn_tp 1: the partial tensors need no reduce-scatter
+            assert rs == [], r
+        else:                        # bf16, fp32, bf16: the two bf16 together, fp32 alone
+            assert len(rs) == 3 and rs[0] == rs[1] is not None and rs[2] is None, r
+            assert rs[0] != gathers[0], r
