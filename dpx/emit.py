@@ -6,21 +6,21 @@ counts are asked of :meth:`Emitter.known`, whose answers become the variant's gu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from dpx import expr as X
 from dpx import values as V
 from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
 from dpx.plan import CountRule
-from dpx.routes import RankRef, choose_route
+from dpx.routes import RankRef, Route, choose_route
 from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
                        AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
                        Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV, Ref,
                        SplitColumns, Step, Unpack, Zero)
 from dpx.wire import check_wire_mode
 
-__all__ = ["Emitter"]
+__all__ = ["EMITTERS", "Emitter"]
 
 
 class Emitter:
@@ -32,11 +32,9 @@ class Emitter:
                  in_place: bool, in_rows_known: bool, rule: CountRule | None,
                  example: V.HostOps, ride: bool = False) -> None:
         self.geo, self.op, self.rank = geo, op, rank
-        #: the counts ride the world collective: no ragged route (its collective reads
-        #: every count), the count check after the collective
+        #: the counts ride the world collective (the route chosen on the transport
+        #: :func:`dpx.routes.route_transport` gives), the count check after it
         self.ride = ride
-        if ride:
-            transport = Transport.EQUAL
         self.partial = partial or op is Op.GATHER_SUM
         self.device_counts, self.transport = device_counts, transport
         self.wire, self.dequantize, self.in_place = wire, dequantize, in_place
@@ -96,14 +94,13 @@ class Emitter:
 
     # ------------------------------------------------------------ the op
     def emit(self) -> None:
-        """The steps: the device count check, then the method named ``<op>_<route>``
-        (gather_sum runs gather's, reduce_scatter's are ``rs_<route>``)."""
+        """The steps: the device count check, then the op's method for its route
+        (:data:`EMITTERS`)."""
         if self.rule is not None and not self.ride:
             self.steps.append(CheckCounts(self.rule))
         if self.quantized:
             check_wire_mode(self.geo.mode, self.wire, self.op)
-        family = {Op.GATHER_SUM: "gather", Op.REDUCE_SCATTER: "rs"}.get(self.op, self.op.value)
-        getattr(self, f"{family}_{self.route.value}")()
+        EMITTERS[self.op, self.route](self)
         if self.ride:
             self.ride_counts()
         if self.geo.layout.world_size == 1:
@@ -494,3 +491,23 @@ class Emitter:
         self.steps.append(AllToAll(Group.WORLD, send, recv, B))
         firsts, lens = g.chunk_table(real=True)
         self.steps.append(Unpack(recv, Ref(OUT), g.global_rows, firsts, lens, B))
+
+
+
+_E, _R = Emitter, Route
+_GATHERS = {_R.SUM_SLOTS: _E.gather_sum_slots, _R.EQUAL_BLOCKS: _E.gather_equal_blocks,
+            _R.BLOCKS_UNPACK: _E.gather_blocks_unpack, _R.RAGGED: _E.gather_ragged,
+            _R.PEER: _E.gather_peer, _R.PER_ROOT: _E.gather_per_root}
+_COMBINES = {_R.SUM_SLOTS: _E.rs_sum_slots, _R.EQUAL_BLOCKS: _E.rs_equal_blocks,
+             _R.BLOCKS_UNPACK: _E.rs_blocks_unpack, _R.RAGGED: _E.rs_ragged,
+             _R.PEER: _E.rs_peer, _R.PER_ROOT: _E.rs_per_root,
+             _R.ALL_TO_ALL: _E.rs_all_to_all, _R.ALL_TO_ALL_V: _E.rs_all_to_all_v}
+#: each op's emitter by route: every (op, route) :func:`dpx.routes.choose_route` returns
+#: (gather_sum is emitted as gather, its partial flag set)
+EMITTERS: dict[tuple[Op, Route], Callable[[Emitter], None]] = {
+    **{(op, r): m for op in (Op.GATHER, Op.GATHER_SUM) for r, m in _GATHERS.items()},
+    **{(Op.REDUCE_SCATTER, r): m for r, m in _COMBINES.items()},
+    (Op.SCATTER, _R.LOCAL): _E.scatter_local,
+    (Op.SCATTER_ADJOINT, _R.LOCAL): _E.scatter_adjoint_local,
+    (Op.SCATTER_COLUMNS, _R.ALL_TO_ALL): _E.scatter_columns_all_to_all,
+    (Op.SCATTER_COLUMNS_ADJOINT, _R.ALL_TO_ALL): _E.scatter_columns_adjoint_all_to_all}

@@ -14,7 +14,7 @@ from dpx.layout import DpLayout
 from dpx.modes import Op, PaddingMode, Transport
 
 __all__ = ["choose_route", "concrete_rank", "host_sizes", "RankRef", "Route", "route_of",
-           "symbolic_geometry", "symbolic_rank"]
+           "route_transport", "symbolic_geometry", "symbolic_rank"]
 
 
 class Route(enum.Enum):
@@ -67,6 +67,14 @@ def host_sizes(transport: Transport, *, rank_known: bool, device_counts: bool) -
     per-root and variable collectives need them: on that transport, for a known rank,
     with host counts. The one statement of the rule (:func:`choose_route` asks it)."""
     return transport is Transport.PER_ROOT and rank_known and not device_counts
+
+
+def route_transport(transport: Transport, *, ride: bool) -> Transport:
+    """The transport a schedule's route is chosen on: the requested one, or the equal one
+    when the counts ride the gather's world all-gather (every rank's count arrives with
+    the rows, so no collective before it may read the counts: not the ragged one). The
+    one statement of the rule (the schedule builder asks it)."""
+    return Transport.EQUAL if ride else transport
 
 
 def route_of(mode: PaddingMode, transport: Transport, *, equal: bool,

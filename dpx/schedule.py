@@ -23,7 +23,8 @@ from dpx.geometry import Structure
 from dpx.lru import LRU
 from dpx.modes import Op, PaddingMode, Transport, Wire
 from dpx.plan import DpPlan, count_rule
-from dpx.routes import RankRef, Route, concrete_rank, symbolic_geometry, symbolic_rank
+from dpx.routes import (RankRef, Route, concrete_rank, route_transport, symbolic_geometry,
+                        symbolic_rank)
 from dpx.steps import IN, OUT, AllToAllV, Ref, Step, moved_buffer
 from dpx.steps import _Variable as _VariableStep
 
@@ -191,7 +192,8 @@ def _emit(key: TemplateKey, counts: tuple, in_rows: int | None, out_rows: int, *
     if in_rows is not None:
         params["in_rows"] = in_rows
     e = Emitter(geo, Op(key.op), partial=key.partial, rank=rank,
-                device_counts=key.device_counts, transport=Transport(key.transport),
+                device_counts=key.device_counts,
+                transport=route_transport(Transport(key.transport), ride=key.ride),
                 wire=Wire(key.wire), dequantize=key.dequantize,
                 in_place=key.in_place, in_rows_known=key.in_rows_known, ride=key.ride,
                 rule=count_rule(structure) if key.device_counts else None,
