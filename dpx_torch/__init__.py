@@ -1,5 +1,9 @@
 """PyTorch frontend of dpx: the DP-attention communicator ``DpComm``, its row kernels and
-the pad-row helpers."""
+the pad-row helpers.
+
+Layer: public. Imports dpx, the shims, passes, transports, runner and call paths layers
+and the modules before it in its own row (docs/semantics.md, "Where things live").
+"""
 
 from dpx_torch.comm import DpComm, counts_tensor
 from dpx_torch.overlap import DpWork

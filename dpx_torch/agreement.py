@@ -2,6 +2,9 @@
 raises the same error instead of entering a collective that would hang or corrupt
 (``DpComm(validate=True)``), and the host count exchange (:meth:`Agreement.sync_counts`).
 
+Layer: call paths. Imports dpx, the shims, passes, transports and runner layers and the
+modules before it in its own row (docs/semantics.md, "Where things live").
+
 Every message names what differs -- the plans' counts or mode, the dtypes, which rank
 rejected its input and why, the device counts a capacity plan cannot hold -- never an
 opaque digest."""

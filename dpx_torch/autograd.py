@@ -4,6 +4,9 @@ gather_sum (the partial gather whose sums span every rank of a replica, CP ranks
 scatter <-> scatter's adjoint. For a replicated gather every attn-tp copy receives the
 whole slot's gradient, which is what the backward of a replicated activation expects.
 
+Layer: call paths. Imports dpx, the shims, passes, transports and runner layers and the
+modules before it in its own row (docs/semantics.md, "Where things live").
+
 A graph keeps its communicator's calls weakly and no prepared program: a graph held past
 ``DpComm.destroy()`` holds no process group, and its backward raises that the
 communicator was destroyed."""

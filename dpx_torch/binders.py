@@ -7,8 +7,8 @@ The planner says which rows move where; a binder only maps its step. :class:`Cal
 is what a class of prepared calls shares, :class:`RunnerView` what binders use of the
 runner.
 
-Imports: dpx (the steps, values, wire sizes), the passes and the collectives; nothing
-above them (:mod:`dpx_torch.program` compiles variants from these binders).
+Layer: runner. Imports dpx, the shims, passes and transports layers and the modules before
+it in its own row (docs/semantics.md, "Where things live").
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
 """Input checks of :class:`dpx_torch.DpComm`: each names the value and the rule, and runs on
 the host before any collective. Checks of shared things (plan, layout, mode) fail alike on
 every rank; checks of a rank's own tensors fail on that rank (``validate=True`` makes every
-rank raise together, see :mod:`dpx_torch.agreement`)."""
+rank raise together, see :mod:`dpx_torch.agreement`).
+
+Layer: call paths. Imports dpx, the shims, passes, transports and runner layers and the
+modules before it in its own row (docs/semantics.md, "Where things live").
+"""
 
 from __future__ import annotations
 

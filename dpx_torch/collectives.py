@@ -1,5 +1,8 @@
 """The collectives a schedule issues, bound once per process group.
 
+Layer: transports. Imports dpx, the shims and passes layers and the modules before it in
+its own row (docs/semantics.md, "Where things live").
+
 ``bind_all_gather(group)(out, inp)``, ``bind_reduce_scatter(group)(out, inp)`` (sum) and
 ``bind_all_reduce(group)(buf)`` (sum, in place) do what ``torch.distributed``'s
 ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` / ``all_reduce`` do, synchronously

@@ -1,5 +1,8 @@
 """``DpComm``: DP-attention gather / scatter / reduce_scatter over torch.distributed.
 
+Layer: public. Imports dpx, the shims, passes, transports, runner and call paths layers
+and the modules before it in its own row (docs/semantics.md, "Where things live").
+
 Per-rank shape algebra (``d`` = this rank's attn-dp rank, ``n_d`` its real count,
 ``H...`` the trailing dims)::
 

@@ -5,8 +5,8 @@ enum and world arithmetic. :mod:`dpx_torch.sglang` installs one and exposes its 
 sglang's module functions; its docstring gives the semantics (forward batches, per-step
 plans, the differences from sglang's behaviour).
 
-Imports: dpx, the communicator and its helpers (padrows, collectives, lifecycle), the
-drop-in's plans (:mod:`dpx_torch.sglang_plans`); nothing that imports it.
+Layer: public. Imports dpx, the shims, passes, transports, runner and call paths layers
+and the modules before it in its own row (docs/semantics.md, "Where things live").
 """
 
 from __future__ import annotations

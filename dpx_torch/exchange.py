@@ -1,6 +1,9 @@
 """The device count exchange of a capacity plan's step (:meth:`DpComm.exchange_counts`): one
 tiny all-gather of every rank's count on the world group, no host sync, capturable in a
 CUDA graph; whose report each entry keeps is :func:`dpx.counts.sources`.
+
+Layer: call paths. Imports dpx, the shims, passes, transports and runner layers and the
+modules before it in its own row (docs/semantics.md, "Where things live").
 """
 
 from __future__ import annotations

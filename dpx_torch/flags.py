@@ -2,6 +2,9 @@
 (:class:`dpx.steps.CheckCounts`, the ``check_counts_kernel`` on CUDA) records counts
 outside what a capacity plan holds.
 
+Layer: passes. Imports dpx, the shims layer and the modules before it in its own row
+(docs/semantics.md, "Where things live").
+
 One int32 ``[1]`` tensor per device, made on first use (make it before a CUDA-graph
 capture: a warm-up call does) and kept; a violation ORs a bit into it (1: a negative
 count, 2: a replica over a MAX_LEN capacity, 4: the aligned counts over a SUM_LEN /

@@ -2,6 +2,9 @@
 ``validate=True`` exchange, and the prepared op the call runs (found in, or made for, the
 communicator's one cache, :class:`~dpx_torch.prepared.PreparedOps`).
 
+Layer: call paths. Imports dpx, the shims, passes, transports and runner layers and the
+modules before it in its own row (docs/semantics.md, "Where things live").
+
 Every call form ends here unless its prepared op admits it on the fast path: a first call,
 a call whose tensors a prepared op's guards do not admit, every call while the
 communicator validates, autograd calls, ``*_async`` calls and several-tensor gathers.

@@ -1,6 +1,9 @@
 """Process groups a :class:`dpx_torch.DpComm` needs, built from a :class:`dpx.DpLayout` or
 adopted from the caller, and what their backends can do.
 
+Layer: transports. Imports dpx, the shims and passes layers and the modules before it in
+its own row (docs/semantics.md, "Where things live").
+
 Backends are asked, not named (:mod:`dpx_torch.shims.backends`): which device types a
 group carries (``"gloo"`` carries CPU and CUDA tensors, ``"nccl"`` CUDA, ``"cpu:gloo"``
 CPU, ``"cuda:nccl,cpu:gloo"`` both) and whether its backend for a device coalesces

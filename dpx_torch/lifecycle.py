@@ -1,6 +1,9 @@
 """A communicator's life: whether it may run calls, whether they may take the prepared
 path, and how its process groups go at the end.
 
+Layer: transports. Imports dpx, the shims and passes layers and the modules before it in
+its own row (docs/semantics.md, "Where things live").
+
 :class:`Lifecycle` is the one switch every call form reads: ``fast`` is True while the
 communicator is alive and does not validate, so the implicit fast path and every prepared
 op (:mod:`dpx_torch.prepared`) run their bound steps only then; otherwise a call takes the

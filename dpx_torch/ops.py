@@ -3,6 +3,9 @@ implementations: what a call traced by ``torch.compile`` runs (:class:`OpPasses`
 traced graph holds one opaque op per pass and no graph breaks. Each op runs the default
 passes of its tensors' device (:func:`dpx_torch.passes.passes_for`).
 
+Layer: passes. Imports dpx, the shims layer and the modules before it in its own row
+(docs/semantics.md, "Where things live").
+
 Out-variants mutate ``out``; the functional ``dpx::move_rows`` / ``unpack_rows`` /
 ``pack_rows`` allocate and carry autograd rules (their adjoints), for the differentiable
 public functions of :mod:`dpx_torch.rows`. ``tile`` travels as ``[elems, warps,

@@ -1,5 +1,8 @@
 """Two-batch overlap: one communication stream, persistent events per (op, micro-batch key).
 
+Layer: runner. Imports dpx, the shims, passes and transports layers and the modules before
+it in its own row (docs/semantics.md, "Where things live").
+
 Every overlapped call of a communicator runs on its one comm stream, so the collectives of
 all micro-batches stay in one order on every rank. Events are created once per key and
 re-recorded each step; outputs come from the communicator's grow-only pool keyed by

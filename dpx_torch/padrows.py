@@ -2,6 +2,9 @@
 :func:`dpx.extents.real_ranges`): ``mask_pad_rows`` fills them in place in one kernel
 launch, ``pad_row_mask`` returns the boolean mask.
 
+Layer: call paths. Imports dpx, the shims, passes, transports and runner layers and the
+modules before it in its own row (docs/semantics.md, "Where things live").
+
 ``counts`` (int32 ``[dp_size]`` on the buffer's device, or the ``[dp_size, cp_size]`` shard
 table of a sharded plan; capacity plans only) makes the real rows device data: no host
 sync, and a captured CUDA graph replays with new counts. Without it the plan's host counts

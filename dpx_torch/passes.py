@@ -1,6 +1,9 @@
 """The local passes of a schedule (:mod:`dpx.steps`) on torch tensors, one implementation per
 kind of device, with one interface:
 
+Layer: passes. Imports dpx, the shims layer and the modules before it in its own row
+(docs/semantics.md, "Where things live").
+
 - :class:`TritonPasses` (CUDA): the ``dpx.kernels`` Triton kernels -- one pass over each
   output, offsets and counts read from device memory where they are device data (CUDA-graph
   replayable) -- launched through a :class:`~dpx_torch.shims.triton_launch.Launcher`;

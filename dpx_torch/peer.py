@@ -3,6 +3,9 @@ world steps of its schedules carried out by one-sided puts into, and pulls from,
 shared workspaces (:mod:`dpx_torch.peer_memory`), with the passes of
 :mod:`dpx_torch.peer_passes`.
 
+Layer: transports. Imports dpx, the shims and passes layers and the modules before it in
+its own row (docs/semantics.md, "Where things live").
+
 Each world step is its passes before a barrier, the barrier, and its passes after it:
 
 - ``all_gather_v`` (a gather's variable all-gather of every chunk's real rows): this rank's

@@ -1,6 +1,9 @@
 """The peer transport's shared memory: one workspace per rank (:class:`dpx.workspace.PeerLayout`),
 each mapped into every peer's process, and this rank's error word.
 
+Layer: transports. Imports dpx, the shims and passes layers and the modules before it in
+its own row (docs/semantics.md, "Where things live").
+
 Two kinds, one interface (:class:`PeerMemory`):
 
 - CUDA (:class:`CudaMemory`): device memory exported and opened through CUDA IPC

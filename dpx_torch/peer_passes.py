@@ -4,6 +4,9 @@ sum a combine's rows from every rank's -- the kernels of :mod:`dpx.kernels.peer`
 (:class:`CudaPeerPasses`), torch ops on host shared memory (:class:`HostPeerPasses`), with
 one interface and one semantics (the kernels' docstrings).
 
+Layer: transports. Imports dpx, the shims and passes layers and the modules before it in
+its own row (docs/semantics.md, "Where things live").
+
 Each ``bind_*`` resolves what depends only on the sizes once and returns the function a
 prepared call runs: ``put(src, firsts, lens, count)``, ``take(out, firsts, lens,
 reports)``, ``pull_sum(out, firsts, lens)`` (``firsts`` / ``lens``: int32 chunk tables on

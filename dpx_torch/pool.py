@@ -1,5 +1,8 @@
 """A grow-only scratch-buffer pool keyed by purpose.
 
+Layer: runner. Imports dpx, the shims, passes and transports layers and the modules before
+it in its own row (docs/semantics.md, "Where things live").
+
 Its bound: one buffer per (purpose, dtype, device) -- the scratch buffers of the schedules
 in use, per stream key (``"caller"``, ``"comm"``, and one per tensor of a batched gather)
 and the outputs of the overlapped calls, one per micro-batch key -- each as large as the

@@ -1,5 +1,8 @@
 """Prepared communicator calls: decide once, then run straight-line code.
 
+Layer: call paths. Imports dpx, the shims, passes, transports and runner layers and the
+modules before it in its own row (docs/semantics.md, "Where things live").
+
 A :class:`PreparedOp` is one ``DpComm`` call (gather, scatter, reduce_scatter,
 scatter_columns, with its plan and flags) whose checks have passed and whose program is
 bound (:class:`~dpx_torch.program.PreparedCall`). A later call guards only what can change

@@ -1,5 +1,8 @@
 """Runs a schedule variant (:class:`dpx.schedule.Variant`) on torch tensors.
 
+Layer: runner. Imports dpx, the shims, passes and transports layers and the modules before
+it in its own row (docs/semantics.md, "Where things live").
+
 A :class:`Program` is a variant compiled once: one *binder* per step
 (:data:`dpx_torch.binders.BINDERS`), each turning a step into a function of one call's
 buffers.

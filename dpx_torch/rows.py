@@ -1,5 +1,8 @@
 """The row passes as checked, differentiable functions.
 
+Layer: passes. Imports dpx, the shims layer and the modules before it in its own row
+(docs/semantics.md, "Where things live").
+
 ``place_rows(src [m, *rest], start, count, rows) -> out [rows, *rest]``:
     ``out[start + j] = src[j]`` for ``j < count``; every other row is 0.
 ``take_rows(src [m, *rest], start, count, rows) -> out [rows, *rest]``:

@@ -3,6 +3,9 @@ device tables, scratch pool, overflow flags and the comm stream -- every piece o
 below the prepared ops (:mod:`dpx_torch.prepared`), with one bound each
 (:class:`CacheLimits`) and one ``clear()``.
 
+Layer: runner. Imports dpx, the shims, passes and transports layers and the modules before
+it in its own row (docs/semantics.md, "Where things live").
+
 :meth:`Runner.prepare` binds one call: the plan's *structure*
 (:attr:`dpx.DpPlan.structure`) selects a schedule template in the
 :class:`dpx.ScheduleCache`; the template's generated function computes the call's host

@@ -1,5 +1,8 @@
 """sglang's DP-attention data path (``sglang.srt.layers.dp_attention``) on a :class:`DpComm`.
 
+Layer: public. Imports dpx, the shims, passes, transports, runner and call paths layers
+and the modules before it in its own row (docs/semantics.md, "Where things live").
+
 Model code written against sglang's module switches by changing one import::
 
     from dpx_torch.sglang import dp_gather_partial, dp_scatter, ...   # was: sglang's module

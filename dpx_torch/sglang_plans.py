@@ -1,7 +1,11 @@
 """The plans of the sglang drop-in's steps (:mod:`dpx_torch.sglang`): a forward's buffer
 lengths, padding mode and counts (``set_dp_buffer_len``), the plan of a forward batch and
 its device counts, the plan of a forward's combine -- each made once and kept (at most
-``limit`` plans, least recently used first out)."""
+``limit`` plans, least recently used first out).
+
+Layer: public. Imports dpx, the shims, passes, transports, runner and call paths layers
+and the modules before it in its own row (docs/semantics.md, "Where things live").
+"""
 
 from __future__ import annotations
 

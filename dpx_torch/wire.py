@@ -2,6 +2,9 @@
 (CUDA runs the ``dpx.kernels.wire`` and ``dpx.kernels.fp4`` kernels; :mod:`dpx_torch.passes`
 picks) -- and the views of a wire buffer.
 
+Layer: passes. Imports dpx, the shims layer and the modules before it in its own row
+(docs/semantics.md, "Where things live").
+
 ``quantize_rows(src [k, H] float, out uint8 [k, wire_row_bytes(H, wire)], wire, g)``: every
 row of ``src`` as a wire row (``g``: nvfp4's global scale).
 ``dequantize_rows(src uint8 [k, wire_row_bytes(H, wire)], out [k, H], wire, g)``.

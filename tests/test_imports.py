@@ -77,3 +77,61 @@ def test_planner_modules_import_only_the_ones_before_them():
                 assert all(a.name.split(".")[0] not in ("torch", "jax", "triton")
                            for a in node.names), name
     assert not late, late
+
+
+def test_frontend_modules_import_only_their_layer_or_below():
+    """docs/semantics.md's layers of dpx_torch: every module is listed once, imports only
+    modules of lower layers or before it in its own row (function-level and TYPE_CHECKING
+    imports included), and names its layer in its docstring."""
+    import ast
+    import re
+
+    text = (ROOT / "docs" / "semantics.md").read_text()
+    table = text[text.index("The torch frontend (`dpx_torch/`) is six layers"):
+                 text.index("Each rule is defined once")]
+    rows = [line.split("|") for line in table.splitlines()
+            if line.startswith("| ") and "`" in line.split("|")[2]]
+    order, layer_of = [], {}
+    for row in rows:
+        for name in re.findall(r"`([\w.]+)`", row[2]):
+            order.append(name)
+            layer_of[name] = row[1].strip()
+    assert len(set(layer_of.values())) == 6, layer_of
+    pkg = ROOT / "dpx_torch"
+    files = {("__init__" if p.parent == pkg and p.stem == "__init__" else
+              "shims" if p.stem == "__init__" else
+              f"shims.{p.stem}" if p.parent.name == "shims" else p.stem): p
+             for p in pkg.rglob("*.py")}
+    assert sorted(order) == sorted(files) and len(order) == len(set(order)), \
+        set(order) ^ set(files)
+    position = {name: i for i, name in enumerate(order)}
+
+    def target(module: str, names: list[str]) -> list[str]:
+        parts = module.split(".")
+        if parts[0] != "dpx_torch":
+            return []
+        if len(parts) == 1:                          # from dpx_torch import x
+            return [n for n in names if n in position]
+        if parts[1] == "shims":
+            if len(parts) == 2:                      # from dpx_torch.shims import x
+                return [f"shims.{n}" if f"shims.{n}" in position else "shims" for n in names]
+            return [f"shims.{parts[2]}"]
+        return [parts[1]]
+
+    late, unnamed = [], []
+    for name in order:
+        tree = ast.parse(files[name].read_text())
+        doc = ast.get_docstring(tree) or ""
+        if f"Layer: {layer_of[name]}." not in " ".join(doc.split()):
+            unnamed.append(name)
+        for node in ast.walk(tree):
+            deps: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps = target(node.module, [a.name for a in node.names])
+            elif isinstance(node, ast.Import):
+                deps = [d for a in node.names for d in target(a.name, [])]
+            late += [(name, d) for d in deps
+                     if d != name and position.get(d, -1) >= position[name]
+                     and not (name == "shims" and d.startswith("shims."))]
+    assert not late, late
+    assert not unnamed, f"no 'Layer: <layer>.' line in the docstrings of {unnamed}"

@@ -2,6 +2,9 @@
 versions it was checked on and falls back to the public API when the private one is
 missing or fails on its first use (tests/test_shims.py forces every fallback):
 
+Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
+"Where things live").
+
 ========================  ==========================================  ===========================
 module                    private                                     public fallback
 ========================  ==========================================  ===========================
@@ -26,14 +29,17 @@ module                    private                                     public fal
                           InterpretedFunction`` and its rewrite, for  before Triton is imported
                           kernels that call other ``@triton.jit``     (then every kernel is
                           functions                                   interpreted)
+:mod:`.ipc`               ``torch.multiprocessing.reductions``'       the CUDA driver's public
+                          CUDA tensor sharing (the fallback here:     IPC API through ctypes
+                          the public driver API is the first choice)  (the first choice)
 ========================  ==========================================  ===========================
 
 The versions dpx is tested on are pyproject's ranges: torch 2.11 (CUDA, H200) and 2.13
 (CPU), Triton 3.6 (CUDA) and 3.9 (CPU).
 """
 
-from dpx_torch.shims import (backends, coalescing, first_use, interpreter, pg_methods, stream,
-                             triton_launch)
+from dpx_torch.shims import (backends, coalescing, first_use, interpreter, ipc, pg_methods,
+                             stream, triton_launch)
 
-__all__ = ["backends", "coalescing", "first_use", "interpreter", "pg_methods", "stream",
+__all__ = ["backends", "coalescing", "first_use", "interpreter", "ipc", "pg_methods", "stream",
            "triton_launch"]

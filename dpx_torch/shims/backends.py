@@ -1,5 +1,8 @@
 """What a process group's backends carry and whether they coalesce.
 
+Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
+"Where things live").
+
 Private: ``ProcessGroup._device_types`` (the device types of its backends) and
 ``ProcessGroup._get_backend(device).supports_coalescing``, checked on torch 2.11 (CUDA)
 and 2.13 (CPU). Public fallbacks: the backend string ``dist.get_backend(pg)`` (``"nccl"``

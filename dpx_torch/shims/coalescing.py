@@ -1,6 +1,9 @@
 """Grouping several collectives into one launch (NCCL), and which groups are inside such a
 block.
 
+Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
+"Where things live").
+
 Private: ``torch.distributed.distributed_c10d._coalescing_manager(group, device)`` (a
 context manager) and ``distributed_c10d._world.pg_coalesce_state`` (the groups inside
 one), checked on torch 2.11 (CUDA) and 2.13. Public fallback: the collectives issued one

@@ -1,6 +1,9 @@
 """The rule every private dependency follows: use the private callable while it works, and
 the public one for good once its first call fails.
 
+Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
+"Where things live").
+
 A private API that is present but changed (another signature, another return) fails on
 its first call, and only there can it be told apart from one that works; after a first
 call that worked, failures are the call's own (a collective's error, a bad argument) and

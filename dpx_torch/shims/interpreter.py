@@ -2,6 +2,9 @@
 that call other ``@triton.jit`` functions -- the ``dpx.kernels`` helpers and Triton's own
 ``tl.max`` / ``tl.min`` / ``tl.sum``.
 
+Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
+"Where things live").
+
 Private: ``triton.runtime.interpreter.InterpretedFunction`` (its launch and its
 ``rewrite()``) and ``JITFunction.__call__``, checked on Triton 3.6 and 3.9. Outside the
 process-wide ``TRITON_INTERPRET=1`` switch a ``@triton.jit`` function called inside an

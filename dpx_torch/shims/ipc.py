@@ -2,6 +2,9 @@
 peers on the node map that memory into their processes (the peer transport's workspace,
 :mod:`dpx_torch.peer_memory`).
 
+Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
+"Where things live").
+
 Two implementations with one interface (:class:`Ipc`):
 
 - ``"driver"`` (first choice): the CUDA driver's public API through ``ctypes``
@@ -13,8 +16,8 @@ Two implementations with one interface (:class:`Ipc`):
   reference counting that outlives the process.
 - ``"torch"`` (fallback, private): torch's own CUDA tensor sharing
   (``torch.multiprocessing.reductions.reduce_tensor`` and its rebuild function), written
-  against torch 2.11 and 2.13 (``tests/test_peer_gpu.py`` forces it; not yet run on a
-  GPU). Used where the driver library cannot be loaded or its first
+  against torch 2.11 and 2.13 (``tests/test_peer_gpu.py`` forces it: passed on an H100
+  with torch 2.11). Used where the driver library cannot be loaded or its first
   allocation or export fails; it needs an allocator whose blocks are plain ``cudaMalloc``
   blocks (torch's default).
 

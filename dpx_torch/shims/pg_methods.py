@@ -1,5 +1,8 @@
 """Collectives through a process group's own methods, with their options made once.
 
+Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
+"Where things live").
+
 ``torch.distributed``'s public functions re-check their arguments and build their options
 on every call -- microseconds of host time that a prepared call has already spent once.
 Private: ``ProcessGroup._allgather_base(out, inp, AllgatherOptions)``,

@@ -1,6 +1,9 @@
 """The current CUDA stream of a device as a raw handle (an int), which a direct kernel
 launch passes to the compiled kernel's launcher.
 
+Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
+"Where things live").
+
 Private: ``torch._C._cuda_getCurrentRawStream(device_index)``, checked on torch 2.11 (CUDA)
 and 2.13. Public fallback: ``torch.cuda.current_stream(device_index).cuda_stream`` (the
 same int, with a ``Stream`` object made per call), when the private function is missing or

@@ -1,5 +1,8 @@
 """Launching the ``dpx.kernels`` from torch: Triton's compiled kernel, called directly.
 
+Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
+"Where things live").
+
 ``kernel[grid](*args)`` costs ~20 µs of host time per launch on a serving host: Triton binds
 and specialises every argument, hashes the specialisation and looks the kernel up, on every
 call. A :class:`Launcher` does that once per *specialisation* -- the kernel, its constexpr
