@@ -132,7 +132,7 @@ def main() -> None:
 
 def _control(pairs: int, checkpoints: int, src: torch.Tensor, cuda: bool) -> list[dict]:
     """The backend's own growth: ``pairs`` bare world-1 all-gather + reduce-scatter pairs."""
-    warnings.filterwarnings("ignore", category=FutureWarning)  # the names torch 2.13 renames
+    warnings.filterwarnings("ignore", category=FutureWarning)  # the names torch >= 2.12 renamed
     rng = random.Random(1)
     out = torch.empty_like(src)
     every = max(pairs // checkpoints, 1)

@@ -493,7 +493,6 @@ class Emitter:
         self.steps.append(Unpack(recv, Ref(OUT), g.global_rows, firsts, lens, B))
 
 
-
 _E, _R = Emitter, Route
 _GATHERS = {_R.SUM_SLOTS: _E.gather_sum_slots, _R.EQUAL_BLOCKS: _E.gather_equal_blocks,
             _R.BLOCKS_UNPACK: _E.gather_blocks_unpack, _R.RAGGED: _E.gather_ragged,

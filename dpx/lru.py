@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Iterator
 
+from dpx.errors import check_int
+
 __all__ = ["LRU"]
 
 
@@ -22,7 +24,7 @@ class LRU:
     __slots__ = ("limit", "_map", "_order", "_tick")
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
+        self.limit = check_int("a cache's limit", limit, minimum=0)
         #: key -> [value, tag]; tag -> key, least recently used first
         self._map: dict[Any, list] = {}
         self._order: OrderedDict[int, Any] = OrderedDict()

@@ -99,12 +99,14 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
             raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
         if limits is not None and not isinstance(limits, CacheLimits):
             raise DpxTypeError(f"limits={limits!r} must be a dpx_torch.CacheLimits")
-        # What a communicator owns, in the order built: its groups; the runner (schedule,
-        # program and table caches, the scratch pool, the bound collectives, and the peer
-        # transport opened last, below); the input checks and the agreement (validate);
-        # the prepared ops; the full path; the counts exchange; the exit hook. destroy()
-        # ends the peer transport and then the groups (TransportMethods._end), then drops
-        # the rest in that order (_release).
+        # What a communicator owns, in the order built: its groups; the lifecycle (alive,
+        # validate, the fast paths' switch); the runner (schedule, program and table
+        # caches, the scratch pool, the bound collectives, and the peer transport opened
+        # last, below); the input checks and the agreement (validate); the prepared ops;
+        # the full path; the counts exchange; the exit hook. destroy() ends the peer
+        # transport and then the groups (TransportMethods._end), then _release ends the
+        # lifecycle, severs the prepared ops' programs, clears the runner's caches and the
+        # counts exchange, drops every reference and the exit hook.
         self.layout = layout
         adopt = any(g is not None for g in (attn_tp_group, replica_group, cpu_group))
         self.groups: DpGroups = (adopt_groups(layout, group, attn_tp_group, replica_group,

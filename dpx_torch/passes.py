@@ -1,9 +1,6 @@
 """The local passes of a schedule (:mod:`dpx.steps`) on torch tensors, one implementation per
 kind of device, with one interface:
 
-Layer: passes. Imports dpx, the shims layer and the modules before it in its own row
-(docs/semantics.md, "Where things live").
-
 - :class:`TritonPasses` (CUDA): the ``dpx.kernels`` Triton kernels -- one pass over each
   output, offsets and counts read from device memory where they are device data (CUDA-graph
   replayable) -- launched through a :class:`~dpx_torch.shims.triton_launch.Launcher`;
@@ -34,6 +31,9 @@ of the :class:`dpx.CountRule` ``rule`` that ``counts`` break.
 Each pass also has a ``bind_*`` form: everything that depends only on the shapes (launch
 grid, tile, compiled kernel) resolved once, a function of the buffers (and of the index
 tensors that are device data) left to call -- what a prepared call runs.
+
+Layer: passes. Imports dpx, the shims layer and the modules before it in its own row
+(docs/semantics.md, "Where things live").
 """
 
 from __future__ import annotations

@@ -25,12 +25,12 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, NamedTuple
 
 import torch
 
-from dpx.errors import DpxPeerError, DpxValueError
+from dpx.errors import DpxPeerError, DpxValueError, check_int
 from dpx.extents import OpRows, op_rows
 from dpx.layout import DpLayout
 from dpx.modes import Group, Op, Transport, Wire
@@ -73,6 +73,11 @@ class CacheLimits:
     batches: int = 32
     tables: int = 256
     kernels: int = 128
+
+    def __post_init__(self) -> None:
+        for f in fields(self):   # every bound a count; a schedule cache holds at least one
+            check_int(f"CacheLimits({f.name})", getattr(self, f.name),
+                      minimum=1 if f.name in ("templates", "variants") else 0)
 
 
 class Call(NamedTuple):
@@ -175,8 +180,8 @@ class Runner:
             variant, values = self.schedules.variant(tkey, counts, in_rows, out)
             program, passes, tables = self.program(variant), self.passes_for(x.device), \
                 self.tables
-        context = CallContext(x, OUT in variant.wire_bufs, passes, tables, self, variant.wide_bufs,
-                          plan.layout.world_size, wire, wire_scale)
+        context = CallContext(x, OUT in variant.wire_bufs, passes, tables, self,
+                              variant.wide_bufs, plan.layout.world_size, wire, wire_scale)
         return program.prepare(values, (in_rows, out), context, scratch_key, rows.need,
                                rows.exact)
 

@@ -277,8 +277,12 @@ def mixed_backend(ctx) -> dict:
         got = comm.gather(xs, plan, partial=(True, False, False))
         torch.cuda.synchronize()
     launches = [e.name for e in prof.events() if e.name.startswith("nccl:")]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:   # the probe sees NCCL
+        torch.distributed.all_reduce(torch.ones(4, device="cuda"), group=comm.groups.world)
+        torch.cuda.synchronize()
+    control = [e.name for e in prof.events() if e.name.startswith("nccl:")]
     res = dict(devices=sorted(comm.groups.devices), cpu_is_world=comm.groups.cpu is
-               comm.groups.world, created=made, launches=launches,
+               comm.groups.world, created=made, launches=launches, control=control,
                ok=all(torch.equal(g, x) for g, x in zip(got, xs)),
                sync=comm.sync_counts(7)[0])
     comm.destroy()
@@ -330,7 +334,6 @@ def graph_checks(ctx) -> dict:
                 reset=not comm.overflowed())
 
 
-
 def grouped_launches(ctx, layout_args) -> dict:
     """A four-tensor gather (bf16, int32, fp32, bf16; partial but the int32) on a
     backend taken to coalesce (the runner's grouped blocks recorded instead of NCCL's):
@@ -361,7 +364,6 @@ def grouped_launches(ctx, layout_args) -> dict:
         def logged(*a):
             log.append((binder.__name__, state["inside"]))
             return fn(*a)
-        logged.ungrouped = logged   # type: ignore[attr-defined]
         return logged
 
     runner.groups._coalesce["cpu"] = True   # as NCCL answers for CUDA tensors

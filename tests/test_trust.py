@@ -31,6 +31,27 @@ def test_lru_keeps_a_hot_entry_through_one_off_entries():
     assert lru.hit("hot") == 2 and lru.hit(97) is None
 
 
+def test_cache_bounds_are_checked_and_named():
+    """Every bound of CacheLimits is a count (a schedule cache holds at least one
+    template and variant), refused by name before any cache is made; an LRU of limit 0
+    keeps nothing and still hands back what it was given."""
+    from dataclasses import fields
+
+    for f in fields(CacheLimits):
+        with pytest.raises(dpx.DpxValueError, match=rf"CacheLimits\({f.name}\)=-1 must be >= 0"
+                           if f.name not in ("templates", "variants") else
+                           rf"CacheLimits\({f.name}\)=-1 must be >= 1"):
+            CacheLimits(**{f.name: -1})
+        with pytest.raises(dpx.DpxTypeError, match=rf"CacheLimits\({f.name}\)=2.0"):
+            CacheLimits(**{f.name: 2.0})
+    with pytest.raises(dpx.DpxValueError, match="must be >= 1"):
+        CacheLimits(variants=0)
+    with pytest.raises(dpx.DpxValueError, match="limit=-1"):
+        LRU(-1)
+    empty = LRU(0)
+    assert empty.put("k", 5) == 5 and len(empty) == 0 and empty.hit("k") is None
+
+
 def test_a_hot_prepared_op_survives_a_stream_of_one_off_calls(world1):
     """At the cache's limit, one-off calls (a new count each, new plans of a known
     structure too) evict the least recently used ops, never the op called between them:

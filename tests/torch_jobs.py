@@ -175,11 +175,17 @@ def check_async_matches_sync(ctx, layout_args, steps) -> dict:
     return dict(buffers=sizes, allocations=comm.runner.pool.allocations)
 
 
-def outputs(ctx, layout_args, cases, *, rest=(5,)) -> list[dict]:
+def outputs(ctx, layout_args, cases, *, rest=(5,), transport: str = "per_root") -> list[dict]:
     """Per case, this rank's gather / scatter / reduce_scatter outputs (float64 NumPy) and
-    the gradients of gather and reduce_scatter for small-integer cotangents."""
+    the gradients of gather and reduce_scatter for small-integer cotangents, on the
+    communicator of ``transport`` (``"peer"``: a workspace on the jobs' device)."""
+    from dpx_torch import PeerOptions
+
     layout = dpx.DpLayout(*layout_args)
-    comm = ctx.comm(layout)
+    comm = ctx.comm(layout) if transport == "per_root" else ctx.comm(
+        layout, transport=transport, peer=PeerOptions(phase_bytes=1 << 20, timeout=30.0,
+                                                      device=DEVICE))
+    assert comm.transport.value == transport, comm.transport_choice
     res = []
     for case in cases:
         dtype = DTYPES[case.get("dtype", "float32")]

@@ -2,9 +2,6 @@
 versions it was checked on and falls back to the public API when the private one is
 missing or fails on its first use (tests/test_shims.py forces every fallback):
 
-Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
-"Where things live").
-
 ========================  ==========================================  ===========================
 module                    private                                     public fallback
 ========================  ==========================================  ===========================
@@ -29,13 +26,16 @@ module                    private                                     public fal
                           InterpretedFunction`` and its rewrite, for  before Triton is imported
                           kernels that call other ``@triton.jit``     (then every kernel is
                           functions                                   interpreted)
-:mod:`.ipc`               ``torch.multiprocessing.reductions``'       the CUDA driver's public
-                          CUDA tensor sharing (the fallback here:     IPC API through ctypes
-                          the public driver API is the first choice)  (the first choice)
+:mod:`.ipc`               ``torch.multiprocessing.reductions``'       -- (the first choice is
+                          CUDA tensor sharing, used only where the    public: the CUDA driver's
+                          driver's IPC API cannot be                  IPC API through ctypes)
 ========================  ==========================================  ===========================
 
 The versions dpx is tested on are pyproject's ranges: torch 2.11 (CUDA, H200) and 2.13
 (CPU), Triton 3.6 (CUDA) and 3.9 (CPU).
+
+Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
+"Where things live").
 """
 
 from dpx_torch.shims import (backends, coalescing, first_use, interpreter, ipc, pg_methods,

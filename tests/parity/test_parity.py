@@ -104,16 +104,21 @@ def _jax_outputs(layout, case):
 @pytest.mark.parametrize("layout_args", [(4, 4), (4, 2), (4, 1), (2, 2), (4, 1, 2)],
                          ids=lambda l: f"w{l[0]}dp{l[1]}" + (f"cp{l[2]}" if len(l) > 2 else ""))
 def test_torch_and_jax_agree(gloo_worlds, layout_args):
+    """Both torch transports against one JAX run: per_root and peer (the peer transport's
+    world steps on the host's shared memory; its reduce_scatter sums in rank order, which
+    the bound below covers as it covers the backends' orders)."""
     layout = dpx.DpLayout(*layout_args)
     cases = _cases(layout.dp_size, layout.cp_size)
-    torch_out = gloo_worlds(layout.world_size).run("torch_jobs:outputs", layout_args, cases,
-                                                   rest=REST)
+    world = gloo_worlds(layout.world_size)
+    torch_outs = {tr: world.run("torch_jobs:outputs", layout_args, cases, rest=REST,
+                                transport=tr) for tr in ("per_root", "peer")}
     for i, case in enumerate(cases):
         plan, jx = _jax_outputs(layout, case)
-        for r in range(layout.world_size):
+        for (tr, torch_out), r in itertools.product(torch_outs.items(),
+                                                    range(layout.world_size)):
             t = torch_out[r][i]
             rows = plan.slot_rows[layout.coords(r).attn_dp_rank]
-            where = f"case {case} rank {r}"
+            where = f"case {case} rank {r} transport {tr}"
             if case.get("floats") and case["partial"] and layout.attn_tp_size > 2:
                 # more than two partial addends: each side sums in its collective's order
                 bound = 4 * layout.attn_tp_size * np.finfo(np.float32).eps * \
