@@ -57,6 +57,7 @@ def test_scripts_exit_zero_under_load():
     """Each teardown, with dp 2 and 1, 4 scripts at once: exit status 0 every time
     (``benchmarks/exit_stress.py`` runs them many times)."""
     runs = [(dp, v) for dp in (2, 1) for v in ("both", "pg_only", "prepared", "validate_error")]
-    bad = [(a, p.returncode, p.stderr[-400:]) for a, p in zip(runs, _run_all(runs))
+    bad = [(a, p.returncode, p.stdout[-600:] + p.stderr[-2500:])   # the workers' errors
+           for a, p in zip(runs, _run_all(runs))
            if p.returncode != 0 or p.stdout.count("ok") != 2]
     assert not bad, bad
