@@ -308,14 +308,20 @@ def _split_columns(s: SplitColumns, b: Bind) -> StepFn:
 
 
 # ---------------------------------------------------------------- collectives
+def _peer_blocks(peer: Any, s: AllToAll | AllGather | AllGatherCounts, b: Bind, src: Buffer,
+                 dst: Buffer, *, all_to_all: bool, **reports: Any) -> StepFn:
+    """A world all-to-all or all-gather of whole blocks on the peer transport."""
+    dtype, width = b.elem(s.src.buf)
+    return peer.blocks(src, dst, b.host(s.rows, "all_to_all" if all_to_all else "all_gather"),
+                       width, dtype, all_to_all=all_to_all, **reports)
+
+
 def _all_to_all(s: AllToAll, b: Bind) -> StepFn:
     src, _ = b.buffer(s.src)
     dst, _ = b.buffer(s.dst)
     peer = b.peer(s)
     if peer is not None:
-        dtype, width = b.elem(s.src.buf)
-        return peer.blocks(src, dst, b.host(s.rows, "all_to_all"), width, dtype,
-                           all_to_all=True)
+        return _peer_blocks(peer, s, b, src, dst, all_to_all=True)
     go = b.context.runner.collective(C.bind_all_to_all, b.group(s.group))
     return lambda x, out, dv: go(dst(x, out), src(x, out))
 
@@ -336,9 +342,7 @@ def _all_gather(s: AllGather, b: Bind) -> StepFn:
     dst, _ = b.buffer(s.dst)
     peer = b.peer(s)
     if peer is not None:
-        dtype, width = b.elem(s.src.buf)
-        return peer.blocks(src, dst, b.host(s.rows, "all_gather"), width, dtype,
-                           all_to_all=False)
+        return _peer_blocks(peer, s, b, src, dst, all_to_all=False)
     go = b.context.runner.collective(C.bind_all_gather, b.group(s.group))
     if src is _whole_in and dst is _whole_out:
         return lambda x, out, dv: go(out, x)
@@ -357,12 +361,9 @@ def _all_gather_counts(s: AllGatherCounts, b: Bind) -> StepFn:
         def arrived(dv, every):
             dv.reports = every
             dv.set_counts(every[cx.tables.get(src, every.device)])
-        rsrc, _ = b.buffer(s.src, s.rows)
-        dst, _ = b.buffer(s.dst)
-        dtype, width = b.elem(s.src.buf)
-        return peer.blocks(rsrc, dst, b.host(s.rows, "all_gather"), width, dtype,
-                           all_to_all=False, report=lambda dv: dv.ride_own,
-                           reports=arrived)
+        return _peer_blocks(peer, s, b, b.buffer(s.src, s.rows)[0], b.buffer(s.dst)[0],
+                            all_to_all=False, report=lambda dv: dv.ride_own,
+                            reports=arrived)
     rows = _all_gather(s, b)
     go = cx.runner.collective(C.bind_all_gather, b.group(s.group))
     coalesced, group, world = cx.runner.coalesced, s.group, cx.parts
