@@ -4,8 +4,9 @@
 # Stages: peer (the peer transport's GPU tests -- worlds of 2-4 processes on the one GPU,
 # run under MPS, which this stage starts and stops; about 10 minutes on an H100),
 # peer_bench (benchmarks/peer.py), tests (the
-# other GPU-marked tests), sweep (launch sweep), fp4 (the fp4 kernels' launch
-# sweep), probe (the slot place against its write ceiling), kernels, jax_kernels,
+# other GPU-marked tests), sweep (launch sweep), wire (the wire kernels against the copy
+# ceiling), wire_sweep (their launch shapes), probe (the slot place against its write
+# ceiling), kernels, jax_kernels,
 # torch_step, serving, soak, rss (process memory per kind of call), lm_head (the LM-head
 # scatter against all-gather + scatter),
 # example (examples/torch_serving.py with CUDA graphs).
@@ -16,7 +17,7 @@ set -uo pipefail
 export OUT="${RESULTS:-benchmarks/out}" XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(peer peer_bench tests kernels jax_kernels torch_step serving fp4 soak lm_head example)
+[ ${#stages[@]} -eq 0 ] && stages=(peer peer_bench tests kernels wire jax_kernels torch_step serving wire_sweep soak lm_head example)
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -n 2
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -45,7 +46,8 @@ if want tests; then
 fi
 cd benchmarks
 want sweep && python3 launch_sweep.py 2>&1 | tee "$OUT/launch_sweep.log"
-want fp4 && python3 fp4_sweep.py 2>&1 | tee "$OUT/fp4_sweep.log"
+want wire && python3 wire_kernels.py 2>&1 | tee "$OUT/wire_kernels.log"
+want wire_sweep && python3 wire_sweep.py 2>&1 | tee "$OUT/wire_sweep.log"
 want probe && python3 place_probe.py 2>&1 | tee "$OUT/place_probe.log"
 want kernels && python3 kernels.py 2>&1 | tee "$OUT/kernels.log"
 want jax_kernels && python3 jax_kernels.py 2>&1 | tee "$OUT/jax_kernels.log"

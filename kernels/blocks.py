@@ -10,16 +10,18 @@ called: the compiled code is the one the kernel would have with the block writte
   to nearest even) and back;
 - :func:`div_corrected`: a correctly rounded quotient of non-negative operands from a
   product with the reciprocal and two fused corrections;
-- :func:`e2m1_code`: e2m1 rounding of a non-negative quotient on the float pipe.
+- :func:`e2m1_code`: e2m1 rounding of a non-negative quotient on the float pipe;
+- :func:`fp8_values` / :func:`store_rounded`: the fp8 wire's float32 values of codes and
+  scales, and float32 values stored rounded to an output dtype with the canonical NaN.
 """
 
 import triton
 import triton.language as tl
 
-from dpx.kernels.constants import E2M1_MAX
+from dpx.kernels.constants import NAN_BF16, NAN_CODE, NAN_F16, NAN_F32
 
 __all__ = ["block_index", "div_corrected", "e2m1_code", "e4m3_code", "e4m3_signed_value",
-           "e4m3_value", "load_index"]
+           "e4m3_value", "fp8_values", "load_index", "store_rounded"]
 
 
 @triton.jit
@@ -93,13 +95,52 @@ def div_corrected(a, b, r):
 
 @triton.jit
 def e2m1_code(q):
-    """The e2m1 magnitude code (0..7) of ``q >= 0``, nearest even, on the float pipe: at
-    most 6 (a NaN saturates like infinity); then the first code of ``q``'s range (0, 2, 4
-    below 2, 4, 6) plus ``q`` times 2, 1 or 1/2 to nearest even, as the low bits of the sum
-    with 2**23 + that first code (one fused multiply-add)."""
-    q = tl.where(q < E2M1_MAX, q, E2M1_MAX)
-    lo2 = q < 2.0
-    lo4 = q < 4.0
-    return (q * tl.where(lo2, 2.0, tl.where(lo4, 1.0, 0.5))
-            + tl.where(lo2, 8388608.0, tl.where(lo4, 8388610.0, 8388612.0))
-            ).to(tl.int32, bitcast=True) & 7
+    """The e2m1 magnitude code (0..7) of ``q >= 0``, nearest even, on the float pipe: the
+    codes ``q`` would have in each range of e2m1's step (the first code of the range, 0, 2
+    or 4, plus ``q`` times 2, 1 or 1/2 rounded to nearest even, as the low bits of a sum with
+    ``2**23``: one rounding each) are each at least the right one, which is their minimum;
+    7 at most (a NaN saturates like infinity: the minimum ignores it)."""
+    r2 = q * 2.0 + 8388608.0
+    r1 = q + 8388610.0
+    r05 = q * 0.5 + 8388612.0
+    r = tl.minimum(tl.minimum(r2, r1), tl.minimum(r05, 8388615.0))
+    return r.to(tl.int32, bitcast=True) & 7
+
+
+@triton.jit
+def fp8_values(c, scale, COMPILED: tl.constexpr):
+    """``e4m3fn(c) * scale`` in float32 (one rounding: the e4m3 value is exact) for uint8
+    codes ``c``, NaN (bits unspecified) for the NaN codes. ``COMPILED``: the GPU's e4m3 ->
+    float conversion (exact, subnormals and signed zeros included); else by bits."""
+    if COMPILED:
+        return c.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+    else:
+        ci = c.to(tl.int32)
+        return tl.where((ci & 0x7F) == NAN_CODE, float("nan"),
+                        e4m3_signed_value(ci) * scale)
+
+
+@triton.jit
+def store_rounded(v, out_ptr, offs, mask, OUT_KIND: tl.constexpr, COMPILED: tl.constexpr):
+    """float32 ``v`` stored at ``out_ptr + offs`` as ``OUT_KIND`` (0: float32, 1: bfloat16,
+    2: float16), rounded to nearest even, a NaN as the output's canonical quiet NaN (by
+    bits: a NaN's bits after arithmetic differ between devices). ``COMPILED``: the GPU's
+    bfloat16 conversion, else by bits (Triton's interpreter truncates it); float16 by the
+    conversion in both."""
+    nan = v != v
+    if OUT_KIND == 0:
+        out32 = out_ptr.to(tl.pointer_type(tl.uint32))
+        tl.store(out32 + offs, tl.where(nan, NAN_F32, v.to(tl.uint32, bitcast=True)),
+                 mask=mask)
+    elif OUT_KIND == 1:
+        if COMPILED:
+            r = v.to(tl.bfloat16).to(tl.uint16, bitcast=True)
+        else:
+            u = v.to(tl.uint32, bitcast=True)
+            r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16)
+        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
+        tl.store(out16 + offs, tl.where(nan, NAN_BF16, r).to(tl.uint16), mask=mask)
+    else:
+        h16 = v.to(tl.float16).to(tl.uint16, bitcast=True)
+        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
+        tl.store(out16 + offs, tl.where(nan, NAN_F16, h16).to(tl.uint16), mask=mask)

@@ -7,14 +7,14 @@ unrolled (``tl.static_range``): on an H200 that ran 1.03-1.23x faster than a ``t
 loop at 2 and 8 sources (benchmarks/README.md), at code that grows with the world size.
 
 The float32 values are the dequantize kernels' (fp8: ``e4m3 * scale`` as
-:func:`~dpx.kernels.wire.dequantize_rows_kernel` computes it; nvfp4 / mxfp4:
-:func:`~dpx.kernels.fp4.fp4_value_bits`). The additions are IEEE round-to-nearest-even
+:func:`~dpx.kernels.blocks.fp8_values`; nvfp4 / mxfp4:
+:func:`~dpx.kernels.fp4.fp4_values`). The additions are IEEE round-to-nearest-even
 with subnormals: on a GPU (``COMPILED``) each is a PTX ``add.rn.f32``, which the compiler
 never fuses with the fp8 product into a multiply-add (a plain ``add.f32`` it may); in
 Triton's interpreter a NumPy float32 addition. A NaN anywhere gives the output's canonical
 quiet NaN; a zero result is +0.0 (as the sum from +0.0 defines it, whatever a compiler
-does with its first addition). The rounding to bfloat16 is by bits, to float16 the
-conversion (round to nearest even in both builds), as the dequantize kernels do.
+does with its first addition). The rounding to the output dtype is the dequantize kernels'
+(:func:`~dpx.kernels.blocks.store_rounded`).
 
 Grid: ``(cdiv(rows * H / GS, BLOCK_B),)``, ``GS`` the wire's block (fp8: its 128-element
 group): one program covers ``BLOCK_B`` consecutive blocks of the row-major ``[rows, H /
@@ -24,38 +24,31 @@ GS]`` block grid as a ``[BLOCK_B, GS]`` tile.
 import triton
 import triton.language as tl
 
-from dpx.kernels.blocks import block_index, e4m3_signed_value
-from dpx.kernels.constants import (GROUP, MX_BLOCK, NAN_BF16, NAN_CODE, NAN_F16, NAN_F32,
-                                   NV_BLOCK)
-from dpx.kernels.fp4 import fp4_value_bits
+from dpx.kernels.blocks import block_index, fp8_values, store_rounded
+from dpx.kernels.constants import GROUP, MX_BLOCK, NV_BLOCK
+from dpx.kernels.fp4 import fp4_values
 
 __all__ = ["add_rn", "dequantize_sum_kernel", "store_sum", "wire_block_values"]
 
 
 @triton.jit
-def wire_block_values(base, grp, ok, g, H: tl.constexpr, FP4: tl.constexpr, NV: tl.constexpr,
-                      BLOCK_B: tl.constexpr, COMPILED: tl.constexpr):
+def wire_block_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr,
+                      FP4: tl.constexpr, NV: tl.constexpr, BLOCK_B: tl.constexpr,
+                      COMPILED: tl.constexpr):
     """The float32 values ``[BLOCK_B, GS]`` of block ``grp`` of the wire rows at ``base``
     (uint8 pointers ``[BLOCK_B]``, one per row; ``ok``: rows to read): fp8 (``e4m3 *
     scale``) unless ``FP4`` (nvfp4 with global scale ``g`` when ``NV``, else mxfp4); a NaN
     code or a NaN block gives NaN. What the dequantize kernels compute before their rounding
     to the output dtype."""
     GS: tl.constexpr = (NV_BLOCK if NV else MX_BLOCK) if FP4 else GROUP
-    HALF: tl.constexpr = GS // 2
-    okk = ok[:, None]
     if FP4:
-        byte = tl.load((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],
-                       mask=okk, other=0).to(tl.int32)              # [B, HALF]
-        sb = tl.load(base + H // 2 + grp, mask=ok, other=0).to(tl.int32)
-        yb, _, nan_blk = fp4_value_bits(byte, sb, g, BLOCK_B, NV, COMPILED)
-        v = tl.where(nan_blk[:, None], float("nan"), yb.to(tl.float32, bitcast=True))
+        v = fp4_values(base, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED)
     else:
-        c = tl.load((base + grp * GS)[:, None] + tl.arange(0, GS)[None, :], mask=okk,
-                    other=0).to(tl.int32)
+        c = tl.load((base + grp * GS)[:, None] + tl.arange(0, GS)[None, :], mask=ok[:, None],
+                    other=0)
         scale = tl.load((base + H + grp * 4).to(tl.pointer_type(tl.float32)), mask=ok,
                         other=0.0)
-        v = tl.where((c & 0x7F) == NAN_CODE, float("nan"),
-                     e4m3_signed_value(c) * scale[:, None])
+        v = fp8_values(c, scale[:, None], COMPILED)
     return v
 
 
@@ -71,27 +64,15 @@ def add_rn(acc, v, COMPILED: tl.constexpr):
 
 
 @triton.jit
-def store_sum(acc, out_ptr, offs, mask, OUT_KIND: tl.constexpr):
+def store_sum(acc, out_ptr, offs, mask, OUT_KIND: tl.constexpr, COMPILED: tl.constexpr):
     """``acc`` (a float32 sum from +0.0) stored at ``out_ptr + offs`` rounded to ``OUT_KIND``
     (0: float32, 1: bfloat16, 2: float16): nearest even, a zero as +0.0, a NaN as the
-    output's canonical quiet NaN."""
-    u = acc.to(tl.uint32, bitcast=True)
+    output's canonical quiet NaN (:func:`~dpx.kernels.blocks.store_rounded`)."""
     # a zero is +0.0: what the sum from +0.0 gives, held even where a compiler would fold
     # the first addition away (0.0 + -0.0 is +0.0, -0.0 alone is not)
-    u = tl.where((u & 0x7FFFFFFF) == 0, 0, u).to(tl.uint32)
-    nan = acc != acc
-    if OUT_KIND == 0:
-        out32 = out_ptr.to(tl.pointer_type(tl.uint32))
-        tl.store(out32 + offs, tl.where(nan, NAN_F32, u).to(tl.uint32), mask=mask)
-    elif OUT_KIND == 1:   # float32 -> bfloat16, round to nearest even, by bits
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
-        tl.store(out16 + offs, tl.where(nan, NAN_BF16, r).to(tl.uint16), mask=mask)
-    else:
-        h16 = u.to(tl.float32, bitcast=True).to(tl.float16).to(tl.uint16, bitcast=True)
-        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
-        tl.store(out16 + offs, tl.where(nan, NAN_F16, h16.to(tl.int32)).to(tl.uint16),
-                 mask=mask)
+    u = acc.to(tl.uint32, bitcast=True)
+    acc = tl.where((u & 0x7FFFFFFF) == 0, 0, u).to(tl.uint32).to(tl.float32, bitcast=True)
+    store_rounded(acc, out_ptr, offs, mask, OUT_KIND, COMPILED)
 
 
 @triton.jit(do_not_specialize=["rows_n", "g"])
@@ -112,8 +93,8 @@ def dequantize_sum_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     ok = row < rows_n
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
     for p in tl.static_range(PARTS):
-        v = wire_block_values(src_ptr + (row + p * rows_n) * ROW_BYTES, grp, ok, g, H, FP4,
-                              NV, BLOCK_B, COMPILED)
+        v = wire_block_values(src_ptr + (row + p * rows_n) * ROW_BYTES, grp, ok, g, H,
+                              ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
         acc = add_rn(acc, v, COMPILED)
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
-    store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND)
+    store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND, COMPILED)

@@ -18,17 +18,16 @@ and JAX's XLA path give the same bits:
 - nvfp4: ``s`` and the quotients correctly rounded (``div_rn``; on a GPU (``COMPILED``) a
   product with the reciprocal and two fused corrections, Markstein's correctly rounded
   quotient for these operands), e4m3 by bits;
-- mxfp4: ``x * 2**-E`` on the float pipe where every block of the tile has ``E`` in
-  [-100, 126] (``2**-E`` is then normal, and a subnormal ``x`` or quotient lies far below
-  the first threshold, so a flush to zero changes nothing); otherwise ``|x|``'s bits
-  compared with the e2m1 thresholds times ``2**E``, exact integers;
+- mxfp4: ``x * 2**-E`` on the float pipe, one multiplication (PTX ``mul.f32`` keeps
+  subnormal operands and results: ``2**-127``, the scale of a block holding an infinity,
+  is one), exact wherever the e2m1 code depends on it;
 - e2m1 of a quotient ``q <= 6`` (larger ones and NaN clamped to 6): the first code of
   ``q``'s range plus ``q`` times 2, 1 or 1/2 rounded to nearest even, as the low bits of a
   sum with ``2**23`` (one fused multiply-add);
-- dequantize scales e2m1 magnitudes by adding to exponent bits (exact): mxfp4 by ``E`` (by
-  bits with a shift where a tile holds a block whose values would be subnormal or
-  infinite), nvfp4 from two correctly rounded quotients per block, ``s / g`` and ``3s / g``
-  (``e2m1 * s / g`` is one of them times a power of two).
+- dequantize: mxfp4 as ``e2m1 * 2**E``, one exact multiplication; nvfp4 by adding to the
+  exponent bits of two correctly rounded quotients per block, ``s / g`` and ``3s / g``
+  (``e2m1 * s / g`` is one of them times a power of two); then the rounding to the output
+  dtype of :func:`~dpx.kernels.blocks.store_rounded`.
 
 Like every dpx kernel they read ``start`` / ``count`` from device memory or plain ints and
 mask every access; the shared blocks are :mod:`dpx.kernels.blocks`', the constants
@@ -41,11 +40,48 @@ import triton
 import triton.language as tl
 
 from dpx.kernels.blocks import (block_index, div_corrected, e2m1_code, e4m3_code, e4m3_value,
-                                load_index)
+                                load_index, store_rounded)
 from dpx.kernels.constants import (E2M1_MAX, E2M1_RECIP, FP8_MAX, MX_BLOCK, MX_NAN_SCALE,
-                                   NAN_BF16, NAN_F16, NAN_F32, NV_BLOCK, NV_NAN_SCALE)
+                                   NV_BLOCK, NV_NAN_SCALE)
 
-__all__ = ["dequantize_fp4_kernel", "fp4_value_bits", "quantize_fp4_kernel"]
+__all__ = ["dequantize_fp4_kernel", "fp4_values", "quantize_fp4_kernel"]
+
+
+@triton.jit
+def load_bits8(src_ptr, first, real, k: tl.constexpr, COMPILED: tl.constexpr):
+    """The float32 bits (int32 ``[B, 8]``) of elements ``first + 8k .. first + 8k + 7`` of
+    ``src_ptr`` (``first``: ``[B]``; rows not ``real`` read as zeros): a block's eighth-
+    element chunk, whole in one thread (Triton gives each thread one row of an 8-wide tile
+    of 16-bit elements)."""
+    offs = (first + 8 * k)[:, None] + tl.arange(0, 8)[None, :]
+    if src_ptr.dtype.element_ty == tl.bfloat16 and not COMPILED:
+        # bfloat16 -> float32 by bits (Triton's interpreter mishandles subnormals)
+        hb = tl.load(src_ptr.to(tl.pointer_type(tl.int16)) + offs, mask=real[:, None],
+                     other=0)
+        return (hb.to(tl.int32) & 0xFFFF) << 16
+    else:
+        x = tl.load(src_ptr + offs, mask=real[:, None], other=0)
+        return x.to(tl.float32).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def fp4_word(ux, g, s_safe, rcp, p2, zero_blk, NV: tl.constexpr, COMPILED: tl.constexpr):
+    """The eight e2m1 codes of a chunk (float32 bits ``ux [B, 8]``) as one int32 word
+    (element ``k`` at bits ``4k``), from its block's factors (:func:`quantize_fp4_kernel`)."""
+    sign = (ux >> 28) & 8                                  # the sign bit as code bit 3
+    ab = ux & 0x7FFFFFFF
+    if NV:
+        ap = ab.to(tl.float32, bitcast=True) * g                        # |x| * g
+        if COMPILED:
+            q = div_corrected(ap, s_safe, rcp)
+        else:
+            q = tl.math.div_rn(ap, s_safe)
+        # e2m1 of q >= 0 (a NaN quotient, from an infinite |x| * g, saturates like infinity)
+        mag = e2m1_code(q)
+    else:
+        mag = e2m1_code(ab.to(tl.float32, bitcast=True) * p2)
+    code = tl.where(zero_blk, 0, mag | sign)
+    return tl.sum(code << (tl.arange(0, 8) * 4)[None, :], 1)
 
 
 @triton.jit(do_not_specialize=["start_val", "count_val", "src_rows", "out_rows", "g"])
@@ -56,7 +92,8 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
     """``out[j] = fp4_wire(src[start + j])`` for ``j < count``; rows ``count..out_rows`` of
     ``out`` are zero bytes. src ``[src_rows, H]`` (float32 / bfloat16 / float16) -> out
     uint8 ``[out_rows, ROW_BYTES]``. ``NV``: nvfp4 with global scale ``g`` (float32), else
-    mxfp4. ``WIDE``: index math in int64."""
+    mxfp4. ``WIDE``: index math in int64. Each thread holds whole blocks, as chunks of
+    eight elements (:func:`load_bits8`): a block's amax and scale are its own work."""
     GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
     HALF: tl.constexpr = GS // 2
     NB: tl.constexpr = H // GS
@@ -67,18 +104,16 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
     grp = f % NB
     src_row = start + row
     real = (row < count) & (src_row < src_rows) & (src_row >= 0) & (row < out_rows)
-    offs = (src_row * H + grp * GS)[:, None] + tl.arange(0, GS)[None, :]   # [B, GS]
-    if src_ptr.dtype.element_ty == tl.bfloat16 and not COMPILED:
-        # bfloat16 -> float32 by bits (Triton's interpreter mishandles subnormals)
-        hb = tl.load(src_ptr.to(tl.pointer_type(tl.int16)) + offs, mask=real[:, None],
-                     other=0)
-        ux = (hb.to(tl.int32) & 0xFFFF) << 16
-    else:
-        x = tl.load(src_ptr + offs, mask=real[:, None], other=0)
-        ux = x.to(tl.float32).to(tl.int32, bitcast=True)
-    sign = (ux >> 28) & 8                                  # the sign bit as code bit 3
-    ab = ux & 0x7FFFFFFF                                   # |x| as bits
-    amax_b = tl.max(ab, 1)                                 # [B]
+    first = src_row * H + grp * GS
+    u0 = load_bits8(src_ptr, first, real, 0, COMPILED)
+    u1 = load_bits8(src_ptr, first, real, 1, COMPILED)
+    # amax as the integer maximum of the magnitudes' bits
+    amax_b = tl.maximum(tl.max(u0 & 0x7FFFFFFF, 1), tl.max(u1 & 0x7FFFFFFF, 1))       # [B]
+    if not NV:
+        u2 = load_bits8(src_ptr, first, real, 2, COMPILED)
+        u3 = load_bits8(src_ptr, first, real, 3, COMPILED)
+        amax_b = tl.maximum(amax_b, tl.maximum(tl.max(u2 & 0x7FFFFFFF, 1),
+                                               tl.max(u3 & 0x7FFFFFFF, 1)))
     nan_blk = amax_b > 0x7F800000                          # the block holds a NaN
     if NV:
         sp = amax_b.to(tl.float32, bitcast=True) * g
@@ -89,14 +124,10 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
         # e4m3, round to nearest even, saturating at its largest magnitude
         s_code = e4m3_code(tl.where(sv < FP8_MAX, sv, FP8_MAX))
         s = e4m3_value(s_code)
-        s_safe = tl.where(s_code == 0, 1.0, s)[:, None]
-        ap = ab.to(tl.float32, bitcast=True) * g                        # |x| * g
-        if COMPILED:
-            q = div_corrected(ap, s_safe, tl.math.div_rn(1.0, s_safe))
-        else:
-            q = tl.math.div_rn(ap, s_safe)
-        # e2m1 of q >= 0 (a NaN quotient, from an infinite |x| * g, saturates like infinity)
-        mag = e2m1_code(q)
+        s_safe = tl.where(s_code == 0, 1.0, s)
+        rcp = tl.math.div_rn(1.0, s_safe) if COMPILED else s_safe
+        s_safe, rcp = s_safe[:, None], rcp[:, None]
+        p2 = s_safe
         zero_blk = (s_code == 0) | nan_blk
         scale_byte = tl.where(nan_blk, NV_NAN_SCALE, s_code)
     else:
@@ -104,113 +135,127 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
         E = tl.where(ea >= 255, 127, tl.maximum(ea - 129, -127))        # [B]
         zero_blk = nan_blk
         scale_byte = tl.where(nan_blk, MX_NAN_SCALE, E + 127)
-        # blocks of numbers (no NaN, not all zero): where every E lies in [-100, 126],
-        # x * 2**-E on the float pipe is exact where it matters (2**-E is normal; a
-        # subnormal x or quotient is far below the first threshold, so flushing it
-        # changes nothing); else the thresholds by bits
-        live = real & (amax_b > 0) & ~nan_blk
-        lo_e = tl.min(tl.where(live, E, 0), 0)
-        hi_e = tl.max(tl.where(live, E, 0), 0)
-        if (lo_e >= -100) & (hi_e <= 126):
-            p2 = ((127 - E) << 23).to(tl.float32, bitcast=True)            # 2**-E
-            mag = e2m1_code(ab.to(tl.float32, bitcast=True) * p2[:, None])
-        else:
-            # the thresholds t * 2**E as float32 bits, t = (1 + M / 2**23) * 2**k; those
-            # compared with > past float32's range become its largest finite value
-            # (E <= 127: t0..t3 never are); a subnormal threshold by a shift (exact: its
-            # low bits are zero)
-            b = E + 125                     # 0.25 (>)
-            sh = tl.maximum(1 - b, 0)
-            t0 = tl.where(b >= 1, b << 23, 0x800000 >> sh)
-            b = E + 126                     # 0.75 (>=)
-            sh = tl.maximum(1 - b, 0)
-            t1 = tl.where(b >= 1, (b << 23) | 0x400000, 0xC00000 >> sh)
-            b = E + 127                     # 1.25 (>), 1.75 (>=)
-            sh = tl.maximum(1 - b, 0)
-            t2 = tl.where(b >= 1, (b << 23) | 0x200000, 0xA00000 >> sh)
-            t3 = tl.where(b >= 1, (b << 23) | 0x600000, 0xE00000 >> sh)
-            b = E + 128                     # 2.5 (>), 3.5 (>=)
-            sh = tl.maximum(1 - b, 0)
-            t4 = tl.where(b >= 255, 0x7F7FFFFF, tl.where(b >= 1, (b << 23) | 0x200000,
-                                                         0xA00000 >> sh))
-            t5 = tl.where(b >= 255, 0x7F800000, tl.where(b >= 1, (b << 23) | 0x600000,
-                                                         0xE00000 >> sh))
-            b = E + 129                     # 5 (>)
-            sh = tl.maximum(1 - b, 0)
-            t6 = tl.where(b >= 255, 0x7F7FFFFF, tl.where(b >= 1, (b << 23) | 0x200000,
-                                                         0xA00000 >> sh))
-            mag = ((ab > t0[:, None]).to(tl.int32) + (ab >= t1[:, None]).to(tl.int32)
-                   + (ab > t2[:, None]).to(tl.int32) + (ab >= t3[:, None]).to(tl.int32)
-                   + (ab > t4[:, None]).to(tl.int32) + (ab >= t5[:, None]).to(tl.int32)
-                   + (ab > t6[:, None]).to(tl.int32))
-    code = tl.where(zero_blk[:, None], 0, mag | sign)
+        # |x| * 2**-E on the float pipe, exact wherever it matters: 2**-E is a normal
+        # float for E <= 126 and 2**-127 (a block holding an infinity) a subnormal one,
+        # and the multiplication keeps subnormal operands and results (no flush to zero);
+        # a product is exact unless it falls below 2**-126, far below the first threshold
+        p2 = tl.where(E < 127, (127 - E) << 23, 0x400000).to(tl.float32, bitcast=True)
+        p2 = p2[:, None]
+        s_safe, rcp = p2, p2
+    zb = zero_blk[:, None]
+    w0 = fp4_word(u0, g, s_safe, rcp, p2, zb, NV, COMPILED)
+    w1 = fp4_word(u1, g, s_safe, rcp, p2, zb, NV, COMPILED)
     row_ok = row < out_rows
     base = out_ptr + row * ROW_BYTES
-    if ROW_BYTES % 4 == 0:
-        # eight codes a little-endian int32 word (element 8w + k at bits 4k): the words
-        # of a thread's eight loaded elements are formed in its registers
-        w8 = tl.sum(tl.reshape(code, [BLOCK_B, GS // 8, 8])
-                    << (tl.arange(0, 8) * 4)[None, None, :], 2)
-        words = (base + grp * HALF).to(tl.pointer_type(tl.int32), bitcast=True)
-        tl.store(words[:, None] + tl.arange(0, GS // 8)[None, :], w8, mask=row_ok[:, None])
+    if NV:
+        words = tl.join(w0, w1)                                            # [B, 2]
     else:
-        lo, hi = tl.split(tl.reshape(code, [BLOCK_B, HALF, 2]))
+        w2 = fp4_word(u2, g, s_safe, rcp, p2, zb, NV, COMPILED)
+        w3 = fp4_word(u3, g, s_safe, rcp, p2, zb, NV, COMPILED)
+        words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_B, 4])
+    WB: tl.constexpr = GS // 8
+    if ROW_BYTES % 4 == 0:
+        wp = (base + grp * HALF).to(tl.pointer_type(tl.int32), bitcast=True)
+        tl.store(wp[:, None] + tl.arange(0, WB)[None, :], words, mask=row_ok[:, None])
+    else:
+        byte = (words[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]) & 0xFF
         tl.store((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],
-                 (lo | (hi << 4)).to(tl.uint8), mask=row_ok[:, None])
+                 tl.reshape(byte, [BLOCK_B, HALF]).to(tl.uint8), mask=row_ok[:, None])
     tl.store(base + H // 2 + grp, tl.where(real, scale_byte, 0).to(tl.uint8), mask=row_ok)
 
 
 @triton.jit
-def fp4_value_bits(byte, sb, g, BLOCK_B: tl.constexpr, NV: tl.constexpr,
-                   COMPILED: tl.constexpr):
-    """``(bits, sign, nan_blk)`` of ``BLOCK_B`` fp4 blocks: the float32 bits (int32 ``[BLOCK_B,
-    GS]``, sign included) of the elements of payload bytes ``byte`` (int32 ``[BLOCK_B,
-    GS / 2]``) with scale bytes ``sb`` (int32 ``[BLOCK_B]``; nvfp4's global scale ``g``),
-    their sign bits, and which blocks are NaN blocks (their bits are left as computed):
-    the dequantized values before the rounding to an output dtype."""
-    GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
-    c = tl.reshape(tl.join(byte & 15, byte >> 4), [BLOCK_B, GS])         # element 2k: low
-    m = c & 7
-    sign = (c & 8) << 28
-    # e2m1 magnitude bits: 0.5 (m = 1), (1 + (m & 1) / 2) * 2**((m >> 1) - 1) (m >= 2)
-    em = tl.where(m < 2, 126 << 23, (((m >> 1) + 126) << 23) | ((m & 1) << 22))
+def e2m1_halves(words, i: tl.constexpr):
+    """Elements ``8w + i`` and ``8w + i + 4`` of int32 payload words ``words`` (element ``8w +
+    k`` in bits ``4k .. 4k + 3``) as float32 ``e2m1 * 2**-14``, exact: each code's sign,
+    exponent and mantissa bits moved to a float16's (bits 15, 10-11 and 9: a float16 with
+    those bits is 2**-14 times the e2m1 value, its subnormal 0.5 included), the two codes
+    16 bits apart moving together into one word's two float16, then converted."""
+    if i < 3:
+        mag = words << (9 - 4 * i)
+    else:
+        mag = words >> 3
+    h2 = (mag & 0x0E000E00) | ((words << (12 - 4 * i)) & -0x7FFF8000)    # 0x80008000
+    lo = h2.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (h2 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def fp4_scaled(f, c1, c2, NV: tl.constexpr):
+    """A dequantized value from ``f = e2m1 * 2**-14`` (:func:`e2m1_halves`) and its block's
+    factors (:func:`fp4_values`): mxfp4 ``f * c1 * c2``; nvfp4 the power of two of ``f``
+    (its sign and exponent bits) times ``c2`` where ``e2m1`` is 1.5 times a power of two,
+    else times ``c1``."""
     if NV:
-        nan_blk = (sb & NV_NAN_SCALE) == NV_NAN_SCALE
+        fb = f.to(tl.int32, bitcast=True)
+        pw = (fb & -0x800000).to(tl.float32, bitcast=True)          # sign and exponent
+        return pw * tl.where((fb & 0x7FFFFF) != 0, c2, c1)
+    else:
+        return f * c1 * c2
+
+
+@triton.jit
+def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: tl.constexpr,
+               BLOCK_B: tl.constexpr, COMPILED: tl.constexpr):
+    """The float32 values ``[BLOCK_B, GS]`` of block ``grp`` of the fp4 wire rows at ``base``
+    (uint8 pointers ``[BLOCK_B]``, one per row; ``ok``: rows to read; nvfp4 with global
+    scale ``g`` when ``NV``, else mxfp4), NaN (bits unspecified) in a block whose scale byte
+    is the NaN code: the dequantized values before the rounding to an output dtype.
+
+    Each element is ``f = e2m1 * 2**-14`` (:func:`e2m1_halves`) times per-block factors
+    (:func:`fp4_scaled`; a NaN block's are NaN), exact where the definition is:
+
+    - mxfp4: ``2**(E + 14)`` as two powers of two in float32's normal range; the products
+      have two significant bits and are exact from ``2**-128`` up, rounding to infinity
+      past the largest float as the definition does;
+    - nvfp4: ``e2m1 * s / g`` correctly rounded is ``2**j * RN(s / g)`` or ``2**j *
+      RN(1.5 s / g)`` (``e2m1 = 2**j`` or ``1.5 * 2**j``; 1.5s is exact, and in the global
+      scale's range every such value is a normal float, so scaling by ``2**j`` is exact):
+      the two quotients times ``2**14`` per block, ``f``'s power of two per element.
+    """
+    GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
+    HALF: tl.constexpr = GS // 2
+    WB: tl.constexpr = GS // 8
+    okk = ok[:, None]
+    sb = tl.load(base + H // 2 + grp, mask=ok, other=0).to(tl.int32)
+    if ROW_BYTES % 4 == 0:
+        wp = (base + grp * HALF).to(tl.pointer_type(tl.int32), bitcast=True)
+        words = tl.load(wp[:, None] + tl.arange(0, WB)[None, :], mask=okk, other=0)
+    else:
+        byte = tl.load((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],
+                       mask=okk, other=0).to(tl.int32)
+        words = tl.sum(tl.reshape(byte, [BLOCK_B, WB, 4])
+                       << (tl.arange(0, 4) * 8)[None, None, :], 2)
+    if NV:
         s = e4m3_value(sb & 0x7F)
-        # e2m1 * s / g = 2**j * (s / g) or 2**j * (3s / g), both quotients correctly
-        # rounded (3s is exact: s has 4 significant bits)
-        s3 = s * 3.0
         if COMPILED:
             r = tl.math.div_rn(1.0, g)
             q1 = div_corrected(s, g, r)
-            q3 = div_corrected(s3, g, r)
+            q15 = div_corrected(s * 1.5, g, r)
         else:
             q1 = tl.math.div_rn(s, g)
-            q3 = tl.math.div_rn(s3, g)
-        odd = ((m & 1) == 1) & (m > 1)
-        j = (m >> 1) - 1 - odd.to(tl.int32)
-        yb = tl.where(odd, q3.to(tl.int32, bitcast=True)[:, None],
-                      q1.to(tl.int32, bitcast=True)[:, None]) + (j << 23)
-        yb = tl.where((m == 0) | (s == 0.0)[:, None], 0, yb)
+            q15 = tl.math.div_rn(s * 1.5, g)
+        nan = (sb & NV_NAN_SCALE) == NV_NAN_SCALE
+        c1 = tl.where(nan, float("nan"), q1 * 16384.0)[:, None]
+        c2 = tl.where(nan, float("nan"), q15 * 16384.0)[:, None]
     else:
-        nan_blk = sb == MX_NAN_SCALE
         E = sb - 127
-        # the exponents of the blocks with a nonzero magnitude (not pad rows, NaN blocks)
-        live = (tl.max(byte & 0x77, 1) > 0) & ~nan_blk
-        lo_e = tl.min(tl.where(live, E, 0), 0)
-        hi_e = tl.max(tl.where(live, E, 0), 0)
-        if (lo_e >= -125) & (hi_e <= 125):
-            # every value normal: the magnitude's exponent plus E
-            yb = tl.where(m == 0, 0, em + (E << 23)[:, None])
-        else:
-            b = E[:, None] + (m >> 1) + 126
-            mant = tl.where(m >= 2, (m & 1) << 22, 0)
-            yb = tl.where(b >= 255, 0x7F800000,
-                          tl.where(b >= 1, (b << 23) | mant,
-                                   (0x800000 | mant) >> tl.maximum(1 - b, 0)))
-            yb = tl.where(m == 0, 0, yb)
-    yb = yb | sign
-    return yb, sign, nan_blk
+        # 2**(E + 14) = c1 * c2, both powers of two in float32's normal range
+        c1 = tl.where(E <= 113, (E + 141) << 23, 254 << 23).to(tl.float32, bitcast=True)
+        c1 = tl.where(sb == MX_NAN_SCALE, float("nan"), c1)[:, None]
+        c2 = tl.where(E <= 113, 127 << 23, (E + 14) << 23).to(tl.float32, bitcast=True)
+        c2 = c2[:, None]
+    a0, a4 = e2m1_halves(words, 0)
+    a1, a5 = e2m1_halves(words, 1)
+    a2, a6 = e2m1_halves(words, 2)
+    a3, a7 = e2m1_halves(words, 3)
+    # element 8w + 4h + 2j + k at [.., w, h, j, k]
+    v = tl.join(tl.join(tl.join(fp4_scaled(a0, c1, c2, NV), fp4_scaled(a4, c1, c2, NV)),
+                        tl.join(fp4_scaled(a2, c1, c2, NV), fp4_scaled(a6, c1, c2, NV))),
+                tl.join(tl.join(fp4_scaled(a1, c1, c2, NV), fp4_scaled(a5, c1, c2, NV)),
+                        tl.join(fp4_scaled(a3, c1, c2, NV), fp4_scaled(a7, c1, c2, NV))))
+    return tl.reshape(v, [BLOCK_B, GS])
 
 
 @triton.jit(do_not_specialize=["rows_n", "g"])
@@ -221,36 +266,11 @@ def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16); a block whose
     scale byte is the NaN code gives the output's canonical quiet NaN."""
     GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
-    HALF: tl.constexpr = GS // 2
     NB: tl.constexpr = H // GS
     f = block_index(0, BLOCK_B, WIDE)
     row = f // NB
     grp = f % NB
     ok = row < rows_n
-    base = src_ptr + row * ROW_BYTES
-    byte = tl.load((base + grp * HALF)[:, None] + tl.arange(0, HALF)[None, :],
-                   mask=ok[:, None], other=0).to(tl.int32)              # [B, HALF]
-    sb = tl.load(base + H // 2 + grp, mask=ok, other=0).to(tl.int32)     # [B]
-    yb, sign, nan_blk = fp4_value_bits(byte, sb, g, BLOCK_B, NV, COMPILED)
-    nan = nan_blk[:, None]
-    offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
-    okk = ok[:, None]
-    if OUT_KIND == 0:
-        out32 = out_ptr.to(tl.pointer_type(tl.int32))
-        tl.store(out32 + offs, tl.where(nan, NAN_F32, yb), mask=okk)
-    elif OUT_KIND == 1:
-        out16 = out_ptr.to(tl.pointer_type(tl.int16))
-        if not NV:     # two significant bits: bfloat16 holds the value exactly
-            r16 = yb >> 16
-        elif COMPILED:   # the hardware's round-to-nearest-even conversion
-            r16 = yb.to(tl.float32, bitcast=True).to(tl.bfloat16).to(tl.int16, bitcast=True)
-        else:          # float32 -> bfloat16, round to nearest even, by bits
-            u = yb & 0x7FFFFFFF
-            r16 = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) | (sign >> 16)).to(tl.int16)
-        tl.store(out16 + offs, tl.where(nan, NAN_BF16, r16.to(tl.int32)).to(tl.int16),
-                 mask=okk)
-    else:
-        h16 = yb.to(tl.float32, bitcast=True).to(tl.float16).to(tl.int16, bitcast=True)
-        out16 = out_ptr.to(tl.pointer_type(tl.int16))
-        tl.store(out16 + offs, tl.where(nan, NAN_F16, h16.to(tl.int32)).to(tl.int16),
-                 mask=okk)
+    v = fp4_values(src_ptr + row * ROW_BYTES, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED)
+    store_rounded(v, out_ptr, (f * GS)[:, None] + tl.arange(0, GS)[None, :], ok[:, None],
+                  OUT_KIND, COMPILED)

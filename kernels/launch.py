@@ -22,9 +22,9 @@ from dpx.kernels import wire as _wire
 from dpx.modes import Wire
 
 __all__ = [
-    "check_launch", "chunks_launch", "DEFAULT_TILE", "dequantize_launch",
-    "dequantize_sum_launch", "FP4_BY_BLOCK",
-    "fp4_grid", "fp4_scale", "fp4_shape", "Fp4Shape", "grid", "Launch", "mask_launch",
+    "block_grid", "block_shape", "BLOCK_SHAPES", "BlockShape", "check_launch",
+    "chunks_launch", "DEFAULT_TILE", "dequantize_launch", "dequantize_sum_launch",
+    "fp4_scale", "grid", "Launch", "mask_launch",
     "move_launch", "OUT_KIND", "peer_barrier_launch", "peer_put_launch", "peer_sum_launch",
     "peer_take_launch", "peer_wire_sum_launch", "QUANTIZE_BY_BYTES", "quantize_grid", "quantize_launch",
     "quantize_shape", "QuantizeShape", "row_blocks", "STREAM_BYTES", "Tile", "tile_for",
@@ -116,28 +116,33 @@ def quantize_grid(rows: int, hidden: int, q: QuantizeShape) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class Fp4Shape:
-    """fp4 quantize's and dequantize's launch: blocks per program, and warps."""
+class BlockShape:
+    """A launch over whole scale blocks (the fp4 kernels, the fp8 dequantize, the summing
+    passes): blocks per program, and warps."""
 
-    block_b: int = 128
-    warps: int = 4
-
-
-#: fp4 quantize's and dequantize's launch by block size (16: nvfp4, 32: mxfp4): chosen by
-#: ``benchmarks/fp4_sweep.py`` on an H200, where nvfp4 ran fastest at 1,024 elements and 2
-#: warps a program (0.66 / 0.80 of a copy of the input's bytes, quantize / dequantize, at
-#: 42 and 224 MiB) and mxfp4 at 4,096 and 4 warps (0.64 / 0.73).
-FP4_BY_BLOCK = {16: Fp4Shape(64, 2), 32: Fp4Shape(128, 4)}
+    block_b: int
+    warps: int
 
 
-def fp4_shape(rows: int, hidden: int, block: int) -> Fp4Shape:
-    """The launch of an fp4 quantize or dequantize of ``rows`` rows of ``hidden`` elements
-    in blocks of ``block`` (both frontends launch with it)."""
-    return FP4_BY_BLOCK.get(block) or Fp4Shape(max(2048 // block, 1), 4)
+#: The launch of each pass over scale blocks by (pass, elements per block: 128 fp8's groups,
+#: 16 nvfp4, 32 mxfp4), chosen by ``benchmarks/wire_sweep.py`` (benchmarks/README.md, "The
+#: wire kernels"); ``sum`` is the combine's summing pass (and the peer transport's).
+BLOCK_SHAPES: dict[tuple[str, int], BlockShape] = {
+    ("quantize", 16): BlockShape(64, 2), ("quantize", 32): BlockShape(128, 4),
+    ("dequantize", 128): BlockShape(16, 4), ("dequantize", 16): BlockShape(64, 2),
+    ("dequantize", 32): BlockShape(128, 4),
+    ("sum", 128): BlockShape(16, 4), ("sum", 16): BlockShape(64, 2), ("sum", 32): BlockShape(64, 4),
+}
 
 
-def fp4_grid(rows: int, hidden: int, block: int, shape: Fp4Shape) -> tuple[int]:
-    """Programs of an fp4 quantize or dequantize of ``rows`` rows of ``hidden`` elements."""
+def block_shape(kind: str, block: int) -> BlockShape:
+    """The launch of pass ``kind`` (``"quantize"``, ``"dequantize"``, ``"sum"``) over
+    blocks of ``block`` elements (both frontends launch with it)."""
+    return BLOCK_SHAPES[(kind, block)]
+
+
+def block_grid(rows: int, hidden: int, block: int, shape: BlockShape) -> tuple[int]:
+    """Programs of a pass over the blocks of ``rows`` rows of ``hidden`` elements."""
     return (-(-rows * (hidden // block) // shape.block_b),)
 
 
@@ -180,8 +185,6 @@ class Launch(NamedTuple):
 
 #: The dequantize kernels' ``OUT_KIND`` by output dtype name.
 OUT_KIND = {"float32": 0, "bfloat16": 1, "float16": 2}
-#: Rows per program of the fp8 dequantize.
-_FP8_DEQUANTIZE_ROWS = 16
 
 
 def _rows_launch(kernel, rows: int, width: int, tile: Tile, consts: dict,
@@ -251,8 +254,8 @@ def quantize_launch(wire: Wire, src_rows: int, out_rows: int, hidden: int, items
                       dict(H=hidden, ROW_BYTES=rb, START_PTR=start_ptr, COUNT_PTR=count_ptr,
                            BLOCK_R=q.block_r, BLOCK_G=q.block_g, COMPILED=compiled, WIDE=big),
                       (0, 1, 2, 7))
-    f = fp4_shape(out_rows, hidden, W.block(wire))
-    return Launch(_fp4.quantize_fp4_kernel, fp4_grid(out_rows, hidden, W.block(wire), f),
+    f = block_shape("quantize", W.block(wire))
+    return Launch(_fp4.quantize_fp4_kernel, block_grid(out_rows, hidden, W.block(wire), f),
                   f.warps, dict(H=hidden, ROW_BYTES=rb, NV=wire is Wire.NVFP4,
                                 START_PTR=start_ptr, COUNT_PTR=count_ptr, BLOCK_B=f.block_b,
                                 COMPILED=compiled, WIDE=big), (0, 1, 2, 8))
@@ -267,22 +270,15 @@ def dequantize_launch(wire: Wire, rows: int, hidden: int, out_dtype: str, *,
     rb = W.wire_row_bytes(hidden, wire)
     big = wide(rows * rb, rows * hidden)
     if wire is Wire.FP8:
-        return Launch(_wire.dequantize_rows_kernel,
-                      (-(-rows // _FP8_DEQUANTIZE_ROWS), hidden // W.GROUP), 4,
-                      dict(H=hidden, ROW_BYTES=rb, OUT_KIND=OUT_KIND[out_dtype],
-                           BLOCK_R=_FP8_DEQUANTIZE_ROWS, WIDE=big), (0, 2))
-    f = fp4_shape(rows, hidden, W.block(wire))
-    return Launch(_fp4.dequantize_fp4_kernel, fp4_grid(rows, hidden, W.block(wire), f),
+        f = block_shape("dequantize", W.GROUP)
+        return Launch(_wire.dequantize_rows_kernel, block_grid(rows, hidden, W.GROUP, f),
+                      f.warps, dict(H=hidden, ROW_BYTES=rb, OUT_KIND=OUT_KIND[out_dtype],
+                                    BLOCK_B=f.block_b, COMPILED=compiled, WIDE=big), (0, 2))
+    f = block_shape("dequantize", W.block(wire))
+    return Launch(_fp4.dequantize_fp4_kernel, block_grid(rows, hidden, W.block(wire), f),
                   f.warps, dict(H=hidden, ROW_BYTES=rb, NV=wire is Wire.NVFP4,
                                 OUT_KIND=OUT_KIND[out_dtype], BLOCK_B=f.block_b,
                                 COMPILED=compiled, WIDE=big), (0, 3))
-
-
-#: The combine's summing pass: blocks per program and warps by block size (128: fp8's
-#: groups, 16: nvfp4, 32: mxfp4), 16 elements a thread -- chosen by the registers of the
-#: code compiled for sm_90 (tests/kernel_digest.py, 8 sources: 55 / 80 / 94; mxfp4 at the
-#: dequantize's 128 blocks in a loop: 203); its speed on an H200 is in benchmarks/README.md.
-_SUM_SHAPES = {128: Fp4Shape(16, 4), 16: Fp4Shape(64, 2), 32: Fp4Shape(64, 4)}
 
 
 def dequantize_sum_launch(wire: Wire, rows: int, parts: int, hidden: int, out_dtype: str, *,
@@ -292,8 +288,8 @@ def dequantize_sum_launch(wire: Wire, rows: int, parts: int, hidden: int, out_dt
     :func:`fp4_scale`, the output)."""
     rb = W.wire_row_bytes(hidden, wire)
     gs = W.block(wire)
-    f = _SUM_SHAPES[gs]
-    return Launch(_combine.dequantize_sum_kernel, fp4_grid(rows, hidden, gs, f), f.warps,
+    f = block_shape("sum", gs)
+    return Launch(_combine.dequantize_sum_kernel, block_grid(rows, hidden, gs, f), f.warps,
                   dict(H=hidden, ROW_BYTES=rb, FP4=wire is not Wire.FP8,
                        NV=wire is Wire.NVFP4, PARTS=parts, OUT_KIND=OUT_KIND[out_dtype],
                        BLOCK_B=f.block_b, COMPILED=compiled,
@@ -345,8 +341,8 @@ def peer_wire_sum_launch(wire: Wire, out_rows: int, hidden: int, out_dtype: str,
     """:func:`~dpx.kernels.peer.peer_wire_sum_kernel` of ``wire`` rows into ``[out_rows,
     hidden]`` of ``out_dtype`` (the combine's summing pass's shapes)."""
     gs = W.block(wire)
-    f = _SUM_SHAPES[gs]
-    return Launch(_peer.peer_wire_sum_kernel, fp4_grid(out_rows, hidden, gs, f), f.warps,
+    f = block_shape("sum", gs)
+    return Launch(_peer.peer_wire_sum_kernel, block_grid(out_rows, hidden, gs, f), f.warps,
                   dict(H=hidden, ROW_BYTES=W.wire_row_bytes(hidden, wire),
                        FP4=wire is not Wire.FP8, NV=wire is Wire.NVFP4, W=world,
                        OUT_KIND=OUT_KIND[out_dtype], EPOCH=epoch, BLOCK_B=f.block_b,

@@ -225,7 +225,7 @@ def peer_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows, data
     if KIND == 3:
         tl.store(out_ptr + out_offs, acc, mask=keep)
     else:
-        store_sum(acc, out_ptr, out_offs, keep, KIND)
+        store_sum(acc, out_ptr, out_offs, keep, KIND, COMPILED)
 
 
 @triton.jit(do_not_specialize=["me", "out_rows", "ws_rows", "data", "stride", "g"])
@@ -252,7 +252,7 @@ def peer_wire_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows,
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
     for p in tl.static_range(W):
         base = peer_base(table_ptr, p) + off + src * ROW_BYTES
-        v = wire_block_values(base, grp, real, g, H, FP4, NV, BLOCK_B, COMPILED)
+        v = wire_block_values(base, grp, real, g, H, ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
         acc = add_rn(acc, tl.where(real[:, None], v, 0.0), COMPILED)
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
-    store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND)
+    store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND, COMPILED)

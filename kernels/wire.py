@@ -12,16 +12,16 @@ access; the shared blocks are :mod:`dpx.kernels.blocks`', the constants
 :mod:`dpx.kernels.constants`' (from :mod:`dpx.wire`).
 
 Grids: quantize ``(cdiv(out_rows, BLOCK_R), cdiv(H // 128, BLOCK_G))``, one program per
-block of rows and block of 128-element groups; dequantize ``(cdiv(rows, BLOCK_R), H //
-128)``.
+block of rows and block of 128-element groups; dequantize ``(cdiv(rows * H / 128,
+BLOCK_B),)``, one program per ``BLOCK_B`` consecutive groups.
 """
 
 import triton
 import triton.language as tl
 
-from dpx.kernels.blocks import block_index, e4m3_code, e4m3_signed_value, load_index
-from dpx.kernels.constants import (FP8_EPS, FP8_MAX, GROUP, NAN_BF16, NAN_CODE, NAN_F16,
-                                   NAN_F32)
+from dpx.kernels.blocks import (block_index, e4m3_code, fp8_values, load_index,
+                                store_rounded)
+from dpx.kernels.constants import FP8_EPS, FP8_MAX, GROUP, NAN_CODE
 
 __all__ = ["dequantize_rows_kernel", "quantize_rows_kernel"]
 
@@ -98,42 +98,24 @@ def quantize_rows_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, sr
 
 @triton.jit(do_not_specialize=["rows_n"])
 def dequantize_rows_kernel(src_ptr, rows_n, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
-                           OUT_KIND: tl.constexpr, BLOCK_R: tl.constexpr, WIDE: tl.constexpr):
+                           OUT_KIND: tl.constexpr, BLOCK_B: tl.constexpr,
+                           COMPILED: tl.constexpr, WIDE: tl.constexpr):
     """``out[:rows_n] = dequantize(src[:rows_n])``: uint8 ``[rows_n, ROW_BYTES]`` wire rows ->
     ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16); a NaN code gives
-    the output's canonical quiet NaN. ``WIDE``: index math in int64, else int32."""
-    rows = block_index(0, BLOCK_R, WIDE)
-    cols = block_index(1, GROUP, WIDE)
-    grp = tl.program_id(1)
-    ok = rows < rows_n
-    c = tl.load(src_ptr + rows[:, None] * ROW_BYTES + cols[None, :], mask=ok[:, None],
-                other=0).to(tl.int32)
-    scale_ptr = (src_ptr + rows * ROW_BYTES + H + grp * 4).to(tl.pointer_type(tl.float32))
-    scale = tl.load(scale_ptr, mask=ok, other=0.0)
-    v = e4m3_signed_value(c) * scale[:, None]         # e4m3fn -> float32, by bits
-    # the NaN code (exponent and mantissa all ones) -> the output's canonical quiet NaN,
-    # written by bits (a NaN's bits after arithmetic differ between devices); only a block
-    # holding one (rare) pays for the selects
-    low7 = c & 0x7F
-    nan_block = tl.max(tl.max(low7, 1), 0) == NAN_CODE
-    offs = rows[:, None] * H + cols[None, :]
-    if OUT_KIND == 0:
-        u32 = v.to(tl.uint32, bitcast=True)
-        if nan_block:
-            u32 = tl.where(low7 == NAN_CODE, NAN_F32, u32).to(tl.uint32)
-        out32 = out_ptr.to(tl.pointer_type(tl.uint32))
-        tl.store(out32 + offs, u32, mask=ok[:, None])
-    elif OUT_KIND == 1:
-        # float32 -> bfloat16, round to nearest even, by bits
-        u = v.to(tl.uint32, bitcast=True)
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        if nan_block:
-            r = tl.where(low7 == NAN_CODE, NAN_BF16, r).to(tl.uint32)
-        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
-        tl.store(out16 + offs, r.to(tl.uint16), mask=ok[:, None])
-    else:
-        h16 = v.to(tl.float16).to(tl.uint16, bitcast=True)
-        if nan_block:
-            h16 = tl.where(low7 == NAN_CODE, NAN_F16, h16.to(tl.int32)).to(tl.uint16)
-        out16 = out_ptr.to(tl.pointer_type(tl.uint16))
-        tl.store(out16 + offs, h16, mask=ok[:, None])
+    the output's canonical quiet NaN. One program: ``BLOCK_B`` consecutive 128-element
+    groups of the row-major ``[rows_n, H / 128]`` group grid, a ``[BLOCK_B, 128]`` tile.
+    ``COMPILED``: the GPU's exact e4m3 and rounding conversions (:func:`~dpx.kernels.blocks.
+    fp8_values`, :func:`~dpx.kernels.blocks.store_rounded`), else the same by bits.
+    ``WIDE``: index math in int64, else int32."""
+    NB: tl.constexpr = H // GROUP
+    f = block_index(0, BLOCK_B, WIDE)
+    row = f // NB
+    grp = f % NB
+    ok = row < rows_n
+    base = src_ptr + row * ROW_BYTES
+    c = tl.load((base + grp * GROUP)[:, None] + tl.arange(0, GROUP)[None, :],
+                mask=ok[:, None], other=0)
+    scale = tl.load((base + H + grp * 4).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
+    v = fp8_values(c, scale[:, None], COMPILED)
+    store_rounded(v, out_ptr, (f * GROUP)[:, None] + tl.arange(0, GROUP)[None, :],
+                  ok[:, None], OUT_KIND, COMPILED)

@@ -72,8 +72,8 @@ def _cases() -> list[tuple]:
     for kind, dtype in enumerate(("*fp32", "*bf16", "*fp16")):
         out.append(_case(f"fp8 dequantize {dtype}", wire.dequantize_rows_kernel,
                          dict(src_ptr=u8, out_ptr=dtype),
-                         dict(H=7168, ROW_BYTES=7168 + 56 * 4, OUT_KIND=kind, BLOCK_R=16,
-                              WIDE=False), 4))
+                         dict(H=7168, ROW_BYTES=7168 + 56 * 4, OUT_KIND=kind, BLOCK_B=16,
+                              COMPILED=True, WIDE=False), 4))
     for nv, gs, bb, w in ((True, 16, 64, 2), (False, 32, 128, 4)):
         rb = 7168 // 2 + 7168 // gs
         tag = "nvfp4" if nv else "mxfp4"

@@ -117,8 +117,8 @@ def test_fp4_reads_device_start_and_count(impl, wire):
 def test_every_fp4_block_count_gives_the_same_bytes(device):
     """Programs of 1 to 256 blocks (rows split across programs, a partial last program)
     write the same bytes, and dequantize to the same bits, as the launch the frontends
-    use; rows of 96 elements make wire rows of an odd size, which the kernels store byte
-    by byte."""
+    use, and those are the reference's; rows of 96 elements make wire rows of an odd size,
+    which the kernels read and write byte by byte."""
     from dpx.kernels import fp4 as K
     from dpx.kernels.launch import fp4_scale
     from dpx_torch.shims.triton_launch import kernel_for
@@ -129,6 +129,9 @@ def test_every_fp4_block_count_gives_the_same_bytes(device):
         rb = wire_row_bytes(h, wire)
         want = torch.empty(rows + 2, rb, dtype=torch.uint8, device=device)
         TritonPasses().quantize(x, 0, rows, want, wire, g)
+        xs = x.float().cpu().numpy()
+        ref = _wire_bytes(xs, np.ones(rows, bool), wire, g)
+        assert np.array_equal(want[:rows].cpu().numpy(), ref) and not want[rows:].any()
         nb = h // block(wire)
         for bb in (1, 4, 32, 256):
             out = torch.full_like(want, 0x5A)
@@ -137,10 +140,11 @@ def test_every_fp4_block_count_gives_the_same_bytes(device):
                 ROW_BYTES=rb, NV=wire is Wire.NVFP4, START_PTR=False, COUNT_PTR=False,
                 BLOCK_B=bb, COMPILED=out.device.type == "cuda", WIDE=False)
             assert torch.equal(out, want), (wire, bb)
-            # dequantize: tiles of every size, so some hold only normal blocks and some a
-            # block whose values are subnormal or infinite
             y_want = torch.empty(rows + 2, h, dtype=torch.float32, device=device)
             TritonPasses().dequantize(want, y_want, wire, g)
+            p, sc = split_wire(want[:rows].cpu(), wire)
+            assert np.array_equal(bits_of(y_want[:rows].cpu().numpy()),
+                                  bits_of(dequantize_fp4(p.numpy(), sc.numpy(), wire.value, g)))
             y = torch.full_like(y_want, 7.0)
             kernel_for(K.dequantize_fp4_kernel, out.device)[(-(-(rows + 2) * nb // bb),)](
                 want, rows + 2, fp4_scale(g), y, H=h, ROW_BYTES=rb,

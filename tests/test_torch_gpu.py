@@ -443,10 +443,9 @@ def test_fp4_kernels_compile_to_the_same_ptx_under_torch_and_jax(tmp_path, monke
     from jax.sharding import PartitionSpec as P
 
     import dpx_jax
-    from dpx.kernels import fp4 as K
     from dpx.kernels import launch
     from dpx.modes import Wire
-    from dpx.wire import block, wire_row_bytes
+    from dpx.wire import wire_row_bytes
     from dpx_jax.triton_shim import jax_triton
 
     if jax_triton() is None:
@@ -465,17 +464,16 @@ def test_fp4_kernels_compile_to_the_same_ptx_under_torch_and_jax(tmp_path, monke
             mesh=mesh, in_specs=P(dpx_jax.AXES), out_specs=P(dpx_jax.AXES)))
         f(jnp.asarray(x.float().cpu().numpy(), jnp.bfloat16)).block_until_ready()
         w = Wire.parse(wire)
-        rb, shape = wire_row_bytes(h, w), launch.fp4_shape(rows, h, block(w))
-        grid = launch.fp4_grid(rows, h, block(w), shape)
+        rb, gv = wire_row_bytes(h, w), launch.fp4_scale(g)
         out = torch.empty(rows, rb, dtype=torch.uint8, device="cuda")
         y = torch.empty_like(x)
         cnt = torch.tensor([rows], dtype=torch.int32, device="cuda")
-        common = dict(H=h, ROW_BYTES=rb, NV=w is Wire.NVFP4, BLOCK_B=shape.block_b,
-                      COMPILED=True, WIDE=False, num_warps=shape.warps)
-        gv = launch.fp4_scale(g)
-        q = K.quantize_fp4_kernel[grid](x, cnt, cnt, 0, 0, rows, rows, gv, out,
-                                        START_PTR=True, COUNT_PTR=True, **common)
-        d = K.dequantize_fp4_kernel[grid](out, rows, gv, y, OUT_KIND=1, **common)
+        lq = launch.quantize_launch(w, rows, rows, h, 2, start_ptr=True, count_ptr=True,
+                                    compiled=True)
+        ld = launch.dequantize_launch(w, rows, h, "bfloat16", compiled=True)
+        q = lq.kernel[lq.grid](x, cnt, cnt, 0, 0, rows, rows, gv, out, **lq.consts,
+                               num_warps=lq.warps)
+        d = ld.kernel[ld.grid](out, rows, gv, y, **ld.consts, num_warps=ld.warps)
         for name, compiled in (("quantize_fp4_kernel", q), ("dequantize_fp4_kernel", d)):
             jax_ptx = {open(p).read() for p in glob.glob(f"{tmp_path}/*/{name}.ptx")}
             mine = compiled.asm["ptx"]
