@@ -466,6 +466,21 @@ class Emitter:
         self.wide_bufs.add(OUT)
         self.steps.append(JoinColumns(recv, Ref(OUT), R, count, span, W))
 
+    def scatter_columns_all_to_all_v(self) -> None:
+        """The LM-head scatter where every rank's rows are its own and tile the input from
+        row 0 in rank order (SUM_LEN or GATHERV, no two ranks sharing rows, host sizes):
+        the input is the send buffer, a variable all-to-all sends each rank its real rows
+        alone (no packing, no block padding), the column parts joined side by side."""
+        g, R, r = self.geo, self.out_rows, self.rank
+        W = g.layout.world_size
+        _, lens = g.rows_table()
+        mine = g.held(r.dp, r.cp)
+        self.notes.append("host sizes: a variable all-to-all of each rank's rows")
+        recv = self.buffer("recv", X.mul(W, mine))
+        self.steps.append(AllToAllV(Group.WORLD, Ref(IN, 0, X.vsum(lens)), recv, lens, mine))
+        self.wide_bufs.add(OUT)
+        self.steps.append(JoinColumns(recv, Ref(OUT), R, X.minimum(R, mine), mine, W))
+
     def scatter_columns_adjoint_all_to_all(self) -> None:
         """The transpose of :meth:`scatter_columns_all_to_all`: the sharing ranks' rows
         summed and reduce-scattered, the column parts split into blocks, one world
@@ -509,4 +524,5 @@ EMITTERS: dict[tuple[Op, Route], Callable[[Emitter], None]] = {
     (Op.SCATTER, _R.LOCAL): _E.scatter_local,
     (Op.SCATTER_ADJOINT, _R.LOCAL): _E.scatter_adjoint_local,
     (Op.SCATTER_COLUMNS, _R.ALL_TO_ALL): _E.scatter_columns_all_to_all,
+    (Op.SCATTER_COLUMNS, _R.ALL_TO_ALL_V): _E.scatter_columns_all_to_all_v,
     (Op.SCATTER_COLUMNS_ADJOINT, _R.ALL_TO_ALL): _E.scatter_columns_adjoint_all_to_all}

@@ -107,14 +107,15 @@ def choose_route(geo: Geometry, op: Op, transport: Transport, *, device_counts: 
     if op in (Op.SCATTER, Op.SCATTER_ADJOINT):
         return Route.LOCAL
     hosted = host_sizes(transport, rank_known=rank_known, device_counts=device_counts)
-    if op in (Op.SCATTER_COLUMNS, Op.SCATTER_COLUMNS_ADJOINT):
+    # a SUM_LEN or GATHERV plan's chunks (and, where no two ranks share rows, its ranks'
+    # rows) tile the input in rank order: on host sizes each travels alone
+    tiled = hosted and geo.mode is not PaddingMode.MAX_LEN and not geo.sharded
+    if op is Op.SCATTER_COLUMNS:
+        return Route.ALL_TO_ALL_V if tiled and geo.sharing_group()[1] == 1 else Route.ALL_TO_ALL
+    if op is Op.SCATTER_COLUMNS_ADJOINT:
         return Route.ALL_TO_ALL
     if quantized and op is Op.REDUCE_SCATTER and transport is not Transport.PEER:
-        # a SUM_LEN or GATHERV plan's chunks tile the input in rank order: on host sizes
-        # each travels alone
-        if hosted and geo.mode is not PaddingMode.MAX_LEN and not geo.sharded:
-            return Route.ALL_TO_ALL_V
-        return Route.ALL_TO_ALL
+        return Route.ALL_TO_ALL_V if tiled else Route.ALL_TO_ALL
     # (the peer transport's route serves every chunk size: no guard to ask for)
     equal = transport is not Transport.PEER and geo.mode is not PaddingMode.SUM_LEN \
         and known(geo.equal_chunks())
