@@ -8,8 +8,10 @@ decode step (``--decode`` rows a replica) and a prefill step (``--prefill``), lo
 ``--vocab`` columns in bf16, every mode the sglang rule and the cost policy pick. The
 all-gather path receives ``(world - 1) * global_rows`` rows of ``vocab / world`` columns;
 ``scatter_columns`` receives ``(world - 1) * B`` such rows in its all-to-all plus ``(k - 1)
-* B`` full rows in the all-gather of the ``k`` ranks sharing the rows (docs/semantics.md,
-"The LM-head scatter").
+* B`` full rows in the all-gather of the ``k`` ranks sharing the rows, or, where every rank's
+rows are its own and tile the input (SUM_LEN and GATHERV, dp = world, host counts), the
+cost model's price of its variable all-to-all of the real rows (``(world - 1) / world`` of
+them, each rank's average; docs/semantics.md, "The LM-head scatter").
 
 ``--gpu``: NCCL world 1 on the one GPU (the only world NCCL runs there): device time under
 CUDA graphs of ``scatter_columns`` against ``all_gather_into_tensor`` of the columns then
@@ -30,8 +32,8 @@ ITEMSIZE = 2  # bf16
 
 
 def received(plan: dpx.DpPlan, op: Op, row_bytes: int) -> int:
-    """Bytes the slowest rank receives over ``op``'s collectives (what it sends: every
-    collective here moves equal blocks)."""
+    """Bytes the cost model prices ``op``'s collectives at on its slowest rank (what every
+    rank receives where the blocks are equal)."""
     return dpx.cost.estimate_op(plan, op, row_bytes=row_bytes,
                                 cost_model=dpx.CostModel()).moved
 

@@ -6,9 +6,9 @@ nibble of byte ``k``) then one scale byte per block of ``GS`` elements (16: nvfp
 scale; 32: mxfp4, a UE8M0 exponent); the buffers are uint8 ``[rows, ROW_BYTES]``.
 
 One program covers ``BLOCK_B`` consecutive blocks of the row-major ``[rows, H / GS]`` block
-grid as a ``[BLOCK_B, GS]`` tile (contiguous elements: vector loads and stores); quantize
-stores the codes as little-endian int32 words of eight when a wire row is a multiple of 4
-bytes (else byte by byte), dequantize splits bytes into nibbles in registers.
+grid (quantize holds each block whole in one thread: :func:`load_bits8`); the payload
+moves as little-endian int32 words of eight codes when a wire row is a multiple of 4 bytes
+(else byte by byte).
 
 Every rounding is written so that the compiled kernel, Triton's interpreter, the torch ops
 and JAX's XLA path give the same bits:
@@ -21,13 +21,13 @@ and JAX's XLA path give the same bits:
 - mxfp4: ``x * 2**-E`` on the float pipe, one multiplication (PTX ``mul.f32`` keeps
   subnormal operands and results: ``2**-127``, the scale of a block holding an infinity,
   is one), exact wherever the e2m1 code depends on it;
-- e2m1 of a quotient ``q <= 6`` (larger ones and NaN clamped to 6): the first code of
-  ``q``'s range plus ``q`` times 2, 1 or 1/2 rounded to nearest even, as the low bits of a
-  sum with ``2**23`` (one fused multiply-add);
-- dequantize: mxfp4 as ``e2m1 * 2**E``, one exact multiplication; nvfp4 by adding to the
-  exponent bits of two correctly rounded quotients per block, ``s / g`` and ``3s / g``
-  (``e2m1 * s / g`` is one of them times a power of two); then the rounding to the output
-  dtype of :func:`~dpx.kernels.blocks.store_rounded`.
+- e2m1 of a quotient ``q >= 0``: the minimum of the codes ``q`` would have in each range of
+  e2m1's step (:func:`~dpx.kernels.blocks.e2m1_code`), at most 7 (NaN saturates);
+- dequantize: each code's bits placed in a float16 (:func:`e2m1_halves`), then mxfp4 one
+  exact multiplication by ``2**(E + 14)``, nvfp4 the element's power of two times one of
+  two correctly rounded quotients per block, ``s / g`` and ``1.5 s / g``
+  (:func:`fp4_values`); then the rounding to the output dtype of
+  :func:`~dpx.kernels.blocks.store_rounded`.
 
 Like every dpx kernel they read ``start`` / ``count`` from device memory or plain ints and
 mask every access; the shared blocks are :mod:`dpx.kernels.blocks`', the constants

@@ -125,8 +125,9 @@ class BlockShape:
 
 
 #: The launch of each pass over scale blocks by (pass, elements per block: 128 fp8's groups,
-#: 16 nvfp4, 32 mxfp4), chosen by ``benchmarks/wire_sweep.py`` (benchmarks/README.md, "The
-#: wire kernels"); ``sum`` is the combine's summing pass (and the peer transport's).
+#: 16 nvfp4, 32 mxfp4), chosen by ``benchmarks/wire_sweep.py`` on an H100
+#: (its section of benchmarks/README.md: The wire kernels); ``sum`` is the combine's
+#: summing pass (and the peer transport's).
 BLOCK_SHAPES: dict[tuple[str, int], BlockShape] = {
     ("quantize", 16): BlockShape(64, 2), ("quantize", 32): BlockShape(128, 4),
     ("dequantize", 128): BlockShape(16, 4), ("dequantize", 16): BlockShape(64, 2),

@@ -5,7 +5,7 @@ A wire row is ``H`` float8_e4m3fn payload bytes then ``H / 128`` float32 scales;
 buffers are uint8 ``[rows, ROW_BYTES]``. Divisions are IEEE-rounded and conversions round
 to nearest even: written with ``div_rn`` and integer bit operations where the hardware
 instruction is not there (Triton's interpreter truncates these conversions), with
-quantize's ``COMPILED`` arithmetic on GPUs, so the compiled kernel and the interpreter give
+``COMPILED`` arithmetic and conversions on GPUs, so the compiled kernel and the interpreter give
 the same bits, those of torch's division and ``.to(torch.float8_e4m3fn)``. Like every
 dpx kernel they read ``start`` / ``count`` from device memory or plain ints and mask every
 access; the shared blocks are :mod:`dpx.kernels.blocks`', the constants
