@@ -11,7 +11,8 @@ all-gather path receives ``(world - 1) * global_rows`` rows of ``vocab / world``
 * B`` full rows in the all-gather of the ``k`` ranks sharing the rows, or, where every rank's
 rows are its own and tile the input (SUM_LEN and GATHERV, dp = world, host counts), the
 cost model's price of its variable all-to-all of the real rows (``(world - 1) / world`` of
-them, each rank's average; docs/semantics.md, "The LM-head scatter").
+them: each rank's average share, where the rank with the most rows receives ``(world - 1)
+* max n``; docs/semantics.md, "The LM-head scatter").
 
 ``--gpu``: NCCL world 1 on the one GPU (the only world NCCL runs there): device time under
 CUDA graphs of ``scatter_columns`` against ``all_gather_into_tensor`` of the columns then
@@ -32,8 +33,9 @@ ITEMSIZE = 2  # bf16
 
 
 def received(plan: dpx.DpPlan, op: Op, row_bytes: int) -> int:
-    """Bytes the cost model prices ``op``'s collectives at on its slowest rank (what every
-    rank receives where the blocks are equal)."""
+    """Bytes the cost model prices ``op``'s collectives at (the rank with the most local
+    work's; what every rank receives where the blocks are equal, each rank's average share
+    for a variable all-to-all)."""
     return dpx.cost.estimate_op(plan, op, row_bytes=row_bytes,
                                 cost_model=dpx.CostModel()).moved
 

@@ -9,21 +9,24 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from dpx import expr as X
+from dpx.geometry import Geometry
 from dpx.modes import Group, PaddingMode
+from dpx.routes import RankRef
 from dpx.steps import (IN, OUT, AllToAll, AllToAllV, JoinColumns, Pack, ReduceScatter, Ref,
-                       SplitColumns, Unpack)
+                       SplitColumns, Step, Unpack)
 
 __all__ = ["ColumnsEmitter"]
 
 
 class ColumnsEmitter:
-    """The LM-head scatter's routes, as :class:`dpx.emit.Emitter`'s methods."""
+    """The LM-head scatter's routes, as :class:`dpx.emit.Emitter`'s methods (the state and
+    the helpers they use, which the emitter defines, declared here)."""
 
-    geo: Any
-    rank: Any
-    steps: list
-    notes: list
-    wide_bufs: set
+    geo: Geometry
+    rank: RankRef
+    steps: list[Step]
+    notes: list[str]
+    wide_bufs: set[str]
     in_rows: Any
     out_rows: Any
     buffer: Callable[..., Ref]

@@ -166,7 +166,8 @@ def peer_lines(plan: DpPlan, hidden: int, itemsize: int, wire: Wire,
 def lm_head_line(plan: DpPlan, vocab: int, itemsize: int, model: CostModel,
                  transport: Transport) -> str:
     """The LM-head scatter of ``vocab``-column logits priced against the all-gather of the
-    columns then a scatter (slowest rank each; bytes each rank sends)."""
+    columns then a scatter (the cost model's figures for the rank with the most local work:
+    bytes a rank sends, a variable all-to-all at each rank's average share)."""
     W = plan.layout.world_size
     check_int("vocab", vocab, minimum=W)
     if vocab % W:

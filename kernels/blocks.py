@@ -11,17 +11,18 @@ called: the compiled code is the one the kernel would have with the block writte
 - :func:`div_corrected`: a correctly rounded quotient of non-negative operands from a
   product with the reciprocal and two fused corrections;
 - :func:`e2m1_code`: e2m1 rounding of a non-negative quotient on the float pipe;
-- :func:`fp8_values` / :func:`store_rounded`: the fp8 wire's float32 values of codes and
-  scales, and float32 values stored rounded to an output dtype with the canonical NaN.
+- :func:`fp8_values` / :func:`fp8_block_values` / :func:`store_rounded`: the fp8 wire's
+  float32 values of codes and scales (of one group of wire rows), and float32 values stored
+  rounded to an output dtype with the canonical NaN.
 """
 
 import triton
 import triton.language as tl
 
-from dpx.kernels.constants import NAN_BF16, NAN_CODE, NAN_F16, NAN_F32
+from dpx.kernels.constants import GROUP, NAN_BF16, NAN_CODE, NAN_F16, NAN_F32
 
 __all__ = ["block_index", "div_corrected", "e2m1_code", "e4m3_code", "e4m3_signed_value",
-           "e4m3_value", "fp8_values", "load_index", "store_rounded"]
+           "e4m3_value", "fp8_block_values", "fp8_values", "load_index", "store_rounded"]
 
 
 @triton.jit
@@ -103,7 +104,9 @@ def e2m1_code(q):
     r2 = q * 2.0 + 8388608.0
     r1 = q + 8388610.0
     r05 = q * 0.5 + 8388612.0
-    r = tl.minimum(tl.minimum(r2, r1), tl.minimum(r05, 8388615.0))
+    nan_off: tl.constexpr = tl.PropagateNan.NONE      # the minimum of a number and a NaN
+    r = tl.minimum(tl.minimum(r2, r1, propagate_nan=nan_off),
+                   tl.minimum(r05, 8388615.0, propagate_nan=nan_off), propagate_nan=nan_off)
     return r.to(tl.int32, bitcast=True) & 7
 
 
@@ -118,6 +121,16 @@ def fp8_values(c, scale, COMPILED: tl.constexpr):
         ci = c.to(tl.int32)
         return tl.where((ci & 0x7F) == NAN_CODE, float("nan"),
                         e4m3_signed_value(ci) * scale)
+
+
+@triton.jit
+def fp8_block_values(base, grp, ok, H: tl.constexpr, COMPILED: tl.constexpr):
+    """The float32 values ``[B, GROUP]`` (:func:`fp8_values`) of group ``grp`` of the fp8 wire
+    rows at ``base`` (uint8 pointers ``[B]``, one per row; ``ok``: rows to read)."""
+    c = tl.load((base + grp * GROUP)[:, None] + tl.arange(0, GROUP)[None, :],
+                mask=ok[:, None], other=0)
+    scale = tl.load((base + H + grp * 4).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
+    return fp8_values(c, scale[:, None], COMPILED)
 
 
 @triton.jit

@@ -6,7 +6,7 @@ source's bytes are read once, the output written once. The loop over the sources
 unrolled (``tl.static_range``: code that grows with the world size).
 
 The float32 values are the dequantize kernels' (fp8: ``e4m3 * scale`` as
-:func:`~dpx.kernels.blocks.fp8_values`; nvfp4 / mxfp4:
+:func:`~dpx.kernels.blocks.fp8_block_values`; nvfp4 / mxfp4:
 :func:`~dpx.kernels.fp4.fp4_values`). The additions are IEEE round-to-nearest-even
 with subnormals: on a GPU (``COMPILED``) each is a PTX ``add.rn.f32``, which the compiler
 never fuses with the fp8 product into a multiply-add (a plain ``add.f32`` it may); in
@@ -23,7 +23,7 @@ GS]`` block grid as a ``[BLOCK_B, GS]`` tile.
 import triton
 import triton.language as tl
 
-from dpx.kernels.blocks import block_index, fp8_values, store_rounded
+from dpx.kernels.blocks import block_index, fp8_block_values, store_rounded
 from dpx.kernels.constants import GROUP, MX_BLOCK, NV_BLOCK
 from dpx.kernels.fp4 import fp4_values
 
@@ -39,15 +39,10 @@ def wire_block_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr
     scale``) unless ``FP4`` (nvfp4 with global scale ``g`` when ``NV``, else mxfp4); a NaN
     code or a NaN block gives NaN. What the dequantize kernels compute before their rounding
     to the output dtype."""
-    GS: tl.constexpr = (NV_BLOCK if NV else MX_BLOCK) if FP4 else GROUP
     if FP4:
         v = fp4_values(base, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED)
     else:
-        c = tl.load((base + grp * GS)[:, None] + tl.arange(0, GS)[None, :], mask=ok[:, None],
-                    other=0)
-        scale = tl.load((base + H + grp * 4).to(tl.pointer_type(tl.float32)), mask=ok,
-                        other=0.0)
-        v = fp8_values(c, scale[:, None], COMPILED)
+        v = fp8_block_values(base, grp, ok, H, COMPILED)
     return v
 
 

@@ -23,9 +23,9 @@ and JAX's XLA path give the same bits:
   is one), exact wherever the e2m1 code depends on it;
 - e2m1 of a quotient ``q >= 0``: the minimum of the codes ``q`` would have in each range of
   e2m1's step (:func:`~dpx.kernels.blocks.e2m1_code`), at most 7 (NaN saturates);
-- dequantize: each code's bits placed in a float16 (:func:`e2m1_halves`), then mxfp4 one
-  exact multiplication by ``2**(E + 14)``, nvfp4 the element's power of two times one of
-  two correctly rounded quotients per block, ``s / g`` and ``1.5 s / g``
+- dequantize: each code's bits placed in a float16 (:func:`e2m1_halves`), then mxfp4 two
+  exact multiplications by factors making ``2**(E + 14)``, nvfp4 the element's power of two
+  times one of two correctly rounded quotients per block, ``s / g`` and ``1.5 s / g``
   (:func:`fp4_values`); then the rounding to the output dtype of
   :func:`~dpx.kernels.blocks.store_rounded`.
 
@@ -50,9 +50,9 @@ __all__ = ["dequantize_fp4_kernel", "fp4_values", "quantize_fp4_kernel"]
 @triton.jit
 def load_bits8(src_ptr, first, real, k: tl.constexpr, COMPILED: tl.constexpr):
     """The float32 bits (int32 ``[B, 8]``) of elements ``first + 8k .. first + 8k + 7`` of
-    ``src_ptr`` (``first``: ``[B]``; rows not ``real`` read as zeros): a block's eighth-
-    element chunk, whole in one thread (Triton gives each thread one row of an 8-wide tile
-    of 16-bit elements)."""
+    ``src_ptr`` (``first``: ``[B]``; rows not ``real`` read as zeros): an eight-element
+    chunk of a block (for 16-bit inputs Triton gives each thread one row of an 8-wide tile:
+    a block's chunks are one thread's)."""
     offs = (first + 8 * k)[:, None] + tl.arange(0, 8)[None, :]
     if src_ptr.dtype.element_ty == tl.bfloat16 and not COMPILED:
         # bfloat16 -> float32 by bits (Triton's interpreter mishandles subnormals)
@@ -65,22 +65,22 @@ def load_bits8(src_ptr, first, real, k: tl.constexpr, COMPILED: tl.constexpr):
 
 
 @triton.jit
-def fp4_word(ux, g, s_safe, rcp, p2, zero_blk, NV: tl.constexpr, COMPILED: tl.constexpr):
+def fp4_word(ux, g, d, r, zero_blk, NV: tl.constexpr, COMPILED: tl.constexpr):
     """The eight e2m1 codes of a chunk (float32 bits ``ux [B, 8]``) as one int32 word
-    (element ``k`` at bits ``4k``), from its block's factors (:func:`quantize_fp4_kernel`)."""
+    (element ``k`` at bits ``4k``), from its block's factor ``d``: nvfp4 the quotient
+    ``RN(|x| * g) / d`` correctly rounded (``r = RN(1 / d)`` on a GPU), mxfp4 the product
+    ``|x| * d`` (``d = 2**-E``)."""
     sign = (ux >> 28) & 8                                  # the sign bit as code bit 3
-    ab = ux & 0x7FFFFFFF
+    a = (ux & 0x7FFFFFFF).to(tl.float32, bitcast=True)
     if NV:
-        ap = ab.to(tl.float32, bitcast=True) * g                        # |x| * g
         if COMPILED:
-            q = div_corrected(ap, s_safe, rcp)
+            q = div_corrected(a * g, d, r)
         else:
-            q = tl.math.div_rn(ap, s_safe)
-        # e2m1 of q >= 0 (a NaN quotient, from an infinite |x| * g, saturates like infinity)
-        mag = e2m1_code(q)
+            q = tl.math.div_rn(a * g, d)
     else:
-        mag = e2m1_code(ab.to(tl.float32, bitcast=True) * p2)
-    code = tl.where(zero_blk, 0, mag | sign)
+        q = a * d
+    # (a NaN quotient, from an infinite |x| * g, saturates like infinity)
+    code = tl.where(zero_blk, 0, e2m1_code(q) | sign)
     return tl.sum(code << (tl.arange(0, 8) * 4)[None, :], 1)
 
 
@@ -124,10 +124,9 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
         # e4m3, round to nearest even, saturating at its largest magnitude
         s_code = e4m3_code(tl.where(sv < FP8_MAX, sv, FP8_MAX))
         s = e4m3_value(s_code)
-        s_safe = tl.where(s_code == 0, 1.0, s)
-        rcp = tl.math.div_rn(1.0, s_safe) if COMPILED else s_safe
-        s_safe, rcp = s_safe[:, None], rcp[:, None]
-        p2 = s_safe
+        d = tl.where(s_code == 0, 1.0, s)
+        r = tl.math.div_rn(1.0, d) if COMPILED else d
+        d, r = d[:, None], r[:, None]
         zero_blk = (s_code == 0) | nan_blk
         scale_byte = tl.where(nan_blk, NV_NAN_SCALE, s_code)
     else:
@@ -139,19 +138,19 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
         # float for E <= 126 and 2**-127 (a block holding an infinity) a subnormal one,
         # and the multiplication keeps subnormal operands and results (no flush to zero);
         # a product is exact unless it falls below 2**-126, far below the first threshold
-        p2 = tl.where(E < 127, (127 - E) << 23, 0x400000).to(tl.float32, bitcast=True)
-        p2 = p2[:, None]
-        s_safe, rcp = p2, p2
+        d = tl.where(E < 127, (127 - E) << 23, 0x400000).to(tl.float32, bitcast=True)
+        d = d[:, None]
+        r = d
     zb = zero_blk[:, None]
-    w0 = fp4_word(u0, g, s_safe, rcp, p2, zb, NV, COMPILED)
-    w1 = fp4_word(u1, g, s_safe, rcp, p2, zb, NV, COMPILED)
+    w0 = fp4_word(u0, g, d, r, zb, NV, COMPILED)
+    w1 = fp4_word(u1, g, d, r, zb, NV, COMPILED)
     row_ok = row < out_rows
     base = out_ptr + row * ROW_BYTES
     if NV:
         words = tl.join(w0, w1)                                            # [B, 2]
     else:
-        w2 = fp4_word(u2, g, s_safe, rcp, p2, zb, NV, COMPILED)
-        w3 = fp4_word(u3, g, s_safe, rcp, p2, zb, NV, COMPILED)
+        w2 = fp4_word(u2, g, d, r, zb, NV, COMPILED)
+        w3 = fp4_word(u3, g, d, r, zb, NV, COMPILED)
         words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_B, 4])
     WB: tl.constexpr = GS // 8
     if ROW_BYTES % 4 == 0:

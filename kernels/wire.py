@@ -19,7 +19,7 @@ BLOCK_B),)``, one program per ``BLOCK_B`` consecutive groups.
 import triton
 import triton.language as tl
 
-from dpx.kernels.blocks import (block_index, e4m3_code, fp8_values, load_index,
+from dpx.kernels.blocks import (block_index, e4m3_code, fp8_block_values, load_index,
                                 store_rounded)
 from dpx.kernels.constants import FP8_EPS, FP8_MAX, GROUP, NAN_CODE
 
@@ -105,17 +105,13 @@ def dequantize_rows_kernel(src_ptr, rows_n, out_ptr, H: tl.constexpr, ROW_BYTES:
     the output's canonical quiet NaN. One program: ``BLOCK_B`` consecutive 128-element
     groups of the row-major ``[rows_n, H / 128]`` group grid, a ``[BLOCK_B, 128]`` tile.
     ``COMPILED``: the GPU's exact e4m3 and rounding conversions (:func:`~dpx.kernels.blocks.
-    fp8_values`, :func:`~dpx.kernels.blocks.store_rounded`), else the same by bits.
+    fp8_block_values`, :func:`~dpx.kernels.blocks.store_rounded`), else the same by bits.
     ``WIDE``: index math in int64, else int32."""
     NB: tl.constexpr = H // GROUP
     f = block_index(0, BLOCK_B, WIDE)
     row = f // NB
     grp = f % NB
     ok = row < rows_n
-    base = src_ptr + row * ROW_BYTES
-    c = tl.load((base + grp * GROUP)[:, None] + tl.arange(0, GROUP)[None, :],
-                mask=ok[:, None], other=0)
-    scale = tl.load((base + H + grp * 4).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
-    v = fp8_values(c, scale[:, None], COMPILED)
+    v = fp8_block_values(src_ptr + row * ROW_BYTES, grp, ok, H, COMPILED)
     store_rounded(v, out_ptr, (f * GROUP)[:, None] + tl.arange(0, GROUP)[None, :],
                   ok[:, None], OUT_KIND, COMPILED)
