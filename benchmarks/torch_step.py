@@ -1,5 +1,8 @@
 """Host cost of dpx_torch's calls against the calls they replace, at world size 1 on one
-GPU (NCCL; the collective is issued on both sides), eager and under CUDA-graph replay.
+GPU (NCCL), eager and under CUDA-graph replay. dpx issues no collective on a group of one
+rank (a copy or nothing: docs/semantics.md, "A world of one rank"), so Table 1 writes the
+sequences it compares with the same way (neither side calls the backend), and Table 2
+compares dpx's local copy with the bare NCCL collective.
 
     python benchmarks/torch_step.py
 
@@ -13,7 +16,8 @@ Table 1, **against sglang's calls**: per op and padding mode, the sequence sglan
 ``fill_(0)`` + a Triton copy kernel reading its offset and count from device memory,
 launched through Triton's JIT as sglang's ``memcpy_triton`` is + an in-place
 ``all_reduce``; a MAX_LEN gather one ``all_gather_into_tensor``; a scatter ``fill_(0)`` +
-the copy kernel; ``dp_reduce_scatter_tensor`` one ``reduce_scatter_tensor``), the same op
+the copy kernel; ``dp_reduce_scatter_tensor`` one ``reduce_scatter_tensor``; at world 1
+the all-reduce is left out and the other two are a ``copy_``), the same op
 through ``dpx_torch.sglang`` with a forward batch of host counts (``drop_in``), and
 through ``DpComm`` with ``out=`` (``comm``). The sequences lack sglang's own Python around
 them, so they are a lower bound of its host time.
@@ -138,6 +142,7 @@ def _sglang_rows(comm: DpComm, layout) -> list[dict]:
     from dpx_torch import sglang as sg
 
     att = sg.setup(comm, hidden_size=H, dtype=torch.bfloat16, device="cuda")
+    alone = dist.get_world_size() == 1
     rows = []
     for name, n in SIZES:
         local = torch.randn(n, H, device="cuda", dtype=torch.bfloat16)
@@ -151,14 +156,21 @@ def _sglang_rows(comm: DpComm, layout) -> list[dict]:
             batch = SimpleNamespace(global_num_tokens_cpu=[n], global_num_tokens_gpu=count,
                                     dp_padding_mode=pm, dp_local_start_pos=None,
                                     dp_local_num_tokens=None)
+            # on one rank each collective is what it does there (an all-reduce nothing, an
+            # all-gather or reduce-scatter a copy), as dpx's schedules are: neither side
+            # calls the backend
             if mode == "sum_len":
                 def sg_gather(i):
                     glob.fill_(0)
                     _copy(glob, local, start, count, False)
-                    dist.all_reduce(glob)
+                    if not alone:
+                        dist.all_reduce(glob)
             else:
                 def sg_gather(i):
-                    dist.all_gather_into_tensor(glob, local)
+                    if alone:
+                        glob.copy_(local)
+                    else:
+                        dist.all_gather_into_tensor(glob, local)
 
             def sg_scatter(i):
                 small.fill_(0)
@@ -175,7 +187,8 @@ def _sglang_rows(comm: DpComm, layout) -> list[dict]:
             if mode == "max_len":
                 att.set_dp_buffer_len(n, n, True, [n])
                 cases["dp_reduce_scatter_tensor"] = (
-                    lambda i: dist.reduce_scatter_tensor(small, glob),
+                    (lambda i: small.copy_(glob)) if alone
+                    else (lambda i: dist.reduce_scatter_tensor(small, glob)),
                     lambda i: sg.dp_reduce_scatter_tensor(small, glob),
                     lambda i: comm.reduce_scatter(glob, plan, out=small))
             for op, (a, b, c) in cases.items():
