@@ -186,6 +186,20 @@ def test_context_parallel(gloo_worlds, layout):
     assert done == [4 * len(cases)] * layout[0]
 
 
+def test_validate_on_the_lm_head_variable_all_to_all(gloo_worlds):
+    """The LM-head scatter's variable all-to-all keeps validate's promise: the same error on
+    every rank, raised before the collective, and the world usable afterwards."""
+    res = gloo_worlds(4).run("torch_jobs:check_validate_columns")
+    expect = {"width": "ranks disagree on width: 2 on ranks [0, 2, 3]; 3 on ranks [1]",
+              "plan": "ranks disagree on the plan's num_tokens: [3, 0, 2, 1] on ranks "
+                      "[0, 1, 2]; [3, 1, 2, 1] on ranks [3]"}
+    for key, text in expect.items():
+        msgs = {r[key] for r in res}
+        assert len(msgs) == 1, f"{key}: ranks raised different errors: {msgs}"
+        assert text in msgs.pop(), f"{key}: {res[0][key]}"
+    assert all(r["route"] and r["ok"] for r in res)
+
+
 def test_validate_with_context_parallel(gloo_worlds):
     res = gloo_worlds(4).run("torch_jobs:check_validate_cp")
     expect = {"copies": "replica 0's attn-tp and CP ranks [0, 1, 2, 3] hold different rows",

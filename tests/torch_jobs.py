@@ -270,6 +270,27 @@ def check_validate(ctx) -> dict:
     return out
 
 
+def check_validate_columns(ctx) -> dict:
+    """validate=True on the LM-head scatter's variable all-to-all (a SUM_LEN plan, one rank
+    a replica, host counts): mismatched calls make every rank raise the same error before
+    the all-to-all; a consistent call gives the scatter of the full-width rows."""
+    layout = dpx.DpLayout(4, 4)
+    comm = ctx.comm(layout, validate=True)
+    r = ctx.rank
+    plan = dpx.plan_step([3, 0, 2, 1], layout, mode="sum_len")
+    other = dpx.plan_step([3, 1, 2, 1], layout, mode="sum_len")
+    full = torch.arange(plan.global_rows * 8, dtype=torch.float32).reshape(-1, 8)
+    mine = full[:, 2 * r:2 * r + 2].contiguous()
+    sched = dpx.build_schedule(plan, "scatter_columns", rank=r, in_rows=plan.global_rows)
+    out = {"route": [st.kind for st in sched.steps] == ["all_to_all_v", "join_columns"]}
+    out["width"] = _raises(lambda: comm.scatter_columns(
+        torch.zeros(plan.global_rows, 3) if r == 1 else mine, plan))
+    out["plan"] = _raises(lambda: comm.scatter_columns(
+        torch.zeros(other.global_rows, 2) if r == 3 else mine, other if r == 3 else plan))
+    out["ok"] = bool(torch.equal(comm.scatter_columns(mine, plan), comm.scatter(full, plan)))
+    return out
+
+
 def check_sync_counts(ctx) -> dict:
     layout = dpx.DpLayout(4, 2)
     comm = ctx.comm(layout)
