@@ -22,6 +22,14 @@ def _count_sets(dp: int, seed: int) -> list[list[int]]:
     return sets
 
 
+def _same_error_on_every_rank(res: list[dict], expect: dict[str, str]) -> None:
+    """Each scenario ``key`` raised one message on every rank, and it holds ``text``."""
+    for key, text in expect.items():
+        msgs = {r[key] for r in res}
+        assert len(msgs) == 1, f"{key}: ranks raised different errors: {msgs}"
+        assert text in msgs.pop(), f"{key}: {res[0][key]}"
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"w{l[0]}dp{l[1]}")
 def test_every_mode_partial_and_replicated(gloo_worlds, layout):
     world, dp = layout
@@ -103,10 +111,7 @@ def test_validate_makes_every_rank_raise_the_same_error(gloo_worlds):
                             "2]; 'gather/nvfp4 scale=2.0' on ranks [3]",
               "wire": "ranks disagree on op: 'gather/mxfp4' on ranks [0]; 'gather/nvfp4 "
                       "scale=1.0' on ranks [1, 2, 3]"}
-    for key, text in expect.items():
-        msgs = {r[key] for r in res}
-        assert len(msgs) == 1, f"{key}: ranks raised different errors: {msgs}"
-        assert text in msgs.pop(), f"{key}: {res[0][key]}"
+    _same_error_on_every_rank(res, expect)
     assert all(r["ok"] for r in res)
 
 
@@ -193,10 +198,7 @@ def test_validate_on_the_lm_head_variable_all_to_all(gloo_worlds):
     expect = {"width": "ranks disagree on width: 2 on ranks [0, 2, 3]; 3 on ranks [1]",
               "plan": "ranks disagree on the plan's num_tokens: [3, 0, 2, 1] on ranks "
                       "[0, 1, 2]; [3, 1, 2, 1] on ranks [3]"}
-    for key, text in expect.items():
-        msgs = {r[key] for r in res}
-        assert len(msgs) == 1, f"{key}: ranks raised different errors: {msgs}"
-        assert text in msgs.pop(), f"{key}: {res[0][key]}"
+    _same_error_on_every_rank(res, expect)
     assert all(r["route"] and r["ok"] for r in res)
 
 
@@ -207,8 +209,5 @@ def test_validate_with_context_parallel(gloo_worlds):
                         "[[3, 2]] on ranks [3]",
               "device": "ranks disagree on device counts: (1, 4) on ranks [0]; (2, 3) on "
                         "ranks [1, 2, 3]"}
-    for key, text in expect.items():
-        msgs = {r[key] for r in res}
-        assert len(msgs) == 1, f"{key}: ranks raised different errors: {msgs}"
-        assert text in msgs.pop(), f"{key}: {res[0][key]}"
+    _same_error_on_every_rank(res, expect)
     assert all(r["ok"] for r in res)
