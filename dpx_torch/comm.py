@@ -198,16 +198,24 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         per batch where the backend coalesces). When a tensor requires grad, each is
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
-        if self._life.fast and plain(local, counts, out) and type(partial) is bool \
-                and (wire_scale is None or type(wire_scale) is float):
-            find = self.prepared.find
-            op = find(call_key(_GATHER, plan, partial, wire, wire_scale, dequantize, local,
-                               counts, out, False), local, counts, out)
-            if op is None and out is not None and inside(local, out):   # in place
-                op = find(call_key(_GATHER, plan, partial, wire, wire_scale, dequantize,
-                                   local, counts, out, True), local, counts, out)
-            if op is not None:
-                return op.run(local, counts, out)
+        if self._life.fast:
+            ops = self.prepared
+            last = ops.last[_GATHER]
+            if last[0] is plan and last[1] is partial and last[2] is wire \
+                    and last[3] is wire_scale and last[4] is dequantize \
+                    and last[5].admits(local, counts, out):
+                return last[5].run(local, counts, out)
+            if plain(local, counts, out) and type(partial) is bool \
+                    and (wire_scale is None or type(wire_scale) is float):
+                op = ops.find(call_key(_GATHER, plan, partial, wire, wire_scale, dequantize,
+                                       local, counts, out, False), local, counts, out)
+                if op is None and out is not None and inside(local, out):   # in place
+                    op = ops.find(call_key(_GATHER, plan, partial, wire, wire_scale,
+                                           dequantize, local, counts, out, True),
+                                  local, counts, out)
+                if op is not None:
+                    ops.last[_GATHER] = (plan, partial, wire, wire_scale, dequantize, op)
+                    return op.run(local, counts, out)
         self._life.check()
         if isinstance(local, (tuple, list)):
             return self.full.gather_many(tuple(local), plan, partial, counts, out, wire,
@@ -300,12 +308,18 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         return self._prepare_global(Op.SCATTER_COLUMNS, shard, plan, counts, out)
 
     def _global_op(self, kind: Op, x, plan, counts, out, wire=_NATIVE, wire_scale=None):
-        if self._life.fast and plain(x, counts, out) \
-                and (wire_scale is None or type(wire_scale) is float):
-            op = self.prepared.find(call_key(kind._value_, plan, True, wire, wire_scale, True,
-                                             x, counts, out, False), x, counts, out)
-            if op is not None:
-                return op.run(x, counts, out)
+        if self._life.fast:
+            ops, name = self.prepared, kind._value_
+            last = ops.last[name]
+            if last[0] is plan and last[2] is wire and last[3] is wire_scale \
+                    and last[5].admits(x, counts, out):
+                return last[5].run(x, counts, out)
+            if plain(x, counts, out) and (wire_scale is None or type(wire_scale) is float):
+                op = ops.find(call_key(name, plan, True, wire, wire_scale, True, x, counts,
+                                       out, False), x, counts, out)
+                if op is not None:
+                    ops.last[name] = (plan, True, wire, wire_scale, True, op)
+                    return op.run(x, counts, out)
         self._life.check()
         op = self.full.global_op(kind, x, plan, counts, out, wire=wire, wire_scale=wire_scale)
         return self.full.run(op, plan, kind, x, counts, out)

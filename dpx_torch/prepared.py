@@ -55,6 +55,7 @@ __all__ = ["call_key", "CallKey", "ClassKey", "plain", "PreparedClass", "Prepare
 _compiling = torch.compiler.is_compiling
 _grad = torch.is_grad_enabled
 _new = tuple.__new__
+_Tensor = torch.Tensor
 
 
 class CallKey(NamedTuple):
@@ -98,8 +99,8 @@ def plain(x: Any, counts: Any, out: Any) -> bool:
     """The fast paths' one guard on a call's tensors: ``x`` a plain tensor (not a subclass,
     not several), ``counts`` and ``out`` plain tensors or not given, and no torch.compile
     trace running (a traced call takes the full path and its traceable steps)."""
-    return type(x) is torch.Tensor and (out is None or type(out) is torch.Tensor) \
-        and (counts is None or type(counts) is torch.Tensor) and not _compiling()
+    return type(x) is _Tensor and (out is None or type(out) is _Tensor) \
+        and (counts is None or type(counts) is _Tensor) and not _compiling()
 
 
 class PreparedOp:
@@ -109,7 +110,7 @@ class PreparedOp:
 
     __slots__ = ("prep", "full", "life", "shape", "dtype", "device", "counts_shape",
                  "out_shape", "in_place", "split", "out_rows", "_xbytes", "_obytes", "_index",
-                 "__weakref__")
+                 "_cuda", "__weakref__")
 
     def __init__(self, prep: PreparedCall, full: tuple, life: Lifecycle, x: torch.Tensor, *,
                  counts: torch.Tensor | None, out: torch.Tensor | None, in_place: bool,
@@ -119,6 +120,7 @@ class PreparedOp:
         self.full, self.life = full, life
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self._index = x.get_device()   # the device's index (-1: CPU), cheaper to compare
+        self._cuda = x.is_cuda
         self.counts_shape = None if counts is None else counts.shape
         self.out_shape = None if out is None else out.shape
         self.out_rows = prep.out_rows
@@ -128,22 +130,27 @@ class PreparedOp:
         self.in_place = (x.data_ptr() - out.data_ptr()) if in_place else None
         self.split = split
 
-    def admits(self, x: torch.Tensor, counts: torch.Tensor | None,
-               out: torch.Tensor | None) -> bool:
-        """Whether a call with these tensors (``x`` of the prepared shape, dtype and
-        device: the caller's key says so) runs the prepared steps."""
-        if not x.is_contiguous() or (x.requires_grad and _grad()):
+    def admits(self, x: Any, counts: Any, out: Any) -> bool:
+        """Whether a call with these arguments runs the prepared steps: the guard of every
+        call form (:func:`plain`'s rule, ``x``'s shape, dtype and device, contiguity,
+        autograd state, ``counts`` and ``out``, and where ``out`` lies against ``x``)."""
+        if type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype \
+                or x.get_device() != self._index \
+                or not (x.is_cuda if self._cuda else x.device == self.device) \
+                or not x.is_contiguous() or (x.requires_grad and _grad()) or _compiling():
             return False
         if counts is not None:
-            if counts.dtype is not torch.int32 or counts.shape != self.counts_shape \
-                    or counts.device != self.device or not counts.is_contiguous():
+            if type(counts) is not _Tensor or counts.dtype is not torch.int32 \
+                    or counts.shape != self.counts_shape or counts.device != self.device \
+                    or not counts.is_contiguous():
                 return False
         elif self.counts_shape is not None:
             return False
         if out is None:
             return self.out_shape is None
-        if out.shape != self.out_shape or out.dtype is not self.dtype \
-                or out.get_device() != self._index or not out.is_contiguous():
+        if type(out) is not _Tensor or out.shape != self.out_shape \
+                or out.dtype is not self.dtype or out.get_device() != self._index \
+                or not out.is_contiguous():
             return False
         xp, op = x.data_ptr(), out.data_ptr()
         if self.in_place is not None:
@@ -162,9 +169,7 @@ class PreparedOp:
 
     def __call__(self, x: torch.Tensor, *, counts: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> Any:
-        if self.life.fast and plain(x, counts, out) and x.shape == self.shape \
-                and x.dtype is self.dtype and x.device == self.device \
-                and self.admits(x, counts, out):
+        if self.life.fast and self.admits(x, counts, out):
             return self.run(x, counts, out)
         method, plan, kw = self.full
         return method(x, plan, counts=counts, out=out, **kw)
@@ -235,6 +240,11 @@ class PreparedClass:
         return op if op.admits(x, counts, out) else None
 
 
+_OPS = tuple(op.value for op in Op)
+#: an entry of :attr:`PreparedOps.last` no call's arguments match
+_NO_CALL = (object(),) * 5 + (None,)
+
+
 class PreparedOps:
     """The prepared ops of one communicator (see the module docstring): at most ``limit``
     of them and ``limit`` classes, each least recently used first out. ``full(op)`` is the
@@ -250,6 +260,11 @@ class PreparedOps:
         self._get, self._touch = self.ops.lookups()
         self._full, self._in_place = full, in_place
         self._held: weakref.WeakSet[PreparedOp] = weakref.WeakSet()
+        #: per op (its value): ``(plan, partial, wire, wire_scale, dequantize, op)`` of the
+        #: last call the fast path ran -- a call repeating those arguments (the same
+        #: objects) is matched without building its key, then guarded by
+        #: :meth:`PreparedOp.admits` (one entry per op: bounded)
+        self.last: dict[str, tuple] = dict.fromkeys(_OPS, _NO_CALL)
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -307,6 +322,7 @@ class PreparedOps:
     def clear(self) -> None:
         self.ops.clear()
         self.classes.clear()
+        self.last = dict.fromkeys(_OPS, _NO_CALL)
 
     def sever(self) -> None:
         """Drop every op's program, held ones too (``destroy()``): after this, every op

@@ -5,6 +5,8 @@ of prepared calls admitting only the tensors the full path admits. (Exits: test_
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -141,6 +143,75 @@ def test_in_place_and_separate_gathers_keep_their_own_ops(world1):
         assert torch.equal(comm.gather(other, plan, partial=True, out=torch.empty(5, 8)), other)
         ops.add(tuple(id(op) for op in comm.prepared.ops.values()))
     assert len(ops) == 1 and len(comm.prepared.ops) == 2
+    comm.destroy()
+
+
+def _result(call):
+    try:
+        return call()
+    except dpx.DpxError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("op", ["gather", "scatter"])
+def test_a_repeated_call_admits_only_what_the_full_path_admits(world1, op):
+    """A call repeating the last fast call's plan and flags (the same objects) is matched
+    without its key, then its tensors are guarded: after a hot call, every other input --
+    another dtype, shape or layout, a tensor subclass, several tensors, an ``out`` of
+    other rows, an ``out`` the input overlaps, an input that requires grad -- gets what a
+    first call on a fresh communicator gets (its result, its error, its autograd
+    graph)."""
+    comm = DpComm(L1)
+    plan = dpx.plan_step([5], L1, mode="max_len")
+    x = torch.arange(40.0).view(5, 8)
+    out = torch.empty(5, 8)
+
+    def call(c, xi, oi):
+        if op == "gather":
+            return c.gather(xi, plan, partial=True, out=oi)
+        return c.scatter(xi, plan, out=oi)
+
+    class Sub(torch.Tensor):
+        pass
+
+    def overlap():
+        big = torch.zeros(12, 8)
+        return big[:5], big[3:8]
+
+    cases = {   # name -> a new (input, out) each time
+        "dtype": lambda: (x.double(), torch.empty(5, 8, dtype=torch.float64)),
+        "dtype, no out": lambda: (x.half(), None),
+        "wider": lambda: (torch.ones(5, 16), torch.empty(5, 16)),
+        "strided": lambda: (x.t().contiguous().t(), torch.empty(5, 8)),
+        "out strided": lambda: (x, torch.empty(8, 5).t()),
+        "out rows": lambda: (x, torch.empty(6, 8)),
+        "out dtype": lambda: (x, torch.empty(5, 8, dtype=torch.float64)),
+        "overlap": overlap,
+        "subclass": lambda: (x.as_subclass(Sub), torch.empty(5, 8)),
+        "several": lambda: ([x], None),
+        "grad": lambda: (x.clone().requires_grad_(), None),
+        "no out": lambda: (x, None),
+        "meta": lambda: (x.to("meta"), None),
+    }
+    for (name, make), hot_out in itertools.product(cases.items(), (out, None)):
+        fresh = DpComm(L1)
+        want = _result(lambda: call(fresh, *make()))
+        fresh.destroy()
+        for _ in range(2):   # hot: the next call is matched by its arguments
+            call(comm, x, hot_out)
+        hot = comm.prepared.last[op]
+        xi, oi = make()
+        same = oi is None and hot_out is None and xi is x   # the hot call itself
+        assert hot[0] is plan and hot[5].admits(xi, None, oi) is same, name
+        got = _result(lambda: call(comm, *make()))
+        if isinstance(want, Exception):
+            assert type(got) is type(want) and str(got) == str(want), name
+            continue
+        for g, w in zip(got if isinstance(got, tuple) else (got,),
+                        want if isinstance(want, tuple) else (want,)):
+            assert isinstance(g, torch.Tensor), (name, g)
+            assert torch.equal(g, w) and g.requires_grad == w.requires_grad, name
+            assert g.dtype == w.dtype and g.shape == w.shape, name
     comm.destroy()
 
 
