@@ -357,8 +357,11 @@ class DpAttention:
         unlike sglang's with attn_tp > 1)."""
         plan, counts = self.plans.combine_plan(input.shape[0] if isinstance(input, torch.Tensor)
                                                else -1)
-        self._checked("dp_reduce_scatter_tensor", plan, self._check_combine, input, output,
-                      plan, counts)
+        if self._life.validate:
+            self._checked("dp_reduce_scatter_tensor", plan, self._check_combine, input,
+                          output, plan, counts)
+        else:   # (the output's rows: _into raises those on this rank)
+            self._check_rows("input", input, plan.global_rows)
         self._into(output, plan, counts, self._combine, input)
 
     def dp_gather_partial_async(self, global_tokens: torch.Tensor, local_tokens: torch.Tensor,
@@ -437,8 +440,7 @@ class DpAttention:
     def _check_combine(self, input: torch.Tensor, output: torch.Tensor, plan: DpPlan,
                        counts: torch.Tensor | None) -> None:
         self._check_rows("input", input, plan.global_rows)
-        if self._life.validate:   # (without, _into raises these on this rank)
-            self._check_out(output, plan, counts)
+        self._check_out(output, plan, counts)
 
     def _check_out(self, dst: torch.Tensor, plan: DpPlan, counts: torch.Tensor | None) -> None:
         """An output of this replica's rows (:meth:`_into`): any tensor of at least the
