@@ -12,7 +12,7 @@ from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchCapacityError,
                         DpxMismatchValueError, DpxPeerError, DpxTypeError, DpxValueError)
 from dpx.explain import explain
 from dpx.extents import OpRows, local_rows, op_rows
-from dpx.geometry import INTS
+from dpx.ints import INTS
 from dpx.layout import DpLayout, RankCoords
 from dpx.modes import Group, Op, PaddingMode, Policy, Transport, Wire
 from dpx.plan import CountRule, DpPlan

@@ -2,7 +2,7 @@
 
 A template's row numbers are the geometry built with these constructors over three
 leaves: :func:`counts_leaf`, :func:`coord` and :func:`param`. Constant operands fold with
-:data:`dpx.geometry.INTS`. :data:`OPS` lists every op once; :mod:`dpx.values` evaluates
+:data:`dpx.ints.INTS`. :data:`OPS` lists every op once; :mod:`dpx.values` evaluates
 from it. ``//`` floors by a positive constant; comparisons give 0 or 1.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
-from dpx.geometry import INTS
+from dpx.ints import INTS
 
 __all__ = [
     "add", "BINARY", "ceil_align", "ceil_div", "clip", "Coord", "coord", "counts_leaf",

@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from dpx.errors import DpxValueError
-from dpx.geometry import INTS, geometry
+from dpx.geometry import geometry
+from dpx.ints import INTS
 from dpx.modes import Op, PaddingMode
 from dpx.plan import DpPlan
 from dpx.routes import symbolic_geometry

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError, check_int
-from dpx.geometry import INTS, Structure, capacity_rows, slots
+from dpx.geometry import Structure, capacity_rows, slots
+from dpx.ints import INTS
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from dpx.cost import CostModel
 from dpx.errors import DpxTypeError, DpxValueError, check_int
-from dpx.geometry import INTS
+from dpx.ints import INTS
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Policy, Transport
 from dpx.plan import DpPlan, check_counts, check_shards, make_plan

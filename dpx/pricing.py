@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from dpx.cost import CostModel
-from dpx.geometry import INTS
+from dpx.ints import INTS
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Transport
 from dpx.routes import Route, host_sizes, route_of

@@ -9,7 +9,7 @@ import operator
 from typing import Any, Callable, Sequence
 
 from dpx.expr import BINARY, COORD, OPS, PARAMS, Expr, render, size_of
-from dpx.geometry import INTS
+from dpx.ints import INTS
 
 __all__ = ["ArrayOps", "compile_host", "evaluate", "host_value", "HostOps", "substitute"]
 

@@ -16,7 +16,7 @@ import pytest
 import dpx
 from dpx import expr as X
 from dpx import values as V
-from dpx.geometry import INTS
+from dpx.ints import INTS
 
 #: For every op, operands to try: (args as constants, which positions become leaves).
 CASES = {
