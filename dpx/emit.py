@@ -11,6 +11,7 @@ from typing import Any, Callable
 from dpx import expr as X
 from dpx import values as V
 from dpx.emit_columns import ColumnsEmitter
+from dpx.fold import fold_copies
 from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
 from dpx.plan import CountRule
@@ -88,6 +89,10 @@ class Emitter(ColumnsEmitter):
             self.wide_bufs.add(name)
         return Ref(name)
 
+    def buffer_kind(self, name: str) -> tuple[bool, bool]:
+        """Whether buffer ``name`` holds wire rows, and wide rows."""
+        return name in self.wire_bufs, name in self.wide_bufs
+
     def move(self, src: Ref, dst: Ref, rows: Any, src_start: Any, dst_start: Any,
              count: Any) -> None:
         self.steps.append(Move(src, dst, rows, src_start, dst_start, count))
@@ -104,7 +109,9 @@ class Emitter(ColumnsEmitter):
         if self.ride:
             self.ride_counts()
         if self.geo.layout.world_size == 1:
-            self.steps = [t for s in self.steps for t in self.alone(s)]
+            self.steps = fold_copies([t for s in self.steps for t in self.alone(s)],
+                                     self.scratch, self.buffer_kind, self.known,
+                                     in_place=self.in_place)
 
     def alone(self, s: Step) -> tuple[Step, ...]:
         """``s`` on a world of one rank, where every group is this rank: no collective

@@ -51,11 +51,6 @@ _ROUTES = {(t.value, full): {m.value: route_of(m, t, equal=full or m is PaddingM
            for t in Transport for full in (False, True)}
 
 
-#: The routes whose equal collectives a world of one rank runs as copies (its all-reduce,
-#: per-root and variable collectives leave the rows as they are, or are the transport's own)
-_COPIED = (Route.EQUAL_BLOCKS, Route.BLOCKS_UNPACK)
-
-
 def cheapest(counts: Sequence[int], layout: DpLayout, modes: Sequence[PaddingMode], *,
              row_bytes: int, cost_model: CostModel, transport: Transport,
              prune: bool = True) -> tuple[int, list[tuple[float, bool]]]:
@@ -98,10 +93,10 @@ def cheapest(counts: Sequence[int], layout: DpLayout, modes: Sequence[PaddingMod
     for c, i in order:
         if prune and best >= 0 and 2 * c > least:
             continue
-        g, r = _local_rows(colls[i][1], modes[i], n, a, mx, mn, S, G, B, tp, W)
-        if W == 1:   # each equal collective is a copy of its block (dpx.steps.Step.alone)
-            alone = 2 * B if colls[i][1] in _COPIED else 0
-            g, r = g + alone, r + alone
+        if W == 1 and colls[i][1] is not Route.PEER:
+            g = r = 2 * mx   # each op one copy of the rows (dpx.steps.Step.alone, dpx.fold)
+        else:
+            g, r = _local_rows(colls[i][1], modes[i], n, a, mx, mn, S, G, B, tp, W)
         t = (c + (g * rb) / mem) + (c + (r * rb) / mem)
         out[i] = (t, True)
         if best < 0 or cheaper(t, modes[i], least, modes[best]):

@@ -317,6 +317,45 @@ def test_a_world_of_one_rank_calls_no_collective():
     assert seen > 500, seen
 
 
+def test_a_world_of_one_rank_moves_its_rows_once():
+    """World 1, host counts, every mode, capacity or not, with the backend's collectives:
+    the copies the collectives became fold into the passes around them (``dpx.fold``) --
+    a gather, scatter or reduce_scatter is one pass and needs no scratch; a quantized
+    one quantizes into the buffer it dequantizes from (two passes, and a capacity's
+    reduce_scatter the place of its real rows); the LM-head scatter
+    on its variable all-to-all is its join alone. The folded schedules' results are
+    checked against the reference by test_host_plans and the capacity test."""
+    from dpx.routes import Route
+    from dpx.steps import Dequantize, DequantizeSum, JoinColumns, Quantize
+    lay = dpx.DpLayout(1, 1)
+    for mode, cap, n in itertools.product(MODES, (None, 16), (0, 5)):
+        plan = dpx.plan_step([n], lay, mode=mode, capacity=cap)
+        for op, partial, wire in itertools.product(
+                (Op.GATHER, Op.SCATTER, Op.REDUCE_SCATTER, Op.GATHER_SUM), (True, False),
+                ("native", "fp8")):
+            if wire != "native" and (op not in (Op.GATHER, Op.REDUCE_SCATTER) or (
+                    op is Op.GATHER and mode is PaddingMode.SUM_LEN)):
+                continue   # (a quantized gather needs a copy mode)
+            rows = plan.global_rows if op in (Op.SCATTER, Op.REDUCE_SCATTER) else n
+            s = build_schedule(plan, op, rank=0, partial=partial, in_rows=rows, wire=wire)
+            kinds = [type(t) for t in s.steps if type(t) is not CheckCounts]
+            want = ([Move] if wire == "native" else
+                    [Quantize, Dequantize] if op is Op.GATHER else
+                    # (a capacity's pad rows are summed too; a place keeps the real ones)
+                    [Quantize, DequantizeSum] + [Move] * (cap is not None))
+            if kinds == [Zero] and n == 0:   # no real row: the zeros alone
+                kinds = [Move]
+            assert kinds == want, (mode, cap, n, op, partial, wire, [str(t) for t in s.steps])
+            # one buffer of wire rows (and the sum before its place)
+            want_scratch = [] if wire == "native" else [True] + [False] * (len(want) - 2)
+            assert [s.is_wire(b) for b, _ in s.scratch] == want_scratch, (mode, cap, op,
+                                                                          s.scratch)
+        if cap is None and mode is not PaddingMode.MAX_LEN:   # the variable all-to-all
+            s = build_schedule(plan, Op.SCATTER_COLUMNS, rank=0, in_rows=plan.global_rows)
+            assert [type(t) for t in s.steps] == [JoinColumns] and s.steps[0].src.buf == "in"
+            assert s.route is Route.ALL_TO_ALL_V and not s.scratch
+
+
 def test_no_step_writes_the_input():
     rng = random.Random(4)
     for layout in ((4, 2), (8, 2), (3, 1), (8, 2, 2)):

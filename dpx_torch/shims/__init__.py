@@ -35,11 +35,7 @@ The versions dpx is tested on are pyproject's ranges: torch 2.11 (CUDA, H200) an
 (CPU), Triton 3.6 (CUDA) and 3.9 (CPU).
 
 Layer: shims. Imports dpx and the modules before it in its own row (docs/semantics.md,
-"Where things live").
+"Where things live"). The package itself imports none of them: each user imports the one
+module it needs.
 """
 
-from dpx_torch.shims import (backends, coalescing, first_use, interpreter, ipc, pg_methods,
-                             stream, triton_launch)
-
-__all__ = ["backends", "coalescing", "first_use", "interpreter", "ipc", "pg_methods", "stream",
-           "triton_launch"]
