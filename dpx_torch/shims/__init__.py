@@ -39,3 +39,7 @@ Layer: shims. Imports dpx and the modules before it in its own row (docs/semanti
 module it needs.
 """
 
+#: the submodules (``from dpx_torch.shims import *`` imports them; importing the package
+#: alone imports none)
+__all__ = ["backends", "coalescing", "first_use", "interpreter", "ipc", "pg_methods", "stream",
+           "triton_launch"]
