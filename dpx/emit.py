@@ -89,10 +89,6 @@ class Emitter(ColumnsEmitter):
             self.wide_bufs.add(name)
         return Ref(name)
 
-    def buffer_kind(self, name: str) -> tuple[bool, bool]:
-        """Whether buffer ``name`` holds wire rows, and wide rows."""
-        return name in self.wire_bufs, name in self.wide_bufs
-
     def move(self, src: Ref, dst: Ref, rows: Any, src_start: Any, dst_start: Any,
              count: Any) -> None:
         self.steps.append(Move(src, dst, rows, src_start, dst_start, count))
@@ -109,9 +105,9 @@ class Emitter(ColumnsEmitter):
         if self.ride:
             self.ride_counts()
         if self.geo.layout.world_size == 1:
-            self.steps = fold_copies([t for s in self.steps for t in self.alone(s)],
-                                     self.scratch, self.buffer_kind, self.known,
-                                     in_place=self.in_place)
+            self.steps = [t for s in self.steps for t in self.alone(s)]
+            if not self.in_place:
+                self.steps = fold_copies(self.steps, self.scratch, self.known)
 
     def alone(self, s: Step) -> tuple[Step, ...]:
         """``s`` on a world of one rank, where every group is this rank: no collective

@@ -1,8 +1,10 @@
 """Copies folded away. On a world of one rank every collective is a copy between two
 buffers (:meth:`dpx.steps.Step.alone`), and the passes around it can take its place:
 
-- a pass writing the first rows of a buffer, then the zeroing of that buffer's rows after
-  them, is one pass writing both (its own zeros reach further);
+- a pass writing the first rows of a buffer (a move or a quantize, zeros after its
+  rows), then the zeroing of that buffer's rows after them, is one pass writing both (its
+  own zeros reach further); a copy whose tail the zeroing clears is one take of the rows
+  the zeroing keeps;
 - a copy whose source is a scratch buffer that one earlier pass writes, and nothing else
   uses, is that pass writing the copy's destination instead;
 - a copy whose destination is a scratch buffer that one later pass reads, and nothing else
@@ -13,6 +15,11 @@ What each pass computes is unchanged, with one pass over the rows less. A *copy*
 rows a pass writes and reads are :func:`written` and :func:`read`; every condition on them
 is asked of the emitter (``known``: a condition true for this call and host-known, kept
 as the template's guard) -- a row number only the device knows folds nothing.
+
+What the emitters guarantee and the folds rely on: a copy moves rows between buffers of
+one kind (both wire rows, both wide, or both the input's dtype); a pass writing a buffer
+from row 0 writes every row of it up to its :func:`written` rows; and the passes read and
+write different buffers (a pass made to read the copy's source never writes it).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from dpx import expr as X
-from dpx.steps import (IN, OUT, Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
+from dpx.steps import (Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
                        Ref, SplitColumns, Step, Unpack, Zero, len_of)
 
 __all__ = ["fold_copies", "read", "written"]
@@ -69,21 +76,19 @@ def _with(s: Step, **fields: Any) -> Step:
     return type(s)(**{**s.fields(), **fields})
 
 
-def fold_copies(steps: list[Step], scratch: dict[str, Any], kind: Callable[[str], Any],
-                known: Callable[[Any], bool], *, in_place: bool = False) -> list[Step]:
+def fold_copies(steps: list[Step], scratch: dict[str, Any], known: Callable[[Any], bool]
+                ) -> list[Step]:
     """``steps`` with every copy that can be folded folded (see the module docstring); a
-    scratch buffer no step uses any more leaves ``scratch``. ``kind(buf)``: what a
-    buffer's rows are (a copy folds only between buffers of one kind: wire, wide);
-    ``known(cond)``: whether a condition holds for every call of the schedule.
-    ``in_place``: a gather whose input lies inside ``out`` (no pass comes to read ``in``
-    while it writes ``out``)."""
+    scratch buffer no step uses any more leaves ``scratch``. ``known(cond)``: whether a
+    condition holds for every call of the schedule. (An in-place gather's schedule is not
+    folded: its input lies inside ``out``, which buffer names do not show.)"""
     def same(a: Any, b: Any) -> bool:
         return a is not None and b is not None and known(X.eq(a, b))
 
     def le(a: Any, b: Any) -> bool:
         return a is not None and b is not None and known(X.eq(X.minimum(a, b), a))
 
-    def _first(ref: Any) -> bool:   # a buffer's first rows (a view from row 0, or the whole)
+    def first(ref: Any) -> bool:   # a buffer's first rows (a view from row 0, or the whole)
         return isinstance(ref, Ref) and same(ref.first, 0)
 
     steps = list(steps)
@@ -91,27 +96,26 @@ def fold_copies(steps: list[Step], scratch: dict[str, Any], kind: Callable[[str]
     while i < len(steps):
         s = steps[i]
         z = steps[i + 1] if i + 1 < len(steps) else None
-        if type(s) in (Move, Quantize) and type(z) is Zero and _first(s.dst) \
-                and z.buf == Ref(s.dst.buf) and same(z.keep_start, 0) and le(s.rows, z.rows):
-            if same(z.keep_count, s.rows):       # the zeros reach on to z's rows
+        copy = type(s) is Move and s.src.buf != s.dst.buf and first(s.src) \
+            and same(s.src_start, 0) and same(s.dst_start, 0) and same(s.count, s.rows)
+        if type(s) in (Move, Quantize) and type(z) is Zero and first(s.dst) \
+                and s.src.buf != s.dst.buf and z.buf == Ref(s.dst.buf) \
+                and same(z.keep_start, 0) and le(s.rows, z.rows):
+            if same(z.keep_count, s.rows):   # its own zeros reach on to z's rows
                 steps[i:i + 2] = [_with(s, dst=z.buf, rows=z.rows)]
                 continue
-            if type(s) is Move and same(s.src_start, 0) and same(s.dst_start, 0) \
-                    and same(s.count, s.rows) and le(z.keep_count, s.rows):
+            if copy and le(z.keep_count, s.rows):   # a copy whose tail z zeroes: a take
                 steps[i:i + 2] = [Move(s.src, z.buf, z.rows, 0, 0, z.keep_count)]
                 continue
-        if not (type(s) is Move and _first(s.src) and _first(s.dst)
-                and s.src.buf != s.dst.buf and kind(s.src.buf) == kind(s.dst.buf)
-                and same(s.src_start, 0) and same(s.dst_start, 0) and same(s.count, s.rows)):
+        if not (copy and first(s.dst)):
             i += 1
             continue
         src, dst, rows = s.src.buf, s.dst.buf, s.rows
         users = [j for j, t in enumerate(steps) if j != i and src in _bufs(t)]
-        if src in scratch and len(users) == 1 and users[0] < i \
-                and not (in_place and dst == OUT):
+        if src in scratch and len(users) == 1 and users[0] < i:
             j = users[0]
             w = steps[j]
-            if _first(getattr(w, "dst", None)) and w.dst.buf == src \
+            if first(getattr(w, "dst", None)) and w.dst.buf == src \
                     and _bufs(w) & {src, dst} == {src} and same(written(w), rows) \
                     and not any(dst in _bufs(t) for t in steps[j + 1:i]):
                 steps[j] = _with(w, dst=s.dst)
@@ -119,12 +123,11 @@ def fold_copies(steps: list[Step], scratch: dict[str, Any], kind: Callable[[str]
                 scratch.pop(src)
                 continue
         users = [j for j, t in enumerate(steps) if j != i and dst in _bufs(t)]
-        if dst in scratch and len(users) == 1 and users[0] > i \
-                and not (in_place and src == IN):
+        if dst in scratch and len(users) == 1 and users[0] > i:
             j = users[0]
             r = steps[j]
             view = getattr(r, "src", None)
-            if _first(view) and view.buf == dst and not _writes(r) & {src, dst} \
+            if first(view) and view.buf == dst and not _writes(r) & {src, dst} \
                     and le(read(r), rows) and (view.rows is None or le(view.rows, rows)) \
                     and not any(src in _writes(t) for t in steps[i + 1:j]):
                 steps[j] = _with(r, src=s.src if view.rows is None

@@ -93,14 +93,14 @@ def _quantize_xla(src, start, count, rows: int):
     payload = jnp.where(finite, code, jnp.uint8(W.NAN_CODE)).reshape(rows, h)
     payload = jnp.where(real[:, None], payload, jnp.uint8(0))
     scale = jnp.where(real[:, None], scale, jnp.float32(0))
-    scale_bytes = lax.bitcast_convert_type(scale, jnp.uint8).reshape(rows, -1)
+    scale_bytes = lax.bitcast_convert_type(scale, jnp.uint8).reshape(rows, h // W.GROUP * 4)
     return jnp.concatenate([payload, scale_bytes], axis=1)
 
 
 def _dequantize_xla(src, dtype):
     rows, h = src.shape[0], W.width_of(src.shape[1])
     payload = lax.bitcast_convert_type(src[:, :h], jnp.float8_e4m3fn).astype(jnp.float32)
-    scale = lax.bitcast_convert_type(src[:, h:].reshape(rows, -1, 4), jnp.float32)
+    scale = lax.bitcast_convert_type(src[:, h:].reshape(rows, h // W.GROUP, 4), jnp.float32)
     v = (payload.reshape(rows, h // W.GROUP, W.GROUP) * scale[..., None]).reshape(rows, h)
     return _round_to(v, dtype)
 
@@ -205,7 +205,7 @@ def split_wire(buf, wire: Wire = Wire.FP8):
         return buf[:, :p], buf[:, p:]
     rows, h = buf.shape[0], W.width_of(buf.shape[1])
     payload = lax.bitcast_convert_type(buf[:, :h], jnp.float8_e4m3fn)
-    scales = lax.bitcast_convert_type(buf[:, h:].reshape(rows, -1, 4), jnp.float32)
+    scales = lax.bitcast_convert_type(buf[:, h:].reshape(rows, h // W.GROUP, 4), jnp.float32)
     return payload, scales
 
 

@@ -204,17 +204,18 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
             if last[0] is plan and last[1] is partial and last[2] is wire \
                     and last[3] is wire_scale and last[4] is dequantize \
                     and last[5].admits(local, counts, out):
+                ops.keep(last[6])
                 return last[5].run(local, counts, out)
             if plain(local, counts, out) and type(partial) is bool \
                     and (wire_scale is None or type(wire_scale) is float):
-                op = ops.find(call_key(_GATHER, plan, partial, wire, wire_scale, dequantize,
-                                       local, counts, out, False), local, counts, out)
+                key = call_key(_GATHER, plan, partial, wire, wire_scale, dequantize, local,
+                               counts, out, False)
+                op = ops.find(key, local, counts, out)
                 if op is None and out is not None and inside(local, out):   # in place
-                    op = ops.find(call_key(_GATHER, plan, partial, wire, wire_scale,
-                                           dequantize, local, counts, out, True),
-                                  local, counts, out)
+                    key = key._replace(in_place=True)
+                    op = ops.find(key, local, counts, out)
                 if op is not None:
-                    ops.last[_GATHER] = (plan, partial, wire, wire_scale, dequantize, op)
+                    ops.remember(key, (plan, partial, wire, wire_scale, dequantize), op)
                     return op.run(local, counts, out)
         self._life.check()
         if isinstance(local, (tuple, list)):
@@ -313,12 +314,13 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
             last = ops.last[name]
             if last[0] is plan and last[2] is wire and last[3] is wire_scale \
                     and last[5].admits(x, counts, out):
+                ops.keep(last[6])
                 return last[5].run(x, counts, out)
             if plain(x, counts, out) and (wire_scale is None or type(wire_scale) is float):
-                op = ops.find(call_key(name, plan, True, wire, wire_scale, True, x, counts,
-                                       out, False), x, counts, out)
+                key = call_key(name, plan, True, wire, wire_scale, True, x, counts, out, False)
+                op = ops.find(key, x, counts, out)
                 if op is not None:
-                    ops.last[name] = (plan, True, wire, wire_scale, True, op)
+                    ops.remember(key, (plan, True, wire, wire_scale, True), op)
                     return op.run(x, counts, out)
         self._life.check()
         op = self.full.global_op(kind, x, plan, counts, out, wire=wire, wire_scale=wire_scale)

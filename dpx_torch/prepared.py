@@ -96,9 +96,10 @@ def call_key(op: str, plan: DpPlan, partial: bool, wire: Any, wire_scale: Any,
 
 
 def plain(x: Any, counts: Any, out: Any) -> bool:
-    """The fast paths' one guard on a call's tensors: ``x`` a plain tensor (not a subclass,
+    """Whether a call's tensors can make its key: ``x`` a plain tensor (not a subclass,
     not several), ``counts`` and ``out`` plain tensors or not given, and no torch.compile
-    trace running (a traced call takes the full path and its traceable steps)."""
+    trace running (a traced call takes the full path and its traceable steps).
+    :meth:`PreparedOp.admits` holds the same rule."""
     return type(x) is _Tensor and (out is None or type(out) is _Tensor) \
         and (counts is None or type(counts) is _Tensor) and not _compiling()
 
@@ -242,7 +243,7 @@ class PreparedClass:
 
 _OPS = tuple(op.value for op in Op)
 #: an entry of :attr:`PreparedOps.last` no call's arguments match
-_NO_CALL = (object(),) * 5 + (None,)
+_NO_CALL = (object(),) * 5 + (None, None)
 
 
 class PreparedOps:
@@ -260,10 +261,11 @@ class PreparedOps:
         self._get, self._touch = self.ops.lookups()
         self._full, self._in_place = full, in_place
         self._held: weakref.WeakSet[PreparedOp] = weakref.WeakSet()
-        #: per op (its value): ``(plan, partial, wire, wire_scale, dequantize, op)`` of the
-        #: last call the fast path ran -- a call repeating those arguments (the same
+        #: per op (its value): ``(plan, partial, wire, wire_scale, dequantize, op, entry)``
+        #: of the last call the fast path ran -- a call repeating those arguments (the same
         #: objects) is matched without building its key, then guarded by
-        #: :meth:`PreparedOp.admits` (one entry per op: bounded)
+        #: :meth:`PreparedOp.admits`; ``entry`` is the op's in the cache, refreshed by
+        #: :meth:`keep` (one entry per op: bounded)
         self.last: dict[str, tuple] = dict.fromkeys(_OPS, _NO_CALL)
 
     def __len__(self) -> int:
@@ -291,6 +293,20 @@ class PreparedOps:
         if op is not None:
             self.ops.put(key, op)
         return op
+
+    def remember(self, key: CallKey, args: tuple, op: PreparedOp) -> None:
+        """``op``, found under ``key`` for a call of these ``(plan, partial, wire,
+        wire_scale, dequantize)``, as the last call of its op (:attr:`last`)."""
+        self.last[key.op] = (*args, op, self._get(key))
+
+    def keep(self, entry: list | None) -> None:
+        """Refresh the cache entry of a call matched by :attr:`last` (a hot op stays the
+        most recently used; one evicted since is held by the match alone)."""
+        if entry is not None:
+            try:
+                self._touch(entry[1])
+            except KeyError:
+                pass
 
     def get(self, key: CallKey) -> PreparedOp | None:
         """The op of ``key`` (refreshed), or None."""

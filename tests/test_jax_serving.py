@@ -314,3 +314,33 @@ def test_counts_ride_the_gather(layout):
                       mesh=mesh, in_specs=(SPEC, SPEC), out_specs=SPEC)
     with pytest.raises(dpx.DpxValueError, match="no gradient"):
         jax.grad(lambda v: g(v, jnp.ones((W,), jnp.int32)).sum())(jnp.zeros((8 * W, H)))
+
+
+def test_wire_calls_of_no_rows():
+    """A step with no row anywhere (every replica idle), on every wire: empty results of
+    the wire's widths, wire rows and dequantized, gather and the quantized combine alike
+    (as dpx_torch gives them)."""
+    lay = dpx.DpLayout(1, 1)
+    mesh = mesh_for(lay)
+    x = jnp.zeros((0, H), jnp.bfloat16)
+    wires = (("fp8", None),) + FP4
+    for mode in ("max_len", "gatherv"):
+        plan = dpx.plan_step([0], lay, mode=mode)
+
+        def body(x):
+            out = {}
+            for wire, g in wires:
+                out[wire] = dpx_jax.gather(x, plan, partial=True, wire=wire, wire_scale=g)
+                out[f"{wire}_rows"] = dpx_jax.gather(x, plan, partial=True, wire=wire,
+                                                     wire_scale=g, dequantize=False)
+                out[f"{wire}_rs"] = dpx_jax.reduce_scatter(x, plan, wire=wire, wire_scale=g)
+            return out
+
+        got = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(SPEC,), out_specs=SPEC))(x)
+        for wire, _ in wires:
+            payload, scales = got[f"{wire}_rows"]
+            block = {"fp8": 128, "nvfp4": 16, "mxfp4": 32}[wire]
+            assert payload.shape == (0, H if wire == "fp8" else H // 2), (mode, wire)
+            assert scales.shape == (0, H // block), (mode, wire)
+            assert got[wire].shape == got[f"{wire}_rs"].shape == (0, H), (mode, wire)
+            assert got[wire].dtype == jnp.bfloat16, (mode, wire)

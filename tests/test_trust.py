@@ -74,6 +74,12 @@ def test_a_hot_prepared_op_survives_a_stream_of_one_off_calls(world1):
         comm.scatter(torch.ones(n, 8), plan)
         assert comm.prepared.ops.hit(key) is hot
         assert len(comm.prepared.ops) <= 4 and len(comm.prepared.classes) <= 4
+    # the hot call repeated with one-off calls of another op between: matched by its
+    # arguments (no key built, PreparedOps.last), it keeps its entry the most recent
+    for n in range(60, 80):
+        comm.gather(x, hot_plan, partial=True, out=out)
+        comm.scatter(torch.ones(n, 8), dpx.plan_step([n], L1, mode="sum_len"))
+        assert key in comm.prepared.ops and comm.prepared.last["gather"][5] is hot
     sizes = comm.cache_sizes()
     assert sizes["prepared"] == 4 and sizes["programs"] <= CacheLimits().programs
     comm.destroy()
@@ -153,7 +159,7 @@ def _result(call):
         return exc
 
 
-@pytest.mark.parametrize("op", ["gather", "scatter"])
+@pytest.mark.parametrize("op", ["gather", "scatter", "reduce_scatter"])
 def test_a_repeated_call_admits_only_what_the_full_path_admits(world1, op):
     """A call repeating the last fast call's plan and flags (the same objects) is matched
     without its key, then its tensors are guarded: after a hot call, every other input --
@@ -169,7 +175,7 @@ def test_a_repeated_call_admits_only_what_the_full_path_admits(world1, op):
     def call(c, xi, oi):
         if op == "gather":
             return c.gather(xi, plan, partial=True, out=oi)
-        return c.scatter(xi, plan, out=oi)
+        return getattr(c, op)(xi, plan, out=oi)
 
     class Sub(torch.Tensor):
         pass
