@@ -12,7 +12,7 @@ share a slot, ``q = c*tp + t`` is the rank's place among them::
                len = clip(s_dc - t*B, 0, B)
 
 In rank order the chunks never overlap (docs/semantics.md draws them). The arithmetic is
-written once against an *ops* namespace: :data:`INTS` on host ints (plans, the cost
+written once against an *ops* namespace: :data:`dpx.ints.INTS` on host ints (plans, the cost
 policy), :mod:`dpx.expr` as expressions over a counts leaf (schedule templates).
 """
 
@@ -55,8 +55,6 @@ class Structure(NamedTuple):
     def counts_size(self) -> int:
         """Entries of the counts vector: ``dp``, or ``dp * cp`` shards."""
         return self.dp_size * (self.cp_size if self.sharded else 1)
-
-
 
 
 @dataclass(frozen=True, eq=False)

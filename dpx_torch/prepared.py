@@ -5,11 +5,14 @@ modules before it in its own row (docs/semantics.md, "Where things live").
 
 A :class:`PreparedOp` is one ``DpComm`` call (gather, scatter, reduce_scatter,
 scatter_columns, with its plan and flags) whose checks have passed and whose program is
-bound (:class:`~dpx_torch.program.PreparedCall`). A later call guards only what can change
-between calls of the same :class:`CallKey` -- the input's contiguity and autograd state,
-the ``out`` and ``counts`` tensors' shapes, dtypes, devices and contiguity, and where
-``out`` lies against the input (an in-place gather's input must be its slot of ``out``;
-any other overlap is refused) -- and runs the bound steps. A call the guards do not admit
+bound (:class:`~dpx_torch.program.PreparedCall`). A later call of the same
+:class:`CallKey` -- or one repeating the last call of its op, matched by its arguments'
+identity before any key is built (:attr:`PreparedOps.last`) -- is guarded by
+:meth:`PreparedOp.admits`, the one guard of every call form: the input's type, shape,
+dtype, device, contiguity and autograd state, the ``out`` and ``counts`` tensors' shapes,
+dtypes, devices and contiguity, and where ``out`` lies against the input (an in-place
+gather's input must be its slot of ``out``; any other overlap is refused); then the bound
+steps run. A call the guards do not admit
 takes the communicator's full path instead (:mod:`dpx_torch.fullpath`): its checks raise
 every error they raise on a first call, and a valid new structure is prepared anew.
 

@@ -93,10 +93,6 @@ def kernel_for(kernel, device: torch.device):
     return JIT.kernel_for(kernel, device)
 
 
-def _hook_active(hook) -> bool:
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
 class Launcher:
     """Direct launches of compiled ``dpx.kernels`` (see the module docstring): one per
     communicator, at most ``max_entries`` kernel handles. ``direct``: the device types
@@ -131,7 +127,10 @@ class Launcher:
         rt = self._runtime
         if rt is None:
             return True
-        return _hook_active(rt.launch_enter_hook) or _hook_active(rt.launch_exit_hook)
+        # read inline (every launch asks): a hook set and not empty (a chain of no calls)
+        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+        return (enter is not None and bool(getattr(enter, "calls", True))) \
+            or (leave is not None and bool(getattr(leave, "calls", True)))
 
     def bind(self, kernel, device: torch.device, consts: dict[str, Any], num_warps: int,
              pointers: tuple[tuple[int, torch.dtype], ...]):
@@ -213,33 +212,19 @@ class BoundKernel:
     def __call__(self, grid: tuple, align: tuple, args: Sequence[Any]) -> None:
         launcher = self.launcher
         spec = self._specs.get(align)
-        rt = launcher._runtime
-        if spec is not None and spec.checked and rt is not None:
-            # the hooks read inline (this is every launch's path): none set, or empty
-            enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
-            if (enter is None or not getattr(enter, "calls", True)) \
-                    and (leave is None or not getattr(leave, "calls", True)):
-                spec.run(grid[0], grid[1] if len(grid) > 1 else 1, 1,
-                         launcher.stream.fn(self._index), spec.function, spec.metadata,
-                         None, None, None, *args, *self.cvals)
-                return
-        if align not in self._specs:
+        if spec is None and align not in self._specs:
             spec = self._specs[align] = launcher.spec(self, grid, align, args)
-        if spec is None or rt is None or _hook_active(rt.launch_enter_hook) \
-                or _hook_active(rt.launch_exit_hook):
+        if spec is None or launcher.hooks():
             JIT.launch(self.kernel, grid, self.device, self.as_tensors(args, align),
                        self.consts, self.warps)
             return
-        if spec.checked:
-            spec.run(grid[0], grid[1] if len(grid) > 1 else 1, 1,
-                     launcher.stream.fn(self._index), spec.function, spec.metadata, None,
-                     None, None, *args, *self.cvals)
-            return
-        try:   # the first launch of this handle: a changed API fails here, before the GPU
+        try:   # a handle's first launch: a changed API fails here, before the GPU
             spec.run(grid[0], grid[1] if len(grid) > 1 else 1, 1,
                      launcher.stream.fn(self._index), spec.function, spec.metadata, None,
                      None, None, *args, *self.cvals)
         except (AttributeError, TypeError):
+            if spec.checked:
+                raise
             self._specs[align] = None   # the ordinary launch, for good
             launcher.fell_back = True
             JIT.launch(self.kernel, grid, self.device, self.as_tensors(args, align),
@@ -268,7 +253,6 @@ class BoundKernel:
         return out
 
 
-_MISSING = object()
 _NO_HANDLE = object()   # a specialisation this Triton gives no handle for
 
 
