@@ -233,6 +233,33 @@ def test_direct_launches_go_through_the_compiled_handle(monkeypatch):
     assert kernel.handle == [want, want] and not kernel.jit
 
 
+def test_a_launch_hook_sends_launches_the_ordinary_way_while_it_is_set(monkeypatch):
+    """A profiler's hook (enter or exit) gets its metadata: while one is set every launch
+    is the ordinary one; once removed, the handle again (an empty chain is no hook)."""
+    import triton
+
+    rt = triton.knobs.runtime
+    kernel = _Kernel()
+    launcher = _launcher(monkeypatch)
+    x, out = torch.zeros(4), torch.zeros(4)
+    want = [x.data_ptr(), 3, out.data_ptr()]
+
+    def launch():
+        launcher.launch(kernel, (1,), torch.device("cpu"), (x, 3, out), {"A": 1}, 4)
+
+    launch()
+    for chain in (rt.launch_enter_hook, rt.launch_exit_hook):
+        def hook(*args, **kwargs):
+            return None
+        chain.add(hook)
+        try:
+            launch()
+        finally:
+            chain.remove(hook)
+        launch()
+    assert kernel.handle == [want] * 3 and kernel.jit == [want] * 2
+
+
 def test_no_knobs_sends_every_launch_the_ordinary_way(monkeypatch):
     kernel = _Kernel()
     want = _launch_twice(_launcher(monkeypatch, knobs=False), kernel)
