@@ -91,49 +91,54 @@ def fold_copies(steps: list[Step], scratch: dict[str, Any], known: Callable[[Any
     def first(ref: Any) -> bool:   # a buffer's first rows (a view from row 0, or the whole)
         return isinstance(ref, Ref) and same(ref.first, 0)
 
+    def copy(s: Any) -> bool:   # a Move of its rows from row 0 to row 0
+        return first(s.src) and first(s.dst) and same(s.src_start, 0) \
+            and same(s.dst_start, 0) and same(s.count, s.rows)
+
+    def only_user(buf: str, i: int) -> int | None:   # the one other step using buf
+        users = [j for j, t in enumerate(steps) if j != i and buf in _bufs(t)]
+        return users[0] if len(users) == 1 and buf in scratch else None
+
+    # (the structure first, the row numbers last: each row condition asked is a guard)
     steps = list(steps)
     i = 0
     while i < len(steps):
         s = steps[i]
         z = steps[i + 1] if i + 1 < len(steps) else None
-        copy = type(s) is Move and s.src.buf != s.dst.buf and first(s.src) \
-            and same(s.src_start, 0) and same(s.dst_start, 0) and same(s.count, s.rows)
-        if type(s) in (Move, Quantize) and type(z) is Zero and first(s.dst) \
-                and s.src.buf != s.dst.buf and z.buf == Ref(s.dst.buf) \
-                and same(z.keep_start, 0) and le(s.rows, z.rows):
+        if type(s) in (Move, Quantize) and type(z) is Zero and s.src.buf != s.dst.buf \
+                and z.buf == Ref(s.dst.buf) and first(s.dst) and same(z.keep_start, 0) \
+                and le(s.rows, z.rows):
             if same(z.keep_count, s.rows):   # its own zeros reach on to z's rows
                 steps[i:i + 2] = [_with(s, dst=z.buf, rows=z.rows)]
                 continue
-            if copy and le(z.keep_count, s.rows):   # a copy whose tail z zeroes: a take
+            if type(s) is Move and copy(s) and le(z.keep_count, s.rows):   # then a take
                 steps[i:i + 2] = [Move(s.src, z.buf, z.rows, 0, 0, z.keep_count)]
                 continue
-        if not (copy and first(s.dst)):
+        if type(s) is not Move or s.src.buf == s.dst.buf:
             i += 1
             continue
-        src, dst, rows = s.src.buf, s.dst.buf, s.rows
-        users = [j for j, t in enumerate(steps) if j != i and src in _bufs(t)]
-        if src in scratch and len(users) == 1 and users[0] < i:
-            j = users[0]
-            w = steps[j]
-            if first(getattr(w, "dst", None)) and w.dst.buf == src \
-                    and _bufs(w) & {src, dst} == {src} and same(written(w), rows) \
-                    and not any(dst in _bufs(t) for t in steps[j + 1:i]):
-                steps[j] = _with(w, dst=s.dst)
-                del steps[i]
-                scratch.pop(src)
-                continue
-        users = [j for j, t in enumerate(steps) if j != i and dst in _bufs(t)]
-        if dst in scratch and len(users) == 1 and users[0] > i:
-            j = users[0]
-            r = steps[j]
-            view = getattr(r, "src", None)
-            if first(view) and view.buf == dst and not _writes(r) & {src, dst} \
-                    and le(read(r), rows) and (view.rows is None or le(view.rows, rows)) \
-                    and not any(src in _writes(t) for t in steps[i + 1:j]):
-                steps[j] = _with(r, src=s.src if view.rows is None
-                                 else Ref(src, 0, view.rows))
-                del steps[i]
-                scratch.pop(dst)
-                continue
+        src, dst = s.src.buf, s.dst.buf
+        j = only_user(src, i)
+        w = steps[j] if j is not None and j < i else None
+        if w is not None and isinstance(getattr(w, "dst", None), Ref) and w.dst.buf == src \
+                and _bufs(w) & {src, dst} == {src} \
+                and not any(dst in _bufs(t) for t in steps[j + 1:i]) \
+                and copy(s) and first(w.dst) and same(written(w), s.rows):
+            steps[j] = _with(w, dst=s.dst)
+            del steps[i]
+            scratch.pop(src)
+            continue
+        j = only_user(dst, i)
+        r = steps[j] if j is not None and j > i else None
+        view = getattr(r, "src", None)
+        if r is not None and isinstance(view, Ref) and view.buf == dst \
+                and not _writes(r) & {src, dst} \
+                and not any(src in _writes(t) for t in steps[i + 1:j]) \
+                and copy(s) and first(view) and le(read(r), s.rows) \
+                and (view.rows is None or le(view.rows, s.rows)):
+            steps[j] = _with(r, src=s.src if view.rows is None else Ref(src, 0, view.rows))
+            del steps[i]
+            scratch.pop(dst)
+            continue
         i += 1
     return steps
