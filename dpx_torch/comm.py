@@ -48,9 +48,8 @@ from dpx_torch.lifecycle import Lifecycle, exit_hook
 from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import pad_row_mask
 from dpx_torch.peer import PeerOptions, TransportMethods
-from dpx_torch.prepared import PreparedOp, PreparedOps, call_key, plain
+from dpx_torch.prepared import PreparedOp, PreparedOps
 from dpx_torch.program import flat_counts
-from dpx_torch.rows import inside
 from dpx_torch.runner import CacheLimits, CacheMethods, Runner
 
 __all__ = ["DpComm", "counts_tensor"]
@@ -199,24 +198,11 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         gathered by its own differentiable call instead. ``out=`` is for one tensor.
         """
         if self._life.fast:
-            ops = self.prepared
-            last = ops.last[_GATHER]
-            if last[0] is plan and last[1] is partial and last[2] is wire \
-                    and last[3] is wire_scale and last[4] is dequantize \
-                    and last[5].admits(local, counts, out):
-                ops.keep(last[6])
-                return last[5].run(local, counts, out)
-            if plain(local, counts, out) and type(partial) is bool \
-                    and (wire_scale is None or type(wire_scale) is float):
-                key = call_key(_GATHER, plan, partial, wire, wire_scale, dequantize, local,
-                               counts, out, False)
-                op = ops.find(key, local, counts, out)
-                if op is None and out is not None and inside(local, out):   # in place
-                    key = key._replace(in_place=True)
-                    op = ops.find(key, local, counts, out)
-                if op is not None:
-                    ops.remember(key, (plan, partial, wire, wire_scale, dequantize), op)
-                    return op.run(local, counts, out)
+            op = self.prepared.again(_GATHER, plan, partial, wire, wire_scale, dequantize,
+                                     local, counts, out) or self.prepared.lookup(
+                _GATHER, (plan, partial, wire, wire_scale, dequantize), local, counts, out)
+            if op is not None:
+                return op.run(local, counts, out)
         self._life.check()
         if isinstance(local, (tuple, list)):
             return self.full.gather_many(tuple(local), plan, partial, counts, out, wire,
@@ -310,18 +296,11 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
 
     def _global_op(self, kind: Op, x, plan, counts, out, wire=_NATIVE, wire_scale=None):
         if self._life.fast:
-            ops, name = self.prepared, kind._value_
-            last = ops.last[name]
-            if last[0] is plan and last[2] is wire and last[3] is wire_scale \
-                    and last[5].admits(x, counts, out):
-                ops.keep(last[6])
-                return last[5].run(x, counts, out)
-            if plain(x, counts, out) and (wire_scale is None or type(wire_scale) is float):
-                key = call_key(name, plan, True, wire, wire_scale, True, x, counts, out, False)
-                op = ops.find(key, x, counts, out)
-                if op is not None:
-                    ops.remember(key, (plan, True, wire, wire_scale, True), op)
-                    return op.run(x, counts, out)
+            op = self.prepared.again(kind._value_, plan, True, wire, wire_scale, True, x,
+                                     counts, out) or self.prepared.lookup(
+                kind._value_, (plan, True, wire, wire_scale, True), x, counts, out)
+            if op is not None:
+                return op.run(x, counts, out)
         self._life.check()
         op = self.full.global_op(kind, x, plan, counts, out, wire=wire, wire_scale=wire_scale)
         return self.full.run(op, plan, kind, x, counts, out)

@@ -268,7 +268,7 @@ class PreparedOps:
         #: of the last call the fast path ran -- a call repeating those arguments (the same
         #: objects) is matched without building its key, then guarded by
         #: :meth:`PreparedOp.admits`; ``entry`` is the op's in the cache, refreshed by
-        #: :meth:`keep` (one entry per op: bounded)
+        #: :meth:`again` (one entry per op: bounded)
         self.last: dict[str, tuple] = dict.fromkeys(_OPS, _NO_CALL)
 
     def __len__(self) -> int:
@@ -297,19 +297,42 @@ class PreparedOps:
             self.ops.put(key, op)
         return op
 
-    def remember(self, key: CallKey, args: tuple, op: PreparedOp) -> None:
-        """``op``, found under ``key`` for a call of these ``(plan, partial, wire,
-        wire_scale, dequantize)``, as the last call of its op (:attr:`last`)."""
-        self.last[key.op] = (*args, op, self._get(key))
+    def lookup(self, op: str, args: tuple, x: Any, counts: Any, out: Any
+               ) -> PreparedOp | None:
+        """The fast path's op of a call of ``op`` with ``args``, its ``(plan, partial,
+        wire, wire_scale, dequantize)``, found under its key (:meth:`find`; an input inside
+        ``out``: under its in-place key) and kept as the last call of ``op``
+        (:attr:`last`); None: the full path (also for arguments no key is made of: not
+        :func:`plain`, a ``partial`` not a bool, a ``wire_scale`` not a float)."""
+        if not plain(x, counts, out) or type(args[1]) is not bool \
+                or not (args[3] is None or type(args[3]) is float):
+            return None
+        key = call_key(op, *args, x, counts, out, False)
+        found = self.find(key, x, counts, out)
+        if found is None and out is not None and inside(x, out):
+            key = key._replace(in_place=True)
+            found = self.find(key, x, counts, out)
+        if found is not None:
+            self.last[op] = (*args, found, self._get(key))
+        return found
 
-    def keep(self, entry: list | None) -> None:
-        """Refresh the cache entry of a call matched by :attr:`last` (a hot op stays the
-        most recently used; one evicted since is held by the match alone)."""
-        if entry is not None:
-            try:
-                self._touch(entry[1])
-            except KeyError:
-                pass
+    def again(self, op: str, plan: Any, partial: Any, wire: Any, wire_scale: Any,
+              dequantize: Any, x: Any, counts: Any, out: Any) -> PreparedOp | None:
+        """The op of a call repeating the last call of ``op`` -- the same ``plan``,
+        ``partial``, ``wire``, ``wire_scale`` and ``dequantize`` objects -- when it admits
+        these tensors (:attr:`last`), or None. Its cache entry is refreshed: a hot op stays
+        the most recently used (one evicted since is held by the match alone)."""
+        last = self.last[op]
+        if last[0] is plan and last[1] is partial and last[2] is wire \
+                and last[3] is wire_scale and last[4] is dequantize \
+                and last[5].admits(x, counts, out):
+            if last[6] is not None:
+                try:
+                    self._touch(last[6][1])
+                except KeyError:
+                    pass
+            return last[5]
+        return None
 
     def get(self, key: CallKey) -> PreparedOp | None:
         """The op of ``key`` (refreshed), or None."""
