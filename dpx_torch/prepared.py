@@ -329,8 +329,8 @@ class PreparedOps:
             if last[6] is not None:
                 try:
                     self._touch(last[6][1])
-                except KeyError:
-                    pass
+                except KeyError:   # evicted since: held by the match alone from now on
+                    self.last[op] = last[:6] + (None,)
             return last[5]
         return None
 
