@@ -16,8 +16,7 @@ from dpx.ints import INTS
 from dpx.layout import DpLayout, RankCoords
 from dpx.modes import Group, Op, PaddingMode, Policy, Transport, Wire
 from dpx.plan import CountRule, DpPlan
-from dpx.planner import plan_step
-from dpx.policy import compare_modes, sglang_mode
+from dpx.policy import compare_modes, plan_step, sglang_mode
 from dpx.routes import Route
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
 from dpx.transport import RankFacts, TransportChoice, choose_transport

@@ -13,7 +13,7 @@ from dpx.errors import DpxError
 from dpx.explain import explain
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Wire
-from dpx.planner import plan_step
+from dpx.policy import plan_step
 from dpx.wire import check_wire
 
 __all__ = ["build_parser", "main"]
@@ -153,4 +153,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DpxError as exc:
         problem = str(exc)
     parser.exit(2, f"dpx: error: {problem}\n")
-    return 2

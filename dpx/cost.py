@@ -135,9 +135,33 @@ class _Pricing(NamedTuple):
         return self.model.local_pass(s, self.val(rows) * self.rb(buf))
 
 
+def _pricing(schedule: Schedule, row_bytes: int, wire_row_bytes: int | None,
+             model: CostModel, counts: tuple[int, ...] | None) -> _Pricing:
+    """The context pricing ``schedule`` for ``counts`` (default: the plan's); quantized
+    wire buffers count ``wire_row_bytes`` a row (default ``row_bytes``)."""
+    c = schedule.plan.leaf_counts if counts is None else tuple(counts)
+    r = schedule.rank
+    coords = dict.fromkeys((X.Coord.RANK, X.Coord.DP, X.Coord.CP, X.Coord.TP), 0) \
+        if r.is_symbolic else {X.Coord.RANK: r.rank, X.Coord.DP: r.dp, X.Coord.CP: r.cp,
+                               X.Coord.TP: r.tp}
+    return _Pricing(schedule, row_bytes,
+                    row_bytes if wire_row_bytes is None else wire_row_bytes, model,
+                    V.HostOps(c, coords))
+
+
 def _zero(s: Zero, p: _Pricing) -> StepCost:
     rows, first, n = p.val(s.rows), p.val(s.keep_start), max(p.val(s.keep_count), 0)
     return p.local(s, rows - max(min(first + n, rows) - max(first, 0), 0), s.buf.buf)
+
+
+def _blocks(s: Any, p: _Pricing) -> StepCost:
+    """A collective of ``rows``-row blocks: an all-gather, reduce-scatter or all-to-all."""
+    return p.collective(s, s.rows, moved_buffer(s), 1)
+
+
+def _chunks(s: Any, p: _Pricing) -> StepCost:
+    """A variable collective: the rows of its chunks ``lens``."""
+    return p.collective(s, None, moved_buffer(s), 1, s.lens)
 
 
 #: The cost model's handler of every step kind.
@@ -153,21 +177,14 @@ PRICERS: dict[type[Step], Callable[[Any, _Pricing], StepCost]] = {
         s, p.val(s.rows) * (s.parts * p.wire_row_bytes + p.row_bytes)),
     Pack: lambda s, p: p.local(s, p.val(s.rows) + sum(p.val(s.lens)), s.dst.buf),
     Unpack: lambda s, p: p.local(s, p.val(s.rows) + sum(p.val(s.lens)), s.dst.buf),
-    AllGather: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
-    # (the counts add 4 bytes a rank to the same launch)
-    AllGatherCounts: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
-    ReduceScatter: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
+    # (AllGatherCounts: the counts add 4 bytes a rank to the same launch)
+    **dict.fromkeys((AllGather, AllGatherCounts, ReduceScatter, AllToAll), _blocks),
     AllReduce: lambda s, p: p.collective(s, s.rows, s.buf.buf, 2),
-    AllToAll: lambda s, p: p.collective(s, s.rows, s.src.buf, 1),
-    AllToAllV: lambda s, p: p.collective(s, None, s.src.buf, 1, s.lens),
+    **dict.fromkeys((AllToAllV, BroadcastV, ReduceV, AllGatherV, ReduceScatterV), _chunks),
     JoinColumns: lambda s, p: p.model.local_pass(
         s, (p.val(s.count) * s.parts + p.val(s.rows) * s.parts) * p.row_bytes),
     SplitColumns: lambda s, p: p.model.local_pass(
         s, (p.val(s.count) + p.val(s.block)) * s.parts * p.row_bytes),
-    BroadcastV: lambda s, p: p.collective(s, None, s.buf.buf, 1, s.lens),
-    ReduceV: lambda s, p: p.collective(s, None, s.buf.buf, 1, s.lens),
-    AllGatherV: lambda s, p: p.collective(s, None, s.src.buf, 1, s.lens),
-    ReduceScatterV: lambda s, p: p.collective(s, None, s.src.buf, 1, s.lens),
 }
 
 
@@ -176,13 +193,7 @@ def price(schedule: Schedule, *, row_bytes: int, cost_model: CostModel,
           wire_row_bytes: int | None = None) -> tuple[StepCost, ...]:
     """Every step of ``schedule`` priced for ``counts`` (default: the plan's); quantized wire
     buffers count ``wire_row_bytes`` a row (default ``row_bytes``)."""
-    c = schedule.plan.leaf_counts if counts is None else tuple(counts)
-    r = schedule.rank
-    coords = dict.fromkeys((X.Coord.RANK, X.Coord.DP, X.Coord.CP, X.Coord.TP), 0) \
-        if r.is_symbolic else {X.Coord.RANK: r.rank, X.Coord.DP: r.dp, X.Coord.CP: r.cp,
-                               X.Coord.TP: r.tp}
-    p = _Pricing(schedule, row_bytes, row_bytes if wire_row_bytes is None else wire_row_bytes,
-                 cost_model, V.HostOps(c, coords))
+    p = _pricing(schedule, row_bytes, wire_row_bytes, cost_model, counts)
     return tuple(PRICERS[type(s)](s, p) for s in schedule.steps)
 
 
@@ -196,11 +207,8 @@ def peer_bytes(schedule: Schedule, *, row_bytes: int, wire_row_bytes: int | None
     a gather, the LM-head scatter) move whole blocks."""
     if schedule.transport is not Transport.PEER or schedule.rank.is_symbolic:
         raise DpxValueError("peer_bytes prices a known rank's schedule on the peer transport")
-    c = schedule.plan.leaf_counts if counts is None else tuple(counts)
     r = schedule.rank
-    p = _Pricing(schedule, row_bytes, row_bytes if wire_row_bytes is None else wire_row_bytes,
-                 CostModel(), V.HostOps(c, {X.Coord.RANK: r.rank, X.Coord.DP: r.dp,
-                                           X.Coord.CP: r.cp, X.Coord.TP: r.tp}))
+    p = _pricing(schedule, row_bytes, wire_row_bytes, CostModel(), counts)
     others = schedule.plan.layout.world_size - 1
     put = pulled = 0
     for s in schedule.steps:

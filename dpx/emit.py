@@ -1,4 +1,5 @@
-"""Writes one rank's steps for one op: the emitter of every route (:mod:`dpx.routes`).
+"""Writes one rank's steps for one op: the emitter of every route (:mod:`dpx.routes`), the
+LM-head scatter's included (docs/semantics.md, "The LM-head scatter").
 
 Row numbers are :mod:`dpx.geometry` values over the counts leaf; shortcuts for some
 counts are asked of :meth:`Emitter.known`, whose answers become the variant's guards.
@@ -10,21 +11,21 @@ from typing import Any, Callable
 
 from dpx import expr as X
 from dpx import values as V
-from dpx.emit_columns import ColumnsEmitter
 from dpx.fold import fold_copies
 from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
 from dpx.plan import CountRule
 from dpx.routes import RankRef, Route, choose_route
 from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
-                       AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, Move, Pack,
-                       Quantize, ReduceScatter, ReduceScatterV, ReduceV, Ref, Step, Unpack, Zero)
+                       AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
+                       Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV, Ref,
+                       SplitColumns, Step, Unpack, Zero)
 from dpx.wire import check_wire_mode
 
 __all__ = ["EMITTERS", "Emitter"]
 
 
-class Emitter(ColumnsEmitter):
+class Emitter:
     """Writes one rank's steps for one op (:meth:`emit`); ``example`` (host counts and the
     call's sizes) answers :meth:`known`, and every answer becomes a guard."""
 
@@ -74,9 +75,7 @@ class Emitter(ColumnsEmitter):
         return bool(value)
 
     def eq(self, a: Any, b: Any) -> Any:
-        if a is None or b is None:
-            return 0
-        return X.eq(a, b)
+        return 0 if a is None or b is None else X.eq(a, b)
 
     # ------------------------------------------------------------ buffers and steps
     def buffer(self, name: str, rows: Any, *, wire: bool = False, wide: bool = False) -> Ref:
@@ -195,11 +194,10 @@ class Emitter(ColumnsEmitter):
     def gathered_out(self) -> Ref:
         """Where a gather's world collective writes: ``out`` (holding wire rows when a
         quantized gather keeps them), or the wire buffer it dequantizes from."""
-        if not self.quantized:
-            return Ref(OUT)
-        if self.dequantize:
+        if self.quantized and self.dequantize:
             return self.buffer("wire_out", self.geo.global_rows, wire=True)
-        self.wire_bufs.add(OUT)
+        if self.quantized:
+            self.wire_bufs.add(OUT)
         return Ref(OUT)
 
     def finish_gather(self, dst: Ref) -> None:
@@ -276,32 +274,27 @@ class Emitter(ColumnsEmitter):
         gathered = self.buffer("wire_gathered" if self.quantized else "gathered", X.mul(W, B),
                                wire=self.quantized)
         self.steps.append(AllGather(Group.WORLD, chunk, gathered, B))
-        firsts, lens = g.chunk_table()
         dst = self.gathered_out()
-        self.steps.append(Unpack(gathered, dst, g.global_rows, firsts, lens, B))
+        self.steps.append(Unpack(gathered, dst, g.global_rows, *g.chunk_table(), B))
         self.finish_gather(dst)
 
-    def gather_ragged(self) -> None:
+    def gather_ragged(self, real: bool = False) -> None:
+        """A variable all-gather of every rank's chunk (``real``: its real rows only)."""
         g = self.geo
         chunk, dst = self.produce_chunk(None, g.block), self.gathered_out()
-        self.steps.append(AllGatherV(Group.WORLD, g.global_rows, *g.chunk_table(), g.block,
-                                     chunk, dst))
+        self.steps.append(AllGatherV(Group.WORLD, g.global_rows, *g.chunk_table(real=real),
+                                     g.block, chunk, dst))
         self.finish_gather(dst)
 
     def gather_peer(self) -> None:
         """Every rank's chunk, its real rows only, put into every rank's workspace and
         taken into the output with zeros elsewhere: a variable all-gather of the real rows
         (the real-row chunk table; sizes may be device data), in every mode."""
-        g = self.geo
-        chunk, dst = self.produce_chunk(None, g.block), self.gathered_out()
-        self.steps.append(AllGatherV(Group.WORLD, g.global_rows, *g.chunk_table(real=True),
-                                     g.block, chunk, dst))
-        self.finish_gather(dst)
+        self.gather_ragged(real=True)
 
     def gather_per_root(self) -> None:
         g, r = self.geo, self.rank
         G, B = g.global_rows, g.block
-        firsts, lens = g.chunk_table()
         first, length = g.chunk(r.dp, r.cp, r.tp)
         dst = self.gathered_out()
         # the chunks tile [0, end), then a capacity plan's tail of zeros; shards leave gaps
@@ -332,7 +325,7 @@ class Emitter(ColumnsEmitter):
                 self.steps.append(Zero(dst, G, first, length))
             elif tail:
                 self.steps.append(Zero(dst, G, 0, end))
-        self.steps.append(BroadcastV(Group.WORLD, G, firsts, lens, B, dst))
+        self.steps.append(BroadcastV(Group.WORLD, G, *g.chunk_table(), B, dst))
         self.finish_gather(dst)
 
     # ------------------------------------------------------------ reduce_scatter routes
@@ -362,25 +355,17 @@ class Emitter(ColumnsEmitter):
 
     def rs_blocks_unpack(self) -> None:
         g = self.geo
-        B, W = g.block, g.layout.world_size
-        firsts, lens = g.chunk_table()
-        packed = self.buffer("packed", X.mul(W, B))
-        self.steps.append(Pack(Ref(IN), packed, X.mul(W, B), firsts, lens, B))
-        chunk = self.buffer("chunk", B)
-        self.steps.append(ReduceScatter(Group.WORLD, packed, chunk, B))
-        self.finish_slot(chunk, B)
-
-    def rs_ragged(self) -> None:
-        g = self.geo
+        span = X.mul(g.layout.world_size, g.block)
+        packed = self.buffer("packed", span)
+        self.steps.append(Pack(Ref(IN), packed, span, *g.chunk_table(), g.block))
         chunk = self.buffer("chunk", g.block)
-        self.steps.append(ReduceScatterV(Group.WORLD, g.global_rows, *g.chunk_table(), g.block,
-                                         Ref(IN), chunk))
+        self.steps.append(ReduceScatter(Group.WORLD, packed, chunk, g.block))
         self.finish_slot(chunk, g.block)
 
-    def rs_peer(self) -> None:
-        """Each rank's chunk, its real rows only, pulled from every rank and summed in
-        float32 in rank order (the input rows -- on a quantized wire, the input quantized
-        once -- staged where peers read them), then the slot (:meth:`finish_slot`)."""
+    def rs_ragged(self, real: bool = False) -> None:
+        """A variable reduce-scatter of every rank's chunk (``real``: its real rows only;
+        a quantized wire's input quantized once first), then the slot
+        (:meth:`finish_slot`)."""
         g = self.geo
         G, B = g.global_rows, g.block
         src = Ref(IN)
@@ -388,9 +373,15 @@ class Emitter(ColumnsEmitter):
             src = self.buffer("wire_send", G, wire=True)
             self.steps.append(Quantize(Ref(IN), src, G, 0, G))
         chunk = self.buffer("chunk", B)
-        self.steps.append(ReduceScatterV(Group.WORLD, G, *g.chunk_table(real=True), B, src,
+        self.steps.append(ReduceScatterV(Group.WORLD, G, *g.chunk_table(real=real), B, src,
                                          chunk))
         self.finish_slot(chunk, B)
+
+    def rs_peer(self) -> None:
+        """Each rank's chunk, its real rows only, pulled from every rank and summed in
+        float32 in rank order (the input rows -- on a quantized wire, the input quantized
+        once -- staged where peers read them), then the slot (:meth:`finish_slot`)."""
+        self.rs_ragged(real=True)
 
     def rs_all_to_all(self) -> None:
         """The quantized combine where its chunks cannot travel as they lie (every case
@@ -439,11 +430,73 @@ class Emitter(ColumnsEmitter):
 
     def rs_per_root(self) -> None:
         g, r = self.geo, self.rank
-        firsts, lens = g.chunk_table()
         staged = self.staged()
-        self.steps.append(ReduceV(Group.WORLD, g.global_rows, firsts, lens, g.block, staged))
+        self.steps.append(ReduceV(Group.WORLD, g.global_rows, *g.chunk_table(), g.block, staged))
         first, length = g.chunk(r.dp, r.cp, r.tp)
         self.finish_slot(Ref("staged", first, length), length)
+
+    # ------------------------------------------------------------ the LM-head scatter
+    def scatter_columns_all_to_all(self) -> None:
+        """Every rank's real rows packed per destination (``k * B`` rows a block: ``k``
+        ranks share them), one world all-to-all, the column parts joined side by side
+        (docs/semantics.md, "The LM-head scatter")."""
+        g, R, r = self.geo, self.out_rows, self.rank
+        W = g.layout.world_size
+        k = self.geo.sharing_group()[1]
+        span = X.mul(k, g.block)
+        count = X.minimum(R, span)
+        recv = self.buffer("recv", X.mul(W, span))
+        if k == 1 and g.mode is PaddingMode.MAX_LEN and not g.sharded \
+                and self.host_known(g.held(r.dp, r.cp)):
+            # the input already is every rank's slot at rank * S: the join takes this
+            # rank's real rows of each block and zeroes the rest
+            send, count = Ref(IN), X.minimum(R, g.held(r.dp, r.cp))
+        else:
+            send = self.buffer("send", X.mul(W, span))
+            self.steps.append(Pack(Ref(IN), send, X.mul(W, span), *g.rows_table(), span))
+        self.steps.append(AllToAll(Group.WORLD, send, recv, span))
+        self.wide_bufs.add(OUT)
+        self.steps.append(JoinColumns(recv, Ref(OUT), R, count, span, W))
+
+    def scatter_columns_all_to_all_v(self) -> None:
+        """The LM-head scatter where every rank's rows are its own and tile the input from
+        row 0 in rank order (SUM_LEN or GATHERV, no two ranks sharing rows, host sizes):
+        the input is the send buffer, a variable all-to-all sends each rank its real rows
+        alone (no packing, no block padding), the column parts joined side by side."""
+        g, R, r = self.geo, self.out_rows, self.rank
+        W = g.layout.world_size
+        _, lens = g.rows_table()
+        mine = g.held(r.dp, r.cp)
+        self.notes.append("host sizes: a variable all-to-all of each rank's rows")
+        recv = self.buffer("recv", X.mul(W, mine))
+        self.steps.append(AllToAllV(Group.WORLD, Ref(IN, 0, X.vsum(lens)), recv, lens, mine))
+        self.wide_bufs.add(OUT)
+        self.steps.append(JoinColumns(recv, Ref(OUT), R, X.minimum(R, mine), mine, W))
+
+    def scatter_columns_adjoint_all_to_all(self) -> None:
+        """The transpose of :meth:`scatter_columns_all_to_all`: the sharing ranks' rows
+        summed and reduce-scattered, the column parts split into blocks, one world
+        all-to-all, every chunk's real rows moved to its rows of ``out``."""
+        g, R = self.geo, self.in_rows
+        B, W = g.block, g.layout.world_size
+        self.wide_bufs.add(IN)
+        group, size = self.geo.sharing_group()
+        send = self.buffer("send", X.mul(W, B))
+        if size == 1:
+            self.steps.append(SplitColumns(Ref(IN), send, X.minimum(R, B), B, W))
+        else:
+            span = X.mul(size, B)
+            if self.known(self.eq(R, span)):
+                padded = Ref(IN)
+            else:
+                padded = self.buffer("slot", span, wide=True)
+                self.move(Ref(IN), padded, span, 0, 0, X.minimum(R, span))
+            chunk = self.buffer("chunk", B, wide=True)
+            self.steps.append(ReduceScatter(group, padded, chunk, B))
+            self.steps.append(SplitColumns(chunk, send, B, B, W))
+        recv = self.buffer("recv", X.mul(W, B))
+        self.steps.append(AllToAll(Group.WORLD, send, recv, B))
+        self.steps.append(Unpack(recv, Ref(OUT), g.global_rows, *g.chunk_table(real=True), B))
 
 
 _E, _R = Emitter, Route

@@ -26,8 +26,8 @@ _BAR = 48
 
 
 def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n:.2f} GiB"
@@ -56,18 +56,17 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
              "gather(partial=False)"), (Op.REDUCE_SCATTER, True, "reduce_scatter"))
     for op, partial, title in cases:
         in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
-        w = wire
-        if w is not Wire.NATIVE:
-            title = (title.replace(")", f", wire='{w.value}')") if "(" in title
-                     else f"{title}(wire='{w.value}')")
+        if wire is not Wire.NATIVE:
+            title = (title.replace(")", f", wire='{wire.value}')") if "(" in title
+                     else f"{title}(wire='{wire.value}')")
         try:
             sched = build_schedule(plan, op, rank=rank, partial=partial, transport=transport,
-                                   device_counts=device_counts, in_rows=in_rows, wire=w)
+                                   device_counts=device_counts, in_rows=in_rows, wire=wire)
         except DpxValueError as exc:
             out.append(f"  rank {rank} {title}: {exc}")
             continue
         costs = price(sched, row_bytes=row_bytes, cost_model=cost_model,
-                      wire_row_bytes=None if w is Wire.NATIVE else wire_row_bytes(hidden, w))
+                      wire_row_bytes=None if wire is Wire.NATIVE else wire_row_bytes(hidden, wire))
         coll, local, _ = split_costs(costs)
         total = coll + local / cost_model.memory_bandwidth
         out.append(f"  rank {rank} {title}: {len(sched.steps)} steps, est "
@@ -76,8 +75,7 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
             moved = f"sends {fmt_bytes(cost.moved)}" if cost.moved else (
                 "no peers" if cost.collective else "local")
             out.append(f"    {str(step):<78} {moved:>18} {cost.seconds * 1e6:8.1f} us")
-        for note in sched.notes:
-            out.append(f"    note: {note}")
+        out += [f"    note: {note}" for note in sched.notes]
     return out
 
 

@@ -173,15 +173,13 @@ def clip(a: Any, lo: int, hi: Any) -> Any:
 
 def ceil_align(value: Any, multiple: int) -> Any:
     """Smallest multiple of ``multiple`` that is >= ``value`` (elementwise on vectors)."""
-    if multiple == 1 or _const(value):
-        return INTS.ceil_align(value, multiple)
-    return mul(floordiv(add(value, multiple - 1), multiple), multiple)
+    return INTS.ceil_align(value, multiple) if multiple == 1 or _const(value) else \
+        mul(floordiv(add(value, multiple - 1), multiple), multiple)
 
 
 def ceil_div(value: Any, divisor: int) -> Any:
-    if _const(value):
-        return INTS.ceil_div(value, divisor)
-    return floordiv(add(value, divisor - 1), divisor)
+    return INTS.ceil_div(value, divisor) if _const(value) else \
+        floordiv(add(value, divisor - 1), divisor)
 
 
 def repeat(s: Any, n: int) -> Any:
@@ -197,9 +195,8 @@ def exclusive_cumsum(v: Any) -> Any:
 def group_sum(v: Any, k: int) -> Any:
     """Sums of consecutive groups of ``k`` entries: the per-replica totals of a ``[dp,
     cp]`` table stored row by row."""
-    if k == 1 or _const(v):
-        return INTS.group_sum(v, k)
-    return _node("group_sum", v, k, size=v.size // k)
+    return INTS.group_sum(v, k) if k == 1 or _const(v) else \
+        _node("group_sum", v, k, size=v.size // k)
 
 
 def group_cumsum_excl(v: Any, k: int) -> Any:

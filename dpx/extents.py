@@ -100,8 +100,6 @@ def real_ranges(plan: DpPlan, *, device_counts: bool) -> tuple[Any, Any]:
     row (``mask_pad_rows`` in both frontends). Tuples of ints for the plan's host counts;
     :mod:`dpx.expr` vectors over the device counts (a ``[dp]`` vector, or a ``[dp, cp]``
     shard table row by row) when ``device_counts`` (capacity plans)."""
-    if device_counts:
-        g = symbolic_geometry(plan.structure)
-    else:
-        g = geometry(plan.structure, INTS, plan.leaf_counts)
+    g = (symbolic_geometry(plan.structure) if device_counts
+         else geometry(plan.structure, INTS, plan.leaf_counts))
     return g.offsets, g.n

@@ -48,10 +48,6 @@ class Structure(NamedTuple):
         return DpLayout(self.world_size, self.dp_size, self.cp_size)
 
     @property
-    def padding_mode(self) -> PaddingMode:
-        return PaddingMode(self.mode)
-
-    @property
     def counts_size(self) -> int:
         """Entries of the counts vector: ``dp``, or ``dp * cp`` shards."""
         return self.dp_size * (self.cp_size if self.sharded else 1)
@@ -107,9 +103,8 @@ class Geometry:
 
     def rows_start(self, d: Any, c: Any) -> Any:
         """First global row of the rank's rows (its shard's, or its replica's slot)."""
-        if not self.sharded:
-            return self.offset(d)
-        return self.ops.add(self.offset(d), self.shard_start(d, c))
+        return self.ops.add(self.offset(d), self.shard_start(d, c)) if self.sharded \
+            else self.offset(d)
 
     def group_base(self, c: Any) -> Any:
         """Index of the first block of the rank's attn-tp group: ``c*tp`` when CP ranks
@@ -235,8 +230,8 @@ def equal_slots(global_rows: int, dp: int) -> tuple[int, tuple[int, ...]]:
 def geometry(structure: Structure, ops: Any = INTS, counts: Any = None) -> Geometry:
     """The :class:`Geometry` of a plan structure for ``counts`` (per replica, or the shard
     table row by row), built with ``ops``."""
-    lay, mode, sharded, cap = (structure.layout, structure.padding_mode, structure.sharded,
-                               structure.capacity_rows)
+    lay, mode, sharded, cap = (structure.layout, PaddingMode(structure.mode),
+                               structure.sharded, structure.capacity_rows)
     X = ops
     m, dp, cp, tp = lay.replica_size, lay.dp_size, lay.cp_size, lay.attn_tp_size
     shards = counts if sharded else None
@@ -245,9 +240,7 @@ def geometry(structure: Structure, ops: Any = INTS, counts: Any = None) -> Geome
     # the largest slot: a capacity plan's static one, MAX_LEN's one, else the largest count
     max_slot = cap[2] if cap is not None else X.index(slot_rows, 0) \
         if mode is PaddingMode.MAX_LEN else X.vmax(a)
-    if sharded:
-        block = X.ceil_div(max_slot if cap is not None else X.vmax(counts), tp)
-    else:
-        block = X.floordiv(max_slot, m)
+    block = (X.ceil_div(max_slot if cap is not None else X.vmax(counts), tp) if sharded
+             else X.floordiv(max_slot, m))
     return Geometry(ops, lay, mode, counts, n, shards, a, slot_rows, offsets, global_rows,
                     block, cap is not None, tp, cp, m)

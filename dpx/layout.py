@@ -60,16 +60,12 @@ class DpLayout:
         """Ranks serving one DP replica (``cp_size * attn_tp_size``)."""
         return self._sizes[1]
 
-    def _check_rank(self, rank: int) -> int:
-        check_int("rank", rank, minimum=0)
-        if rank >= self.world_size:
-            raise DpxValueError(f"rank={rank} must be < world_size={self.world_size}")
-        return rank
-
     def coords(self, rank: int) -> RankCoords:
         """``(attn_dp_rank, attn_cp_rank, attn_tp_rank)`` of ``rank``."""
         if type(rank) is not int or not 0 <= rank < self.world_size:
-            self._check_rank(rank)
+            check_int("rank", rank, minimum=0)
+            if rank >= self.world_size:
+                raise DpxValueError(f"rank={rank} must be < world_size={self.world_size}")
         tp, m = self._sizes
         return RankCoords(rank // m, (rank // tp) % self.cp_size, rank % tp)
 

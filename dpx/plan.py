@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError, check_int
@@ -92,17 +93,15 @@ class CountRule(NamedTuple):
                 and (self.max_each is None or max(per, default=0) <= self.max_each)
                 and (self.max_sum is None or self.aligned_sum(counts) <= self.max_sum)):
             return []  # every row fits: the common case, in a few builtin passes
-        out, g = [], self.group
-        for i, x in enumerate(counts):
-            if x < 0:
-                out.append((1, f"replica {i // g}" + (f" CP rank {i % g}" if g > 1 else "")
-                            + f" has count {x} < 0"))
+        g = self.group
+        out = [(1, f"replica {i // g}" + (f" CP rank {i % g}" if g > 1 else "")
+                + f" has count {x} < 0") for i, x in enumerate(counts) if x < 0]
         if self.max_each is not None:
             out += [(2, f"replica {d} has count {x} > capacity {self.max_each} (a MAX_LEN "
                         f"capacity is each replica's slot)")
-                    for d, x in enumerate(self.per_replica(counts)) if x > self.max_each]
+                    for d, x in enumerate(per) if x > self.max_each]
         if self.max_sum is not None and self.aligned_sum(counts) > self.max_sum:
-            out.append((4, f"counts {self.per_replica(counts)} aligned to {self.align} sum "
+            out.append((4, f"counts {per} aligned to {self.align} sum "
                            f"to {self.aligned_sum(counts)} > capacity {self.max_sum} (the "
                            f"global buffer's rows: a SUM_LEN / GATHERV capacity holds every "
                            f"replica's rows)"))
@@ -147,15 +146,10 @@ class DpPlan:
     #: why the mode was chosen: a str, or a function making it on first read
     why: str | Callable[[], str] = field(default="", compare=False, repr=False)
 
-    @property
+    @cached_property
     def reason(self) -> str:
         """Why the mode was chosen (the cost policy's text is made when read)."""
-        if isinstance(self.why, str):
-            return self.why
-        text = self.__dict__.get("_reason")
-        if text is None:
-            text = self.__dict__["_reason"] = self.why()
-        return text
+        return self.why if isinstance(self.why, str) else self.why()
 
     @property
     def aligned_tokens(self) -> tuple[int, ...]:
@@ -183,28 +177,21 @@ class DpPlan:
         GATHERV capacity plan)."""
         return self.is_static and self.mode is not PaddingMode.MAX_LEN
 
-    @property
+    @cached_property
     def structure(self) -> Structure:
         """What the plan's schedules depend on besides its counts (made once per object)."""
-        s = self.__dict__.get("_structure")
-        if s is None:
-            cap = ((self.capacity, self.global_rows, self.max_slot_rows)
-                   if self.capacity is not None else None)
-            lay = self.layout
-            s = self.__dict__["_structure"] = Structure(
-                lay.world_size, lay.dp_size, lay.cp_size, self.mode.value,
-                self.cp_shards is not None, cap)
-        return s
+        cap = ((self.capacity, self.global_rows, self.max_slot_rows)
+               if self.capacity is not None else None)
+        lay = self.layout
+        return Structure(lay.world_size, lay.dp_size, lay.cp_size, self.mode.value,
+                         self.cp_shards is not None, cap)
 
-    @property
+    @cached_property
     def leaf_counts(self) -> tuple[int, ...]:
         """The counts as a schedule reads them (a shard table row by row)."""
         if self.cp_shards is None:
             return self.num_tokens
-        c = self.__dict__.get("_leaf_counts")
-        if c is None:
-            c = self.__dict__["_leaf_counts"] = tuple(x for row in self.cp_shards for x in row)
-        return c
+        return tuple(x for row in self.cp_shards for x in row)
 
     @property
     def count_rule(self) -> CountRule:
@@ -219,9 +206,7 @@ class DpPlan:
         # hashes differ between processes
         h = self.__dict__.get("_hash")
         if h is None:
-            h = self.__dict__["_hash"] = hash((
-                self.layout, self.mode, self.num_tokens, self.slot_rows, self.offsets,
-                self.global_rows, self.capacity, self.is_extend, self.cp_shards))
+            h = self.__dict__["_hash"] = hash(self.key())
         return h
 
     def __getstate__(self) -> dict:
@@ -246,15 +231,11 @@ class DpPlan:
 
     def describe(self) -> str:
         """The plan in one line (what a mismatch error shows)."""
-        parts = [f"{self.mode.value}", f"counts={list(self.num_tokens)}"]
-        if self.cp_shards is not None:
-            parts.append(f"shards={[list(s) for s in self.cp_shards]}")
-        if self.capacity is not None:
-            parts.append(f"capacity={self.capacity}")
-        parts.append(f"global_rows={self.global_rows}")
-        if self.is_extend:
-            parts.append("extend")
-        return " ".join(parts)
+        return " ".join([
+            self.mode.value, f"counts={list(self.num_tokens)}",
+            *([f"shards={[list(s) for s in self.cp_shards]}"] if self.sharded else []),
+            *([f"capacity={self.capacity}"] if self.capacity is not None else []),
+            f"global_rows={self.global_rows}", *(["extend"] if self.is_extend else [])])
 
     def with_counts(self, num_tokens: Sequence[int] | None = None, *,
                     cp_shards: Sequence[Sequence[int]] | None = None) -> "DpPlan":

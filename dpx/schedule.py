@@ -142,16 +142,13 @@ class Variant:
         """The :class:`Schedule` for one call's values (device-read values stay
         expressions)."""
         k = self.key
-        params = {"out_rows": out_rows}
-        if in_rows is not None:
-            params["in_rows"] = in_rows
+        params = _named((in_rows, out_rows))
         memo: dict = {}
 
         def fill(kind: int, x: Any) -> Any:
             if kind == 3:  # a Ref: its first row and rows filled alike
-                buf, (fk, f), (rk, r) = x
-                return Ref(buf, f if fk == 0 else values[f] if fk == 1 else fill(fk, f),
-                           r if rk == 0 else values[r] if rk == 1 else fill(rk, r))
+                buf, first, rows = x
+                return Ref(buf, fill(*first), fill(*rows))
             if kind == 0:
                 return x
             if kind == 1:
@@ -173,8 +170,7 @@ def _interpreter(guards: tuple, outputs: tuple) -> Any:
     """``values(counts, params)`` evaluated without generated code (a one-call variant)."""
 
     def values(counts: tuple, params: tuple) -> tuple | None:
-        named = {k: v for k, v in zip(X.PARAMS, params) if v is not None}
-        ops = V.HostOps(counts, params=named)
+        ops = V.HostOps(counts, params=_named(params))
         memo: dict = {}
         for g, want in guards:
             if int(bool(V.evaluate(g, ops, memo))) != want:
@@ -183,21 +179,24 @@ def _interpreter(guards: tuple, outputs: tuple) -> Any:
     return values
 
 
+def _named(params: tuple) -> dict[str, int]:
+    """A call's parameters (in :data:`dpx.expr.PARAMS` order) by name, the known ones."""
+    return {k: v for k, v in zip(X.PARAMS, params) if v is not None}
+
+
 def _emit(key: TemplateKey, counts: tuple, in_rows: int | None, out_rows: int, *,
           compiled: bool = True) -> Variant:
     structure = key.structure
     geo = symbolic_geometry(structure)
     rank = symbolic_rank() if key.rank is None else concrete_rank(geo.layout, key.rank)
-    params = {"out_rows": out_rows}
-    if in_rows is not None:
-        params["in_rows"] = in_rows
     e = Emitter(geo, Op(key.op), partial=key.partial, rank=rank,
                 device_counts=key.device_counts,
                 transport=route_transport(Transport(key.transport), ride=key.ride),
                 wire=Wire(key.wire), dequantize=key.dequantize,
                 in_place=key.in_place, in_rows_known=key.in_rows_known, ride=key.ride,
                 rule=count_rule(structure) if key.device_counts else None,
-                example=V.HostOps(() if key.device_counts else counts, params=params))
+                example=V.HostOps(() if key.device_counts else counts,
+                                  params=_named((in_rows, out_rows))))
     e.emit()
     return Variant(key, e, compiled=compiled)
 

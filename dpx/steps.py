@@ -21,10 +21,9 @@ from dpx.plan import CountRule
 
 __all__ = [
     "AllGather", "AllGatherCounts", "AllGatherV", "AllReduce", "AllToAll", "AllToAllV",
-    "BroadcastV",
-    "CheckCounts", "Dequantize", "DequantizeSum", "JoinColumns", "kinds_for", "SplitColumns",
-    "len_of", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter", "ReduceScatterV",
-    "ReduceV", "Ref", "Step", "STEP_KINDS", "Unpack", "VARIABLE_KINDS", "Zero",
+    "BroadcastV", "CheckCounts", "Dequantize", "DequantizeSum", "JoinColumns", "kinds_for",
+    "SplitColumns", "len_of", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter",
+    "ReduceScatterV", "ReduceV", "Ref", "Step", "STEP_KINDS", "Unpack", "VARIABLE_KINDS", "Zero",
 ]
 
 IN, OUT = "in", "out"
@@ -44,8 +43,7 @@ class Ref(NamedTuple):
         return f"{self.buf}[{_v(self.first)}:{end}]"
 
 
-def _v(value: Any) -> str:
-    return X.render(value)
+_v = X.render
 
 
 class Step:
@@ -239,18 +237,25 @@ def len_of(v: Any) -> int:
 
 # ---------------------------------------------------------------- collectives
 @dataclass(eq=False, slots=True)
-class AllGather(Step):
-    """``dst`` (``group_size * rows``): the group's ``src`` blocks in group-rank order."""
+class _Blocks(Step):
+    """A collective of ``rows``-row blocks over ``group`` from ``src`` into ``dst``; alone,
+    a copy of the block."""
 
     group: Group
     src: Ref
     dst: Ref
     rows: Any
     collective = True
-    text = "all_gather     {group}: {src}[{rows}] -> {dst}"
 
     def alone(self) -> tuple[Step, ...]:
         return (Move(self.src, self.dst, self.rows, 0, 0, self.rows),)
+
+
+@dataclass(eq=False, slots=True)
+class AllGather(_Blocks):
+    """``dst`` (``group_size * rows``): the group's ``src`` blocks in group-rank order."""
+
+    text = "all_gather     {group}: {src}[{rows}] -> {dst}"
 
 
 @dataclass(eq=False, slots=True)
@@ -267,18 +272,10 @@ class AllGatherCounts(AllGather):
 
 
 @dataclass(eq=False, slots=True)
-class ReduceScatter(Step):
+class ReduceScatter(_Blocks):
     """``dst`` (``rows``): this rank's block of the group's sum of ``src``."""
 
-    group: Group
-    src: Ref
-    dst: Ref
-    rows: Any
-    collective = True
     text = "reduce_scatter {group}: {src} -> {dst}[{rows}]"
-
-    def alone(self) -> tuple[Step, ...]:
-        return (Move(self.src, self.dst, self.rows, 0, 0, self.rows),)
 
 
 @dataclass(eq=False, slots=True)
@@ -296,19 +293,11 @@ class AllReduce(Step):
 
 
 @dataclass(eq=False, slots=True)
-class AllToAll(Step):
+class AllToAll(_Blocks):
     """Equal all-to-all over ``group``: block ``k`` (``rows`` rows) of this rank's ``src``
     goes to the group's rank ``k``; block ``k`` of ``dst`` comes from rank ``k``."""
 
-    group: Group
-    src: Ref
-    dst: Ref
-    rows: Any
-    collective = True
     text = "all_to_all     {group}: {src}[{rows} per rank] -> {dst}"
-
-    def alone(self) -> tuple[Step, ...]:
-        return (Move(self.src, self.dst, self.rows, 0, 0, self.rows),)
 
 
 @dataclass(eq=False, slots=True)

@@ -117,9 +117,8 @@ def choose_transport(requested: Transport | str, facts: Sequence[RankFacts]) -> 
     if not common:
         kinds = "; ".join(f"rank {r}: {', '.join(f.memory)}" for r, f in enumerate(facts))
         return _fallback(requested, f"no kind of shared memory every rank has ({kinds})")
-    device = facts[0].device
     return TransportChoice(Transport.PEER, requested, common[0],
-                           f"{len(facts)} ranks on one host share {device} memory")
+                           f"{len(facts)} ranks on one host share {facts[0].device} memory")
 
 
 def confirm_peer(choice: TransportChoice, failures: Sequence[str]) -> TransportChoice:

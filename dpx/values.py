@@ -110,12 +110,11 @@ def _code(v: Expr, names: list[str]) -> str:
     if spec.code is not None:
         return spec.code.format(*names)
     vec = [size_of(a) is not None and i not in spec.static for i, a in enumerate(v.args)]
-    if not any(vec):
-        scalar = spec.text.format(*names)
-        return f"int{scalar}" if v.op in ("eq", "land") else scalar
     xs = [f"x{i}" if is_vec else n for i, (is_vec, n) in enumerate(zip(vec, names))]
     inner = spec.text.format(*xs)
     inner = f"int{inner}" if v.op in ("eq", "land") else inner
+    if not any(vec):
+        return inner
     loop = ", ".join(f"x{i}" for i, is_vec in enumerate(vec) if is_vec)
     seqs = [n for is_vec, n in zip(vec, names) if is_vec]
     source = seqs[0] if len(seqs) == 1 else f"zip({', '.join(seqs)})"
@@ -157,13 +156,9 @@ def compile_host(outputs: Sequence[Any], guards: Sequence[tuple[Any, int]] = ()
         return names[k]
 
     checks = [f"{name_of(g)} != {int(want)}" for g, want in guards]
-    body = list(lines)
-    lines.clear()
-    if checks:
-        body.append(f"    if {' or '.join(checks)}:\n        return None")
-    outs = [name_of(v) for v in outputs]
-    body += lines
-    tail = "".join(f"{o}, " for o in outs)
-    src = "def _f(n, p):\n" + "\n".join(body) + f"\n    return ({tail})\n"
+    if checks:  # after the guards' values, before the outputs' (name_of appends them)
+        lines.append(f"    if {' or '.join(checks)}:\n        return None")
+    tail = "".join(f"{name_of(v)}, " for v in outputs)
+    src = "def _f(n, p):\n" + "\n".join(lines) + f"\n    return ({tail})\n"
     exec(compile(src, "<dpx host values>", "exec"), env)  # noqa: S102 - generated above
     return env.pop("_f")
