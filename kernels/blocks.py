@@ -8,8 +8,9 @@ called: the compiled code is the one the kernel would have with the block writte
   for buffers of 2**31 elements or more (``WIDE``);
 - :func:`e4m3_code` / :func:`e4m3_value` / :func:`e4m3_signed_value`: e4m3 by bits (round
   to nearest even) and back;
-- :func:`div_corrected`: a correctly rounded quotient of non-negative operands from a
-  product with the reciprocal and two fused corrections;
+- :func:`div_corrected` / :func:`div_by_short`: a correctly rounded quotient of
+  non-negative operands from a product with the reciprocal and two fused corrections, or
+  one where the divisor's significand has at most four bits (6, or an e4m3 value);
 - :func:`e2m1_code`: e2m1 rounding of a non-negative quotient on the float pipe;
 - :func:`fp8_values` / :func:`fp8_block_values` / :func:`store_rounded`: the fp8 wire's
   float32 values of codes and scales (of one group of wire rows), and float32 values stored
@@ -21,8 +22,8 @@ import triton.language as tl
 
 from dpx.kernels.constants import GROUP, NAN_BF16, NAN_CODE, NAN_F16, NAN_F32
 
-__all__ = ["block_index", "div_corrected", "e2m1_code", "e4m3_code", "e4m3_signed_value",
-           "e4m3_value", "fp8_block_values", "fp8_values", "load_index", "store_rounded"]
+__all__ = ["block_index", "div_by_short", "div_corrected", "e2m1_code", "e4m3_code",
+           "e4m3_signed_value", "e4m3_value", "fp8_block_values", "fp8_values", "load_index", "store_rounded"]
 
 
 @triton.jit
@@ -85,12 +86,24 @@ def e4m3_signed_value(c):
 
 
 @triton.jit
-def div_corrected(a, b, r):
-    """``a / b`` correctly rounded, for ``a >= 0``, ``b > 0`` and ``r = RN(1/b)``: ``q = a
-    * r`` and two corrections ``q += fma(-q, b, a) * r`` (fused; Markstein's correctly
-    rounded quotient for these operands)."""
+def div_by_short(a, b, r):
+    """``a / b`` correctly rounded, for ``a >= 0``, ``b > 0`` whose significand has at most
+    four bits (6, or an e4m3 value) and ``r = RN(1/b)``: ``q = a * r`` and one fused
+    correction ``q += fma(-q, b, a) * r``. The corrected quotient is off by far less than
+    how close ``a / b`` can come to a rounding boundary when ``b`` is this short (a
+    midpoint times ``b`` has at most 29 significant bits), so it rounds correctly; a GPU
+    test checks every float32 significand against each of the eight divisors'
+    (tests/test_fp4_wire.py)."""
     q = a * r
-    q = tl.fma(tl.fma(-q, b, a), r, q)
+    return tl.fma(tl.fma(-q, b, a), r, q)
+
+
+@triton.jit
+def div_corrected(a, b, r):
+    """``a / b`` correctly rounded, for ``a >= 0``, ``b > 0`` and ``r = RN(1/b)``:
+    :func:`div_by_short` and a second correction (Markstein's correctly rounded quotient
+    for any such ``b``)."""
+    q = div_by_short(a, b, r)
     return tl.fma(tl.fma(-q, b, a), r, q)
 
 

@@ -16,8 +16,10 @@ and JAX's XLA path give the same bits:
 - amax as the integer maximum of the magnitudes' bits (a NaN's bits exceed every number's,
   so the same maximum finds the NaN blocks);
 - nvfp4: ``s`` and the quotients correctly rounded (``div_rn``; on a GPU (``COMPILED``) a
-  product with the reciprocal and two fused corrections, Markstein's correctly rounded
-  quotient for these operands), e4m3 by bits;
+  product with the reciprocal and fused corrections, Markstein's correctly rounded
+  quotient: one correction where the divisor is 6 or an e4m3 scale, whose significands
+  have four bits at most (:func:`~dpx.kernels.blocks.div_by_short`), two for the global
+  scale ``g``), e4m3 by bits;
 - mxfp4: ``x * 2**-E`` on the float pipe, one multiplication (PTX ``mul.f32`` keeps
   subnormal operands and results: ``2**-127``, the scale of a block holding an infinity,
   is one), exact wherever the e2m1 code depends on it;
@@ -39,8 +41,8 @@ Grid of both: ``(cdiv(rows * H / GS, BLOCK_B),)``.
 import triton
 import triton.language as tl
 
-from dpx.kernels.blocks import (block_index, div_corrected, e2m1_code, e4m3_code, e4m3_value,
-                                load_index, store_rounded)
+from dpx.kernels.blocks import (block_index, div_by_short, div_corrected, e2m1_code, e4m3_code,
+                                e4m3_value, load_index, store_rounded)
 from dpx.kernels.constants import (E2M1_MAX, E2M1_RECIP, FP8_MAX, MX_BLOCK, MX_NAN_SCALE,
                                    NV_BLOCK, NV_NAN_SCALE)
 
@@ -74,7 +76,7 @@ def fp4_word(ux, g, d, r, zero_blk, NV: tl.constexpr, COMPILED: tl.constexpr):
     a = (ux & 0x7FFFFFFF).to(tl.float32, bitcast=True)
     if NV:
         if COMPILED:
-            q = div_corrected(a * g, d, r)
+            q = div_by_short(a * g, d, r)
         else:
             q = tl.math.div_rn(a * g, d)
     else:
@@ -118,7 +120,7 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
     if NV:
         sp = amax_b.to(tl.float32, bitcast=True) * g
         if COMPILED:  # sp / 6 correctly rounded (a NaN from an infinite sp saturates below)
-            sv = div_corrected(sp, E2M1_MAX, E2M1_RECIP)
+            sv = div_by_short(sp, E2M1_MAX, E2M1_RECIP)
         else:
             sv = tl.math.div_rn(sp, E2M1_MAX)
         # e4m3, round to nearest even, saturating at its largest magnitude

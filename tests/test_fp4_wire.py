@@ -10,8 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from conftest import device_params, passes_params
+from dpx.kernels.blocks import div_by_short
 from dpx.modes import Wire
 from dpx.wire import block, check_wire_scale, wire_row_bytes
 from dpx_torch.passes import TorchPasses, TritonPasses
@@ -227,7 +230,7 @@ def test_fp4_error_bound(fmt):
                          ids=["nvfp4-g0.37", "nvfp4-g1", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_compiled_fp4_matches_the_torch_ops_on_many_rows(dtype, fmt):
-    """The compiled kernels (nvfp4: a reciprocal and two fused corrections) against the CPU
+    """The compiled kernels (nvfp4: a reciprocal and fused corrections) against the CPU
     torch ops (tested against the reference above), over many blocks spanning the dtype's
     range, e2m1 ties at power-of-two scales and signed zeros; both ways."""
     wire, g = fmt
@@ -255,6 +258,46 @@ def test_compiled_fp4_matches_the_torch_ops_on_many_rows(dtype, fmt):
     yw = torch.empty(rows, h, dtype=dtype)
     TorchPasses().dequantize(want, yw, wire, g)
     assert torch.equal(y.cpu().view(BITS[dtype]), yw.view(BITS[dtype]))
+
+
+@triton.jit
+def _short_quotient_misses(d, r, miss_ptr, BLOCK: tl.constexpr, CORRECT: tl.constexpr):
+    """Counts into ``miss_ptr`` the ``p`` in ``[1, 2)`` (every float32 significand) where
+    :func:`~dpx.kernels.blocks.div_by_short` (``CORRECT``; else the bare product ``p *
+    r``) differs from the GPU's IEEE quotient ``p / d``."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    p = (0x3F800000 + i).to(tl.float32, bitcast=True)
+    q = div_by_short(p, d, r) if CORRECT else p * r
+    bad = q != tl.math.div_rn(p, d)
+    tl.atomic_add(miss_ptr, tl.sum(bad.to(tl.int32), 0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_one_correction_divides_by_a_short_significand_exactly():
+    """The nvfp4 quantize divides by 6 and by e4m3 scales with one fused correction
+    (``div_by_short``). For every float32 significand of the dividend and each of the eight
+    significands an e4m3 value has (1, 1.125, ..., 1.875), at powers of two from the
+    smallest subnormal scale's to 448's, and at 6 and 448, the quotient is the correctly
+    rounded one: a power of two on either operand only moves the quotient's exponent, so
+    this covers every quotient the kernel forms that is a normal float (smaller ones
+    quantize to code 0 however they round). The bare product with the reciprocal misses
+    for most of these divisors: the check can fail."""
+    miss = torch.zeros(1, dtype=torch.int32, device="cuda")
+    block, n = 1024, 1 << 23
+
+    def misses(d: float, correct: bool = True) -> int:
+        miss.zero_()
+        d32 = np.float32(d)
+        _short_quotient_misses[(n // block,)](d32, np.float32(1) / d32, miss, BLOCK=block,
+                                              CORRECT=correct)
+        return int(miss.item())
+
+    for e in (-9, -3, 0, 4, 8):
+        for m in range(8, 16):
+            assert misses(m / 8 * 2.0 ** e) == 0, (m, e)
+    assert misses(6.0) == 0 and misses(448.0) == 0
+    assert all(misses(m / 8, correct=False) > 0 for m in range(9, 16))
 
 
 def test_the_nvfp4_scale_the_format_implies():
