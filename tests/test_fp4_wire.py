@@ -288,9 +288,9 @@ def test_one_correction_divides_by_a_short_significand_exactly():
 
     def misses(d: float, correct: bool = True) -> int:
         miss.zero_()
-        d32 = np.float32(d)
-        _short_quotient_misses[(n // block,)](d32, np.float32(1) / d32, miss, BLOCK=block,
-                                              CORRECT=correct)
+        d32 = np.float32(d)   # (float32 values, passed as Python floats)
+        _short_quotient_misses[(n // block,)](float(d32), float(np.float32(1) / d32), miss,
+                                              BLOCK=block, CORRECT=correct)
         return int(miss.item())
 
     for e in (-9, -3, 0, 4, 8):
