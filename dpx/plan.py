@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError, check_int
@@ -146,10 +145,15 @@ class DpPlan:
     #: why the mode was chosen: a str, or a function making it on first read
     why: str | Callable[[], str] = field(default="", compare=False, repr=False)
 
-    @cached_property
+    @property
     def reason(self) -> str:
         """Why the mode was chosen (the cost policy's text is made when read)."""
-        return self.why if isinstance(self.why, str) else self.why()
+        if isinstance(self.why, str):
+            return self.why
+        text = self.__dict__.get("_reason")
+        if text is None:
+            text = self.__dict__["_reason"] = self.why()
+        return text
 
     @property
     def aligned_tokens(self) -> tuple[int, ...]:
@@ -177,21 +181,29 @@ class DpPlan:
         GATHERV capacity plan)."""
         return self.is_static and self.mode is not PaddingMode.MAX_LEN
 
-    @cached_property
+    @property
     def structure(self) -> Structure:
-        """What the plan's schedules depend on besides its counts (made once per object)."""
-        cap = ((self.capacity, self.global_rows, self.max_slot_rows)
-               if self.capacity is not None else None)
-        lay = self.layout
-        return Structure(lay.world_size, lay.dp_size, lay.cp_size, self.mode.value,
-                         self.cp_shards is not None, cap)
+        """What the plan's schedules depend on besides its counts (made once per object;
+        a plain cache: a first read on every new plan, on the call path)."""
+        s = self.__dict__.get("_structure")
+        if s is None:
+            cap = ((self.capacity, self.global_rows, self.max_slot_rows)
+                   if self.capacity is not None else None)
+            lay = self.layout
+            s = self.__dict__["_structure"] = Structure(
+                lay.world_size, lay.dp_size, lay.cp_size, self.mode.value,
+                self.cp_shards is not None, cap)
+        return s
 
-    @cached_property
+    @property
     def leaf_counts(self) -> tuple[int, ...]:
         """The counts as a schedule reads them (a shard table row by row)."""
         if self.cp_shards is None:
             return self.num_tokens
-        return tuple(x for row in self.cp_shards for x in row)
+        c = self.__dict__.get("_leaf_counts")
+        if c is None:
+            c = self.__dict__["_leaf_counts"] = tuple(x for row in self.cp_shards for x in row)
+        return c
 
     @property
     def count_rule(self) -> CountRule:

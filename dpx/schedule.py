@@ -146,9 +146,10 @@ class Variant:
         memo: dict = {}
 
         def fill(kind: int, x: Any) -> Any:
-            if kind == 3:  # a Ref: its first row and rows filled alike
-                buf, first, rows = x
-                return Ref(buf, fill(*first), fill(*rows))
+            if kind == 3:  # a Ref: its first row and rows filled alike (inline: a hot loop)
+                buf, (fk, f), (rk, r) = x
+                return Ref(buf, f if fk == 0 else values[f] if fk == 1 else fill(fk, f),
+                           r if rk == 0 else values[r] if rk == 1 else fill(rk, r))
             if kind == 0:
                 return x
             if kind == 1:

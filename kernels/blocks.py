@@ -23,7 +23,8 @@ import triton.language as tl
 from dpx.kernels.constants import GROUP, NAN_BF16, NAN_CODE, NAN_F16, NAN_F32
 
 __all__ = ["block_index", "div_by_short", "div_corrected", "e2m1_code", "e4m3_code",
-           "e4m3_signed_value", "e4m3_value", "fp8_block_values", "fp8_values", "load_index", "store_rounded"]
+           "e4m3_signed_value", "e4m3_value", "fp8_block_values", "fp8_values", "load_index",
+           "store_rounded"]
 
 
 @triton.jit
@@ -89,11 +90,13 @@ def e4m3_signed_value(c):
 def div_by_short(a, b, r):
     """``a / b`` correctly rounded, for ``a >= 0``, ``b > 0`` whose significand has at most
     four bits (6, or an e4m3 value) and ``r = RN(1/b)``: ``q = a * r`` and one fused
-    correction ``q += fma(-q, b, a) * r``. The corrected quotient is off by far less than
-    how close ``a / b`` can come to a rounding boundary when ``b`` is this short (a
-    midpoint times ``b`` has at most 29 significant bits), so it rounds correctly; a GPU
-    test checks every float32 significand against each of the eight divisors'
-    (tests/test_fp4_wire.py)."""
+    correction ``q += fma(-q, b, a) * r``. Where the remainder ``a - q * b`` does not
+    underflow (``a`` above about ``2**-100`` for the e4m3 divisors), the corrected
+    quotient is off by far less than how close ``a / b`` can come to a rounding boundary
+    when ``b`` is this short (a midpoint times ``b`` has at most 29 significant bits), so
+    it rounds correctly; a GPU test checks every float32 significand against each of the
+    eight divisors' (tests/test_fp4_wire.py). Smaller ``a`` give quotients far below
+    e2m1's smallest step (code 0 however they round)."""
     q = a * r
     return tl.fma(tl.fma(-q, b, a), r, q)
 

@@ -280,9 +280,10 @@ def test_one_correction_divides_by_a_short_significand_exactly():
     significands an e4m3 value has (1, 1.125, ..., 1.875), at powers of two from the
     smallest subnormal scale's to 448's, and at 6 and 448, the quotient is the correctly
     rounded one: a power of two on either operand only moves the quotient's exponent, so
-    this covers every quotient the kernel forms that is a normal float (smaller ones
-    quantize to code 0 however they round). The bare product with the reciprocal misses
-    for most of these divisors: the check can fail."""
+    this covers every quotient the kernel forms whose remainder does not underflow (the
+    others, from dividends below about 2**-100, are far below e2m1's smallest step: code
+    0 however they round). The bare product with the reciprocal misses for most of these
+    divisors: the check can fail."""
     miss = torch.zeros(1, dtype=torch.int32, device="cuda")
     block, n = 1024, 1 << 23
 
