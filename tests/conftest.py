@@ -1,10 +1,13 @@
-"""Shared fixtures (device selection, the world-1 process group, the persistent gloo worlds)
-and the collection order: cheapest first."""
+"""Shared fixtures (device selection, the world-1 process group, the persistent gloo worlds),
+the collection order (cheapest first), the number of pytest-xdist workers ``-n auto``
+starts, and one JAX compilation cache for the whole run."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,18 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 #: Simulated CPU devices for the JAX tests (set before any JAX backend starts).
 JAX_CPU_DEVICES = 8
+#: At most this many xdist workers for ``-n auto`` (each may start gloo worlds of 4
+#: processes and JAX's 8 simulated devices): one per core up to it.
+MAX_WORKERS = 4
+
+# One JAX compilation cache for the run, shared by the xdist workers and every subprocess
+# (they inherit the environment): a program another test already compiled is read back.
+# The process that makes the folder (pytest's main process) removes it at the end.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="dpx-tests-jax-")
+    os.environ["DPX_TESTS_JAX_CACHE_OWNER"] = str(os.getpid())
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 try:
     import jax
@@ -56,6 +71,17 @@ def pytest_configure(config):
         os.environ.pop("TRITON_CACHE_DIR", None)
     else:
         os.environ["TRITON_CACHE_DIR"] = before
+
+
+def pytest_unconfigure(config):
+    if os.environ.get("DPX_TESTS_JAX_CACHE_OWNER") == str(os.getpid()):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)   # pytest-xdist's hook; absent without it
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most :data:`MAX_WORKERS`."""
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
 
 
 def pytest_collection_modifyitems(config, items):

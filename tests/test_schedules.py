@@ -27,6 +27,9 @@ LAYOUTS = [(1, 1), (2, 2), (2, 1), (3, 3), (3, 1), (4, 4), (4, 2), (4, 1), (6, 3
 #: (world, dp, cp): context parallel inside the replicas
 CP_LAYOUTS = [(4, 1, 2), (4, 2, 2), (3, 1, 3), (8, 2, 2), (8, 1, 4), (8, 2, 4), (6, 1, 3)]
 MODES = list(PaddingMode)
+#: the partial flags an op's schedules differ by: only a gather reads it
+#: (``test_only_a_gather_reads_partial``)
+PARTIALS = {op: (True, False) if op is Op.GATHER else (True,) for op in Op}
 TRANSPORTS = list(Transport)
 REST = (2,)
 #: One template cache for the module's schedules (a server keeps one the same way).
@@ -279,12 +282,39 @@ def test_every_rank_issues_the_same_collectives():
                 continue
             shards = _shards_for(counts, lay.cp_size, rng, 0) if sharded else None
             plan = dpx.plan_step(counts, lay, mode=mode, cp_shards=shards)
-            for op, partial, transport in itertools.product(list(Op), (True, False),
-                                                            TRANSPORTS):
-                sigs = {build_schedule(plan, op, rank=r, partial=partial, transport=transport,
-                                       in_rows=held(plan, r)[1]).collective_signature()
-                        for r in range(lay.world_size)}
-                assert len(sigs) == 1, (layout, counts, mode, op, partial, transport, sigs)
+            for op, transport in itertools.product(list(Op), TRANSPORTS):
+                for partial in PARTIALS[op]:
+                    sigs = {build_schedule(plan, op, rank=r, partial=partial,
+                                           transport=transport, in_rows=held(plan, r)[1]
+                                           ).collective_signature()
+                            for r in range(lay.world_size)}
+                    assert len(sigs) == 1, (layout, counts, mode, op, partial, transport, sigs)
+
+
+def test_only_a_gather_reads_partial():
+    """Every op but gather has the same schedule whatever ``partial`` says (the frontends
+    pass True; the tests of those ops run True alone, :data:`PARTIALS`)."""
+    def steps(s):
+        return repr((s.steps, s.scratch, s.notes, s.route, s.wire_bufs, s.wide_bufs))
+
+    rng = random.Random(5)
+    for layout in ((4, 2), (6, 3), (8, 8), (4, 2, 2), (8, 1, 4)):
+        lay = dpx.DpLayout(*layout)
+        counts = _count_sets(lay.dp_size, 2)[rng.randrange(5)]
+        for mode, transport in itertools.product(MODES, TRANSPORTS):
+            plan = dpx.plan_step(counts, lay, mode=mode)
+            for op, rank in itertools.product(Op, (None, *range(lay.world_size))):
+                if op is Op.GATHER or (rank is None and transport is Transport.PEER):
+                    continue
+                a, b = (build_schedule(plan, op, rank=rank, partial=p, transport=transport,
+                                       in_rows=None if rank is None else held(plan, rank)[1])
+                        for p in (True, False))
+                assert steps(a) == steps(b), (layout, counts, mode, op, rank, transport)
+        # and a gather's does (the check can fail): attn-tp ranks sum their rows or not
+        plan = dpx.plan_step([3] * lay.dp_size, lay, mode="gatherv")
+        a, b = (build_schedule(plan, Op.GATHER, rank=0, partial=p, in_rows=3)
+                for p in (True, False))
+        assert (steps(a) == steps(b)) == (lay.attn_tp_size == 1), layout
 
 
 def test_a_world_of_one_rank_calls_no_collective():
