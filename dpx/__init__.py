@@ -6,7 +6,8 @@ live in ``dpx.kernels``; the frontends are ``dpx_torch`` and ``dpx_jax``. A plan
 (:func:`build_schedule`) says what every rank does with it, step by step.
 """
 
-from dpx.cost import CostModel, ModeEstimate, OpEstimate, StepCost, estimate
+from dpx.cost import ModeEstimate, OpEstimate, estimate
+from dpx.cost_model import CostModel, StepCost
 from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchCapacityError,
                         DpxMismatchError, DpxMismatchInputError, DpxMismatchTypeError,
                         DpxMismatchValueError, DpxPeerError, DpxTypeError, DpxValueError)
@@ -15,7 +16,8 @@ from dpx.extents import OpRows, local_rows, op_rows
 from dpx.ints import INTS
 from dpx.layout import DpLayout, RankCoords
 from dpx.modes import Group, Op, PaddingMode, Policy, Transport, Wire
-from dpx.plan import CountRule, DpPlan
+from dpx.counts import CountRule
+from dpx.plan import DpPlan
 from dpx.policy import compare_modes, plan_step, sglang_mode
 from dpx.routes import Route
 from dpx.schedule import Schedule, ScheduleCache, build_schedule

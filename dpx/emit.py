@@ -11,10 +11,10 @@ from typing import Any, Callable
 
 from dpx import expr as X
 from dpx import values as V
+from dpx.counts import CountRule
 from dpx.fold import fold_copies
 from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
-from dpx.plan import CountRule
 from dpx.routes import RankRef, Route, choose_route
 from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
                        AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpx.cost import CostModel, estimate_op, peer_bytes, price, split_costs
+from dpx.cost import estimate_op, peer_bytes, price, split_costs
+from dpx.cost_model import CostModel
 from dpx.extents import op_rows
 from dpx.errors import DpxValueError, check_int
 from dpx.modes import Op, Transport, Wire

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, Sequence
 
+from dpx.counts import CountRule
 from dpx.errors import DpxCapacityError, DpxTypeError, DpxValueError, check_int
 from dpx.geometry import Structure, capacity_rows, slots
 from dpx.ints import INTS
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 
-__all__ = ["check_counts", "check_shards", "count_rule", "CountRule", "DpPlan", "make_plan"]
+__all__ = ["check_counts", "check_shards", "count_rule", "DpPlan", "make_plan"]
 
 
 def check_counts(num_tokens: Iterable[object], layout: DpLayout) -> tuple[int, ...]:
@@ -60,58 +61,6 @@ def check_shards(cp_shards: object, counts: tuple[int, ...],
                                 f"sum to num_tokens[{d}]={counts[d]}")
         out.append(row)
     return tuple(out) if layout.cp_size > 1 else None
-
-
-class CountRule(NamedTuple):
-    """What a capacity plan's counts obey: each of ``entries`` counts ``>= 0``; each
-    per-replica count (a sum of ``group`` entries) ``<= max_each`` (MAX_LEN), and the sum
-    of their ``align``-aligned values ``<= max_sum`` (SUM_LEN / GATHERV); ``None``: no
-    bound. The device forms (:class:`dpx.steps.CheckCounts`) are tested against
-    :meth:`broken`."""
-
-    entries: int
-    group: int
-    align: int
-    max_each: int | None
-    max_sum: int | None
-
-    def per_replica(self, counts: Sequence[int]) -> list[int]:
-        g = self.group
-        return list(counts) if g == 1 else [sum(counts[i:i + g])
-                                            for i in range(0, len(counts), g)]
-
-    def aligned_sum(self, counts: Sequence[int]) -> int:
-        return sum(INTS.ceil_align(tuple(max(x, 0) for x in self.per_replica(counts)),
-                                   self.align))
-
-    def broken(self, counts: Sequence[int]) -> list[tuple[int, str]]:
-        """``(bit, message)`` per broken bound (empty when every row fits): bit 1 a
-        negative entry, 2 a replica past ``max_each``, 4 the sum past ``max_sum``."""
-        per = self.per_replica(counts)
-        if (min(counts, default=0) >= 0
-                and (self.max_each is None or max(per, default=0) <= self.max_each)
-                and (self.max_sum is None or self.aligned_sum(counts) <= self.max_sum)):
-            return []  # every row fits: the common case, in a few builtin passes
-        g = self.group
-        out = [(1, f"replica {i // g}" + (f" CP rank {i % g}" if g > 1 else "")
-                + f" has count {x} < 0") for i, x in enumerate(counts) if x < 0]
-        if self.max_each is not None:
-            out += [(2, f"replica {d} has count {x} > capacity {self.max_each} (a MAX_LEN "
-                        f"capacity is each replica's slot)")
-                    for d, x in enumerate(per) if x > self.max_each]
-        if self.max_sum is not None and self.aligned_sum(counts) > self.max_sum:
-            out.append((4, f"counts {per} aligned to {self.align} sum "
-                           f"to {self.aligned_sum(counts)} > capacity {self.max_sum} (the "
-                           f"global buffer's rows: a SUM_LEN / GATHERV capacity holds every "
-                           f"replica's rows)"))
-        return out
-
-    def problems(self, counts: Sequence[int]) -> list[str]:
-        return [text for _, text in self.broken(counts)]
-
-    def flags(self, counts: Sequence[int]) -> int:
-        """The OR of the bits of :meth:`broken` (a device check's flag)."""
-        return sum({bit for bit, _ in self.broken(counts)})
 
 
 def count_rule(structure: Structure) -> CountRule:

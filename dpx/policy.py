@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from dpx.cost import CostModel, ModeEstimate, estimate
+from dpx.cost import ModeEstimate, estimate
+from dpx.cost_model import CostModel
 from dpx.errors import DpxTypeError, DpxValueError, check_int
 from dpx.ints import INTS
 from dpx.layout import DpLayout

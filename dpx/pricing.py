@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpx.cost import CostModel
+from dpx.cost_model import CostModel
 from dpx.ints import INTS
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Transport

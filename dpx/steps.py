@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from dpx import expr as X
+from dpx.counts import CountRule
 from dpx.modes import Group, Transport
-from dpx.plan import CountRule
 
 __all__ = [
     "AllGather", "AllGatherCounts", "AllGatherV", "AllReduce", "AllToAll", "AllToAllV",
@@ -78,7 +78,7 @@ class Step:
 # ---------------------------------------------------------------- local passes
 @dataclass(eq=False, slots=True)
 class CheckCounts(Step):
-    """Device counts checked against the plan's :class:`~dpx.plan.CountRule` before any
+    """Device counts checked against the plan's :class:`~dpx.counts.CountRule` before any
     row moves; a violation is recorded (docs/semantics.md, "No row lost without a word")."""
 
     rule: CountRule

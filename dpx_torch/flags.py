@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from dpx.plan import CountRule
+from dpx.counts import CountRule
 from dpx_torch.ops import OpPasses
 from dpx_torch.passes import Passes, passes_for
 

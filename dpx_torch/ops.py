@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from dpx.counts import CountRule
 from dpx.kernels.launch import Tile, fp4_scale
 from dpx.modes import Wire
-from dpx.plan import CountRule
 from dpx_torch.passes import Index, Passes, passes_for
 
 __all__ = ["OpPasses", "move_rows", "pack_rows", "tile_list", "unpack_rows"]

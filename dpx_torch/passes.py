@@ -42,9 +42,9 @@ from typing import Any, Callable, Union
 
 import torch
 
+from dpx.counts import CountRule
 from dpx.kernels import launch as _tiles
 from dpx.modes import Wire
-from dpx.plan import CountRule
 from dpx_torch.shims.triton_launch import JIT, BoundKernel, JitLauncher, Launcher
 from dpx.lru import LRU
 from dpx_torch.wire import dequantize_rows, dequantize_sum_rows, quantize_rows
