@@ -41,7 +41,8 @@ import time
 
 import dpx
 from common import copy_us, out_dir, print_table, pyplot, write_csv
-from dpx.cost import CostModel, price
+from dpx.cost import price
+from dpx.cost_model import CostModel
 from dpx.schedule import build_schedule
 from dpx.wire import wire_row_bytes
 

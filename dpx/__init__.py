@@ -8,6 +8,7 @@ live in ``dpx.kernels``; the frontends are ``dpx_torch`` and ``dpx_jax``. A plan
 
 from dpx.cost import ModeEstimate, OpEstimate, estimate
 from dpx.cost_model import CostModel, StepCost
+from dpx.counts import CountRule
 from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchCapacityError,
                         DpxMismatchError, DpxMismatchInputError, DpxMismatchTypeError,
                         DpxMismatchValueError, DpxPeerError, DpxTypeError, DpxValueError)
@@ -16,7 +17,6 @@ from dpx.extents import OpRows, local_rows, op_rows
 from dpx.ints import INTS
 from dpx.layout import DpLayout, RankCoords
 from dpx.modes import Group, Op, PaddingMode, Policy, Transport, Wire
-from dpx.counts import CountRule
 from dpx.plan import DpPlan
 from dpx.policy import compare_modes, plan_step, sglang_mode
 from dpx.routes import Route

@@ -1,7 +1,7 @@
-"""Device counts: the rule a capacity plan's counts obey (:class:`CountRule`), whose report
-each entry of an exchange keeps (:func:`sources`: the rank with this rank's CP and attn-tp
-coordinates in each replica, as a JAX all-gather over ``dp`` reads), and which groups
-disagree (:func:`disagreements`).
+"""Counts: the rule a capacity plan's counts obey, host or device (:class:`CountRule`),
+whose report each entry of an exchange keeps (:func:`sources`: the rank with this rank's
+CP and attn-tp coordinates in each replica, as a JAX all-gather over ``dp`` reads), and
+which groups disagree (:func:`disagreements`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ starts, and one JAX compilation cache for the whole run."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -17,15 +18,17 @@ sys.path.insert(0, os.path.dirname(__file__))
 #: Simulated CPU devices for the JAX tests (set before any JAX backend starts).
 JAX_CPU_DEVICES = 8
 #: At most this many xdist workers for ``-n auto`` (each may start gloo worlds of 4
-#: processes and JAX's 8 simulated devices): one per core up to it.
+#: processes and JAX's 8 simulated devices).
 MAX_WORKERS = 4
 
 # One JAX compilation cache for the run, shared by the xdist workers and every subprocess
 # (they inherit the environment): a program another test already compiled is read back.
-# The process that makes the folder (pytest's main process) removes it at the end.
+# The process that makes the folder (pytest's main process) removes it when it exits; a
+# folder the environment names already is left alone.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="dpx-tests-jax-")
-    os.environ["DPX_TESTS_JAX_CACHE_OWNER"] = str(os.getpid())
+    _jax_cache, _owner = tempfile.mkdtemp(prefix="dpx-tests-jax-"), os.getpid()
+    atexit.register(lambda: os.getpid() == _owner and shutil.rmtree(_jax_cache, True))
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _jax_cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
@@ -73,15 +76,11 @@ def pytest_configure(config):
         os.environ["TRITON_CACHE_DIR"] = before
 
 
-def pytest_unconfigure(config):
-    if os.environ.get("DPX_TESTS_JAX_CACHE_OWNER") == str(os.getpid()):
-        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
-
-
-@pytest.hookimpl(optionalhook=True)   # pytest-xdist's hook; absent without it
+@pytest.hookimpl(wrapper=True, optionalhook=True)   # pytest-xdist's hook; absent without it
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker per core, at most :data:`MAX_WORKERS`."""
-    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+    """``-n auto``: what pytest-xdist counts (the CPUs this process may use), at most
+    :data:`MAX_WORKERS`."""
+    return max(1, min((yield), MAX_WORKERS))
 
 
 def pytest_collection_modifyitems(config, items):

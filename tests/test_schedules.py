@@ -293,28 +293,43 @@ def test_every_rank_issues_the_same_collectives():
 
 def test_only_a_gather_reads_partial():
     """Every op but gather has the same schedule whatever ``partial`` says (the frontends
-    pass True; the tests of those ops run True alone, :data:`PARTIALS`)."""
+    pass True; the tests of those ops run True alone, :data:`PARTIALS`): every layout,
+    host counts (CP shards too) and a capacity plan's device counts, every mode and
+    transport, the fp8 combine, the symbolic program and the first and last rank."""
     def steps(s):
         return repr((s.steps, s.scratch, s.notes, s.route, s.wire_bufs, s.wide_bufs))
 
     rng = random.Random(5)
-    for layout in ((4, 2), (6, 3), (8, 8), (4, 2, 2), (8, 1, 4)):
+    checked = 0
+    for layout, mode in itertools.product(LAYOUTS + CP_LAYOUTS, MODES):
         lay = dpx.DpLayout(*layout)
-        counts = _count_sets(lay.dp_size, 2)[rng.randrange(5)]
-        for mode, transport in itertools.product(MODES, TRANSPORTS):
-            plan = dpx.plan_step(counts, lay, mode=mode)
-            for op, rank in itertools.product(Op, (None, *range(lay.world_size))):
-                if op is Op.GATHER or (rank is None and transport is Transport.PEER):
-                    continue
+        W = lay.world_size
+        calls = [(dpx.plan_step(c, lay, mode=mode), False)
+                 for c in _count_sets(lay.dp_size, 2)[1:3]]
+        calls.append((dpx.plan_step([0] * lay.dp_size, lay, mode=mode, capacity=16), True))
+        if lay.cp_size > 1:
+            counts = _count_sets(lay.dp_size, 2)[0]
+            calls.append((dpx.plan_step(counts, lay, mode=mode, cp_shards=_shards_for(
+                counts, lay.cp_size, rng, 0)), False))
+        for (plan, device), op, transport, rank in itertools.product(
+                calls, Op, TRANSPORTS, sorted({None, 0, W - 1}, key=str)):
+            if op is Op.GATHER or (rank is None and transport is Transport.PEER):
+                continue
+            for wire in ("native", "fp8") if op is Op.REDUCE_SCATTER else ("native",):
                 a, b = (build_schedule(plan, op, rank=rank, partial=p, transport=transport,
-                                       in_rows=None if rank is None else held(plan, rank)[1])
-                        for p in (True, False))
-                assert steps(a) == steps(b), (layout, counts, mode, op, rank, transport)
-        # and a gather's does (the check can fail): attn-tp ranks sum their rows or not
-        plan = dpx.plan_step([3] * lay.dp_size, lay, mode="gatherv")
-        a, b = (build_schedule(plan, Op.GATHER, rank=0, partial=p, in_rows=3)
-                for p in (True, False))
+                                       device_counts=device, wire=wire,
+                                       in_rows=None if rank is None or device else
+                                       held(plan, rank)[1]) for p in (True, False))
+                assert steps(a) == steps(b), (layout, plan.num_tokens, mode, op, rank,
+                                              transport, device, wire)
+                checked += 1
+        # and a gather's does (the check can fail): attn-tp ranks sum their rows or one of
+        # them writes (the last attn-tp rank of the first CP rank, which writes or not)
+        plan = dpx.plan_step([3] * lay.dp_size, lay, mode=mode)
+        a, b = (build_schedule(plan, Op.GATHER, rank=lay.attn_tp_size - 1, partial=p,
+                               in_rows=3) for p in (True, False))
         assert (steps(a) == steps(b)) == (lay.attn_tp_size == 1), layout
+    assert checked > 5000, checked
 
 
 def test_a_world_of_one_rank_calls_no_collective():
