@@ -27,6 +27,7 @@ from dpx.routes import (RankRef, Route, concrete_rank, route_transport, symbolic
                         symbolic_rank)
 from dpx.steps import IN, OUT, AllToAllV, Ref, Step, moved_buffer
 from dpx.steps import _Variable as _VariableStep
+from dpx.wire import dequantized
 
 __all__ = ["IN", "OUT", "Schedule", "ScheduleCache", "Variant", "build_schedule"]
 
@@ -281,7 +282,7 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
         in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
     key = TemplateKey(plan.structure, op._value_, bool(partial) or op is Op.GATHER_SUM, rank,
                       bool(device_counts), transport._value_, wire._value_,
-                      bool(dequantize) or wire is Wire.NATIVE, bool(in_place),
+                      dequantized(wire, dequantize), bool(in_place),
                       in_rows is not None, bool(counts_ride))
     counts = plan.leaf_counts
     one_off = cache is None  # a schedule for one call: evaluated without generated code

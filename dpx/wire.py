@@ -19,7 +19,7 @@ from dpx.errors import DpxTypeError, DpxValueError
 from dpx.modes import Op, PaddingMode, Wire
 
 __all__ = ["block", "CANONICAL_NAN", "check_wire", "check_wire_mode", "check_wire_scale",
-           "E2M1_MAX", "E2M1_VALUES", "EPS", "FLOAT_DTYPES", "FP4_NAN_SCALE", "FP8_MAX",
+           "dequantized", "E2M1_MAX", "E2M1_VALUES", "EPS", "FLOAT_DTYPES", "FP4_NAN_SCALE", "FP8_MAX",
            "GROUP", "NAN_CODE", "nvfp4_scale", "payload_bytes", "SCALE_RANGE", "width_of",
            "wire_row_bytes"]
 
@@ -50,6 +50,13 @@ _BLOCK = {Wire.FP8: GROUP, Wire.NVFP4: 16, Wire.MXFP4: 32}
 def block(wire: Wire) -> int:
     """Elements per scale of a quantized ``wire``."""
     return _BLOCK[wire]
+
+
+def dequantized(wire: Wire, dequantize: object) -> bool:
+    """Whether a call's result is rows of its input's dtype: always on the native wire
+    (nothing to dequantize), on a quantized one unless ``dequantize=False`` asks for the
+    wire rows themselves."""
+    return bool(dequantize) or wire is Wire.NATIVE
 
 
 def payload_bytes(width: int, wire: Wire = Wire.FP8) -> int:

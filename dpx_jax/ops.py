@@ -163,7 +163,7 @@ def _call(x, plan: DpPlan, op: Op, partial: bool, c: jax.Array | None, impl,
     axes.check(plan.layout)
     transport = Transport.RAGGED if on_gpu() else Transport.EQUAL
     spec = _Spec(plan, op, partial, c is not None, transport, impl, x.shape[0], out_rows,
-                 wire, dequantize or wire is Wire.NATIVE, axes, wire_scale, ride)
+                 wire, W.dequantized(wire, dequantize), axes, wire_scale, ride)
     return _run(x, c, spec)
 
 

@@ -38,6 +38,7 @@ from dpx.transport import TransportChoice
 from dpx.plan import DpPlan
 from dpx.schedule import ScheduleCache, TemplateKey, Variant
 from dpx.steps import OUT
+from dpx.wire import dequantized
 from dpx_torch.flags import OverflowFlags
 from dpx_torch.groups import DpGroups
 from dpx_torch.shims.triton_launch import Launcher
@@ -192,7 +193,7 @@ class Runner:
         values: hashed on every lookup; ``ride``: the counts ride the gather)."""
         return TemplateKey(plan.structure, op._value_, partial, self.rank, device_counts,
                            self.transport_for(device)._value_, wire._value_,
-                           dequantize or wire is Wire.NATIVE, in_place, True, ride)
+                           dequantized(wire, dequantize), in_place, True, ride)
 
     def transport_for(self, device: torch.device | None) -> Transport:
         """The transport of a call on tensors of ``device``: the peer transport for its

@@ -332,6 +332,33 @@ def test_only_a_gather_reads_partial():
     assert checked > 5000, checked
 
 
+def test_dequantize_matters_only_on_a_quantized_wire():
+    """``dequantize=False`` on the native wire is the native gather (one template in a
+    shared cache, the same steps: :func:`dpx.wire.dequantized`); on a quantized wire it
+    keeps the wire rows (no dequantize step, another template). Every copy mode, host and
+    device counts, every rank."""
+    def steps(s):
+        return repr((s.steps, s.scratch, s.notes, s.route, s.wire_bufs))
+
+    for layout, mode in itertools.product([(2, 2), (4, 2), (4, 4)],
+                                          (PaddingMode.MAX_LEN, PaddingMode.GATHERV)):
+        lay = dpx.DpLayout(*layout)
+        plans = [(dpx.plan_step([5, 0, 3, 1][:lay.dp_size], lay, mode=mode), False),
+                 (dpx.plan_step([0] * lay.dp_size, lay, mode=mode, capacity=8), True)]
+        for (plan, device), rank in itertools.product(plans, range(lay.world_size)):
+            cache = dpx.ScheduleCache()
+            native = [build_schedule(plan, Op.GATHER, rank=rank, partial=True, wire="native",
+                                     dequantize=d, device_counts=device, cache=cache)
+                      for d in (True, False)]
+            assert len(cache) == 1 and steps(native[0]) == steps(native[1]), (layout, rank)
+            fp8 = [build_schedule(plan, Op.GATHER, rank=rank, partial=True, wire="fp8",
+                                  dequantize=d, device_counts=device, cache=cache)
+                   for d in (True, False)]
+            assert len(cache) == 3, (layout, rank)
+            kinds = [[type(t).__name__ for t in s.steps] for s in fp8]
+            assert "Dequantize" in kinds[0] and "Dequantize" not in kinds[1], kinds
+
+
 def test_a_world_of_one_rank_calls_no_collective():
     """World 1: every op, mode, transport, wire (kept or dequantized), in-place gather and
     kind of counts holds no backend collective -- each is a copy or nothing
