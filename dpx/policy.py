@@ -25,7 +25,7 @@ ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
                                       PaddingMode.GATHERV)
 
 __all__ = ["ALL_MODES", "compare_modes", "cost_mode", "fits_one_allreduce", "plan_step",
-           "sglang_mode"]
+           "sglang_mode", "sglang_step_mode"]
 
 #: The cost model of ``policy="cost"`` when none is given (immutable).
 DEFAULT_COST_MODEL = CostModel()
@@ -55,6 +55,19 @@ def sglang_mode(aligned: Sequence[int], dp_size: int, is_extend: bool, *,
             f"sglang rule: 2*sum={2 * total} >= dp*max={dp_size * largest} -> MAX_LEN")
     return PaddingMode.SUM_LEN, (
         f"sglang rule: 2*sum={2 * total} < dp*max={dp_size * largest} -> SUM_LEN")
+
+
+def sglang_step_mode(padding: str | None, layout: DpLayout, *, max_padding: bool,
+                     use_gatherv: bool) -> PaddingMode:
+    """The mode dpx runs a step of sglang's in: its padding mode ``padding`` by name
+    (``"MAX_LEN"`` / ``"SUM_LEN"``; None: the forward's recorded one, MAX_LEN when
+    ``max_padding``), SUM_LEN as GATHERV where sglang's variable all-gather runs
+    (``use_gatherv``, attn-tp 1 and no CP)."""
+    if padding is None:
+        padding = "MAX_LEN" if max_padding else "SUM_LEN"
+    mode = PaddingMode[padding]
+    gatherv = use_gatherv and layout.attn_tp_size == 1 and layout.cp_size == 1
+    return PaddingMode.GATHERV if mode is PaddingMode.SUM_LEN and gatherv else mode
 
 
 def fits_one_allreduce(counts: Sequence[int], dp_size: int, allreduce_bytes: int | None,

@@ -25,7 +25,7 @@ from dpx.geometry import equal_slots
 from dpx.layout import DpLayout
 from dpx.modes import Op, PaddingMode, Wire
 from dpx.plan import DpPlan
-from dpx.policy import fits_one_allreduce, sglang_mode
+from dpx.policy import fits_one_allreduce, sglang_mode, sglang_step_mode
 from dpx.wire import check_wire, check_wire_scale
 from dpx_torch.comm import DpComm
 from dpx_torch.lifecycle import end_groups
@@ -127,9 +127,6 @@ class DpAttention:
         self.dtype = dtype
         self.device = torch.device(device)
         self.use_gatherv = bool(use_gatherv)
-        # sglang runs its variable all-gather only without attn-tp and CP
-        self._gatherv = (self.use_gatherv and self.layout.attn_tp_size == 1
-                         and self.layout.cp_size == 1)
         self.max_len_with_idle = bool(max_len_with_idle)
         self.sum_len_allreduce_bytes = (None if sum_len_allreduce_bytes is None else
                                         check_int("sum_len_allreduce_bytes",
@@ -267,12 +264,11 @@ class DpAttention:
 
     # ------------------------------------------------------------ plans
     def _mode(self, padding: DpPaddingMode | None) -> PaddingMode:
-        """The dpx mode of a step in sglang's ``padding`` mode (None: the recorded one):
-        SUM_LEN runs GATHERV where sglang's ``SGLANG_DP_USE_GATHERV`` would."""
-        if padding is None:
-            padding = DpPaddingMode.MAX_LEN if self.plans.max_padding else DpPaddingMode.SUM_LEN
-        mode = PaddingMode[DpPaddingMode(padding).name]
-        return PaddingMode.GATHERV if mode is PaddingMode.SUM_LEN and self._gatherv else mode
+        """The dpx mode of a step in sglang's ``padding`` mode (None: the recorded one;
+        :func:`dpx.policy.sglang_step_mode`)."""
+        return sglang_step_mode(None if padding is None else DpPaddingMode(padding).name,
+                                self.layout, max_padding=self.plans.max_padding,
+                                use_gatherv=self.use_gatherv)
 
     def plan_of(self, forward_batch: Any, cp_shard_counts: Sequence[int] | None = None
                 ) -> tuple[DpPlan, torch.Tensor | None]:
