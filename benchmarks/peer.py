@@ -138,8 +138,7 @@ def kernels(H: int) -> list[dict]:
                 "stage_fp8": cuda_time_us(lambda: wstage(wire, firsts, lens, None)),
                 "pull_sum_fp8": cuda_time_us(lambda: wpull(part, firsts, lens)),
             }
-            # bytes read + written: the put reads its chunk once per destination (from L2
-            # after the first) and writes it W times
+            # bytes read + written: the put reads its chunk once and writes it W times
             moved = {"put": n * rb + W * n * rb, "take": 2 * G * rb, "stage": 2 * G * rb,
                      "pull_sum": W * n * rb + n * rb, "quantize": G * rb + G * wrb,
                      "stage_fp8": 2 * G * wrb, "pull_sum_fp8": W * n * wrb + n * rb}

@@ -98,7 +98,7 @@ class CudaPeerPasses(PeerPasses):
         if block * width == 0 and not report:
             return _nothing
         lt = L.peer_put_launch(mode, block, width, dtype.itemsize, self.world,
-                               self.mem.layout.epoch, report=report)
+                               self.mem.layout.epoch, report=report, src_step=src_step)
         i32 = torch.int32
         k = self._bind(lt, (dtype, torch.int64, i32, i32, i32)).tensors
         grid, table, dummy = lt.grid, self.mem.table, self.dummy
@@ -133,13 +133,13 @@ class CudaPeerPasses(PeerPasses):
         lay, i32, table = self.mem.layout, torch.int32, self.mem.table
         if wire is Wire.NATIVE:
             lt = L.peer_sum_launch(out_rows, width, _name(dtype), dtype.itemsize, self.world,
-                                   lay.epoch, compiled=True)
+                                   lay.epoch, compiled=self.device.type == "cuda")
             k = self._bind(lt, (torch.int64, i32, i32, dtype)).tensors
             ints = (self.me, out_rows, self.ws_rows(width, dtype.itemsize), lay.data,
                     lay.stride)
         else:
             lt = L.peer_wire_sum_launch(wire, out_rows, width, _name(dtype), self.world,
-                                        lay.epoch, compiled=True)
+                                        lay.epoch, compiled=self.device.type == "cuda")
             k = self._bind(lt, (torch.int64, i32, i32, dtype)).tensors
             rb = lt.consts["ROW_BYTES"]
             ints = (self.me, out_rows, lay.phase_bytes // rb, lay.data, lay.stride,

@@ -305,15 +305,19 @@ PEER_INT_KIND = 3
 
 
 def peer_put_launch(mode: int, block: int, width: int, itemsize: int, world: int,
-                    epoch: int, *, report: bool = False) -> Launch:
+                    epoch: int, *, report: bool = False, src_step: int = 0) -> Launch:
     """:func:`~dpx.kernels.peer.peer_put_kernel` of entries of at most ``block`` rows of
     ``width`` elements (runtime arguments: source, table, firsts, lens, count, then the
-    ints of its signature)."""
+    ints of its signature); ``src_step``: the blocks mode's (0: an all-gather). Where every
+    rank receives the same rows (the chunk mode, an all-gather of blocks), one entry writes
+    each tile it reads into every workspace (``FAN``)."""
     block_r, block_c, warps = row_blocks(width, tile_for(block, width, itemsize))
+    fan = mode == PEER_CHUNK or (mode == PEER_BLOCKS and src_step == 0)
     # (at least one program an entry: an empty block still carries its report)
     return Launch(_peer.peer_put_kernel,
-                  (world * max(-(-block // block_r), 1), max(-(-width // block_c), 1)), warps,
-                  dict(WIDTH=width, W=world, MODE=mode, REPORT=report, EPOCH=epoch,
+                  ((1 if fan else world) * max(-(-block // block_r), 1),
+                   max(-(-width // block_c), 1)), warps,
+                  dict(WIDTH=width, W=world, MODE=mode, REPORT=report, FAN=fan, EPOCH=epoch,
                        BLOCK_R=block_r, BLOCK_C=block_c), (0, 1, 2, 3, 4))
 
 

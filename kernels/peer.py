@@ -38,7 +38,8 @@ and chunk tables are int32 in device memory (CUDA-graph replayable with new coun
   rows dequantized by :func:`~dpx.kernels.combine.wire_block_values`), integers in their
   dtype -- and 0 from ``lens[me]`` to ``out_rows``.
 
-Grids: put ``(W * cdiv(block, BLOCK_R), cdiv(WIDTH, BLOCK_C))``; take and sum
+Grids: put ``(E * cdiv(block, BLOCK_R), cdiv(WIDTH, BLOCK_C))``, ``E`` entries (``W``, or 1
+where every rank receives the same rows, ``FAN``); take and sum
 ``(cdiv(out_rows, BLOCK_R), cdiv(WIDTH, BLOCK_C))``; the wire sum ``(cdiv(out_rows * H /
 GS, BLOCK_B),)``; the barrier ``(1,)``.
 """
@@ -83,19 +84,23 @@ def phase_offset(table_ptr, me, data, stride, EPOCH: tl.constexpr, AFTER: tl.con
 def peer_put_kernel(src_ptr, table_ptr, firsts_ptr, lens_ptr, count_ptr, me, block, src_step,
                     src_rows, ws_rows, data, stride, header, WIDTH: tl.constexpr,
                     W: tl.constexpr, MODE: tl.constexpr, REPORT: tl.constexpr,
-                    EPOCH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                    FAN: tl.constexpr, EPOCH: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_C: tl.constexpr):
     """Rows of ``src [src_rows, WIDTH]`` into the ranks' workspaces, before the barrier
     (``MODE``: see the module docstring). Entry ``k = program_id(0) // cdiv(block,
     BLOCK_R)``: its destination rank, first source row, rows (at most ``block``) and first
-    destination row."""
+    destination row. ``FAN`` (every rank receives the same rows at the same place: the
+    chunk mode, and the blocks mode with ``src_step`` 0): one entry, whose tile is read
+    once and written into every rank's workspace, each program starting at another rank."""
     tiles = tl.maximum(tl.cdiv(block, BLOCK_R), 1)
     pid = tl.program_id(0)
-    k = pid // tiles
-    j = (pid % tiles).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    k = 0 if FAN else pid // tiles
+    tile = pid if FAN else pid % tiles
+    j = tile.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     cols = block_index(1, BLOCK_C, True)
     if MODE == 0:
         dest = k
-        s0 = tl.zeros([], tl.int64)
+        s0 = tl.full([], 0, tl.int64)
         n = tl.load(lens_ptr + me).to(tl.int64)
         d0 = tl.load(firsts_ptr + me).to(tl.int64)
     elif MODE == 1:
@@ -105,8 +110,8 @@ def peer_put_kernel(src_ptr, table_ptr, firsts_ptr, lens_ptr, count_ptr, me, blo
         d0 = s0
     else:
         dest = k
-        s0 = k.to(tl.int64) * src_step
-        n = tl.zeros([], tl.int64) + block
+        s0 = k * src_step.to(tl.int64)
+        n = tl.full([], 0, tl.int64) + block
         d0 = me.to(tl.int64) * block
     n = tl.minimum(n, block)
     s = s0 + j
@@ -116,12 +121,13 @@ def peer_put_kernel(src_ptr, table_ptr, firsts_ptr, lens_ptr, count_ptr, me, blo
     mask = ok[:, None] & col_ok[None, :]
     vals = tl.load(src_ptr + s[:, None] * WIDTH + cols[None, :], mask=mask)
     off = phase_offset(table_ptr, me, data, stride, EPOCH, False)
-    rows_ptr = (peer_base(table_ptr, dest) + off).to(src_ptr.dtype)
-    tl.store(rows_ptr + d[:, None] * WIDTH + cols[None, :], vals, mask=mask)
-    if REPORT:
-        if (pid % tiles == 0) & (tl.program_id(1) == 0):
-            hdr = (peer_base(table_ptr, dest) + off - header).to(tl.pointer_type(tl.int32))
-            tl.store(hdr + me, tl.load(count_ptr))
+    first = (tile == 0) & (tl.program_id(1) == 0)   # the entry's program that reports
+    for i in range(W if FAN else 1):
+        base = peer_base(table_ptr, (tile + i) % W if FAN else dest) + off
+        tl.store(base.to(src_ptr.dtype) + d[:, None] * WIDTH + cols[None, :], vals, mask=mask)
+        if REPORT:
+            if first:
+                tl.store((base - header).to(tl.pointer_type(tl.int32)) + me, tl.load(count_ptr))
 
 
 @triton.jit(do_not_specialize=["me", "timeout_ns"])
@@ -138,17 +144,17 @@ def peer_barrier_kernel(table_ptr, me, timeout_ns, W: tl.constexpr, BLOCK_W: tl.
     bases = tl.load(table_ptr + p, mask=live, other=0)
     # this rank's arrival, written into its flag in every workspace (its own included)
     flags_at = (bases + me.to(tl.int64) * 8).to(tl.pointer_type(tl.int64))
-    tl.atomic_xchg(flags_at, tl.zeros([BLOCK_W], tl.int64) + epoch, mask=live, sem="release",
+    tl.atomic_xchg(flags_at, tl.full([BLOCK_W], 0, tl.int64) + epoch, mask=live, sem="release",
                    scope="sys")
     own = mine.to(tl.pointer_type(tl.int64)) + p
-    seen = tl.atomic_add(own, tl.zeros([BLOCK_W], tl.int64), mask=live, sem="acquire",
+    seen = tl.atomic_add(own, tl.full([BLOCK_W], 0, tl.int64), mask=live, sem="acquire",
                          scope="sys")
     missing = live & (seen < epoch)
     failed = tl.load(err_ptr, volatile=True) != 0
     t0 = tl.max(globaltimer(p), 0)
     waiting = (tl.max(missing.to(tl.int32), 0) > 0) & (failed == 0)
     while waiting:
-        seen = tl.atomic_add(own, tl.zeros([BLOCK_W], tl.int64), mask=live, sem="acquire",
+        seen = tl.atomic_add(own, tl.full([BLOCK_W], 0, tl.int64), mask=live, sem="acquire",
                              scope="sys")
         missing = live & (seen < epoch)
         elapsed = tl.max(globaltimer(p), 0) - t0
@@ -171,7 +177,7 @@ def peer_take_kernel(table_ptr, firsts_ptr, lens_ptr, reports_ptr, me, block, ou
     off = phase_offset(table_ptr, me, data, stride, EPOCH, True)
     base = peer_base(table_ptr, me) + off
     if MODE == 0:
-        real = tl.zeros([BLOCK_R], tl.int1)
+        real = tl.full([BLOCK_R], 0, tl.int1)
         for r in range(0, W):
             first = tl.load(firsts_ptr + r).to(tl.int64)
             length = tl.minimum(tl.load(lens_ptr + r).to(tl.int64), block)
@@ -210,9 +216,9 @@ def peer_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows, data
     offs = src[:, None] * WIDTH + cols[None, :]
     off = phase_offset(table_ptr, me, data, stride, EPOCH, True)
     if KIND == 3:
-        acc = tl.zeros([BLOCK_R, BLOCK_C], out_ptr.dtype.element_ty)
+        acc = tl.full([BLOCK_R, BLOCK_C], 0, out_ptr.dtype.element_ty)
     else:
-        acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+        acc = tl.full([BLOCK_R, BLOCK_C], 0, tl.float32)
     for p in tl.static_range(W):
         v = tl.load((peer_base(table_ptr, p) + off).to(out_ptr.dtype) + offs, mask=mask,
                     other=0)

@@ -112,9 +112,10 @@ def peer_cases(world: int = 8) -> list[tuple]:
     H, ep = 7168, 8 * world
     tab = {"table_ptr": "*i64", "firsts_ptr": "*i32", "lens_ptr": "*i32"}
     out = []
-    for mode, name in ((L.PEER_CHUNK, "chunk"), (L.PEER_STAGE, "stage"),
-                       (L.PEER_BLOCKS, "blocks")):
-        lt = L.peer_put_launch(mode, 64, H, 2, world, ep, report=mode == L.PEER_BLOCKS)
+    for mode, name, step in ((L.PEER_CHUNK, "chunk", 0), (L.PEER_STAGE, "stage", 0),
+                             (L.PEER_BLOCKS, "blocks", 0), (L.PEER_BLOCKS, "all_to_all", 64)):
+        lt = L.peer_put_launch(mode, 64, H, 2, world, ep, report=mode == L.PEER_BLOCKS,
+                               src_step=step)
         out.append(_case(f"peer put {name}", lt.kernel,
                          dict(tab, src_ptr="*bf16", count_ptr="*i32"), lt.consts, lt.warps))
     lt = L.peer_barrier_launch(world, ep)

@@ -336,3 +336,109 @@ def test_peer_kernels_compile_for_sm90():
             assert "%globaltimer" in ptx and ".sys" in ptx and "release" in ptx, ptx[-2000:]
         if name.startswith("peer sum"):
             assert "add.rn.f32" in ptx, name
+
+
+class _Workspaces:
+    """``W`` workspaces in this process on the CPU, seen from rank ``rank`` (what the peer
+    passes read of a :class:`dpx_torch.peer_memory.PeerMemory`)."""
+
+    def __init__(self, layout, rank, bufs):
+        import numpy as np
+        import torch
+
+        self.layout, self.rank, self.device = layout, rank, torch.device("cpu")
+        self.views = bufs
+        self.error = np.zeros(1, np.int64)
+        self.table = torch.tensor([b.data_ptr() for b in bufs] + [self.error.ctypes.data],
+                                  dtype=torch.int64)
+
+
+def test_peer_kernels_in_the_interpreter_give_the_host_passes_bytes():
+    """The peer kernels (:mod:`dpx.kernels.peer`, as :class:`CudaPeerPasses` binds them)
+    run by Triton's interpreter on CPU workspaces, against the torch ops of
+    :class:`HostPeerPasses` on a copy of the same bytes: every put mode (the chunk put
+    and an all-gather of blocks writing each tile into every workspace, the stage, an
+    all-to-all of blocks; reports), the take's modes, the native sum (float and integer
+    dtypes) and the fp8 / nvfp4 / mxfp4 wire sums, with chunk tables that reach past the
+    block, the source and the phase. Every byte of every workspace, output and report."""
+    pytest.importorskip("triton")
+    import random
+
+    import torch
+
+    from dpx.kernels import launch as L
+    from dpx.wire import wire_row_bytes
+    from dpx_torch.peer_passes import CudaPeerPasses, HostPeerPasses
+    from dpx_torch.shims.triton_launch import Launcher
+
+    rng = random.Random(11)
+    gen = torch.Generator().manual_seed(11)
+    launcher = Launcher()
+
+    def same(a, b):
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+    def rand(shape, dtype):
+        if dtype.is_floating_point:
+            return (torch.randn(shape, generator=gen) * 40).to(dtype)
+        return torch.randint(0, 100, shape, generator=gen).to(dtype)
+
+    puts = takes = sums = 0
+    for case in range(36):
+        W, block = rng.choice([1, 2, 3, 4, 5]), rng.choice([1, 3, 8])
+        me = rng.randrange(W)
+        wire = rng.choice([dpx.Wire.NATIVE] * 2 + [dpx.Wire.FP8, dpx.Wire.NVFP4,
+                                                    dpx.Wire.MXFP4])
+        native = wire is dpx.Wire.NATIVE
+        width = rng.choice([1, 24, 130]) if native else 128
+        dtype = rng.choice([torch.float32, torch.bfloat16, torch.float16] +
+                           ([torch.int32, torch.uint8] if native else []))
+        rb = width * dtype.itemsize if native else wire_row_bytes(width, wire)
+        rows = W * block + rng.choice([0, 3])
+        layout = dpx.PeerLayout(W, rows * max(rb, width * dtype.itemsize))
+        base = [torch.randint(0, 256, (layout.total_bytes,), dtype=torch.uint8, generator=gen)
+                for _ in range(W)]
+        epoch = rng.randrange(4)
+        for b in base:
+            b[:layout.ctrl].zero_()
+            b[layout.epoch:layout.epoch + 8].view(torch.int64)[0] = epoch
+        A, B = [b.clone() for b in base], [b.clone() for b in base]
+        kern = CudaPeerPasses(_Workspaces(layout, me, A), 2.0, launcher)
+        host = HostPeerPasses(_Workspaces(layout, me, B), 2.0)
+        firsts = torch.tensor([rng.randint(-2, rows) for _ in range(W)], dtype=torch.int32)
+        lens = torch.tensor([rng.randint(0, block + 2) for _ in range(W)], dtype=torch.int32)
+        count = torch.tensor([rng.randint(0, 99)], dtype=torch.int32)
+        # puts: every mode, into the next phase
+        for mode, step, report in ((L.PEER_CHUNK, 0, False), (L.PEER_STAGE, 0, False),
+                                   (L.PEER_BLOCKS, 0, True), (L.PEER_BLOCKS, block, False)):
+            src_rows = rng.choice([block, W * block, rows, 2])
+            src = rand((src_rows, width), dtype)
+            for p in (kern, host):
+                p.bind_put(mode, src_rows, block, width, dtype, src_step=step,
+                           report=report)(src, firsts, lens, count if report else None)
+            assert all(same(a, b) for a, b in zip(A, B)), (case, W, me, mode, step, dtype)
+            puts += 1
+        # takes: from this phase
+        for mode, report in ((L.PEER_CHUNK, False), (L.PEER_BLOCKS, True)):
+            out_rows = W * block if mode == L.PEER_BLOCKS else rows
+            outs = [torch.full((out_rows, width), 7, dtype=dtype) for _ in range(2)]
+            reps = [torch.full((W,), -1, dtype=torch.int32) for _ in range(2)]
+            for p, out, rep in zip((kern, host), outs, reps):
+                p.bind_take(mode, out_rows, block, width, dtype, report=report)(
+                    out, firsts, lens, rep if report else None)
+            assert same(*outs) and same(*reps), (case, W, me, mode, dtype)
+            takes += 1
+        # a combine's pull and sum (wire rows: every scale byte a quantize writes)
+        if not dtype.is_floating_point and not native:
+            continue
+        if wire is dpx.Wire.NVFP4:   # (the sign bit of a scale byte is never written)
+            start = layout.data + (epoch & 1) * layout.stride
+            for v in A + B:
+                v[start:start + layout.phase_bytes // rb * rb].view(-1, rb)[:, width // 2:] &= 0x7F
+        outs = [torch.full((block, width), 7, dtype=dtype) for _ in range(2)]
+        g = 0.37 if wire is dpx.Wire.NVFP4 else None
+        for p, out in zip((kern, host), outs):
+            p.bind_sum(block, width, dtype, wire, g)(out, firsts, lens)
+        assert same(*outs), (case, W, me, wire, dtype)
+        sums += 1
+    assert puts == 4 * 36 and takes == 2 * 36 and sums > 20, (puts, takes, sums)
