@@ -220,7 +220,7 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
                 exact=False)
     out = _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows, wire, dequantize,
                 axes, g)
-    return split_wire(out, wire) if wire is not Wire.NATIVE and not dequantize else out
+    return out if W.dequantized(wire, dequantize) else split_wire(out, wire)
 
 
 def gather_with_counts(local: jax.Array, plan: DpPlan, *, partial: bool, n_local: jax.Array,
@@ -246,7 +246,7 @@ def gather_with_counts(local: jax.Array, plan: DpPlan, *, partial: bool, n_local
                 exact=False)
     out, counts = _call(local, plan, Op.GATHER, partial, jnp.reshape(n_local, (1,)), impl,
                         plan.global_rows, wire, dequantize, axes, g, ride=True)
-    if wire is not Wire.NATIVE and not dequantize:
+    if not W.dequantized(wire, dequantize):
         out = split_wire(out, wire)
     lay = plan.layout
     return out, counts.reshape(lay.dp_size, lay.cp_size) if shards else counts

@@ -91,7 +91,8 @@ def peer_put_kernel(src_ptr, table_ptr, firsts_ptr, lens_ptr, count_ptr, me, blo
     BLOCK_R)``: its destination rank, first source row, rows (at most ``block``) and first
     destination row. ``FAN`` (every rank receives the same rows at the same place: the
     chunk mode, and the blocks mode with ``src_step`` 0): one entry, whose tile is read
-    once and written into every rank's workspace, each program starting at another rank."""
+    once and written into every rank's workspace, starting at rank ``(me + tile) % W`` (the
+    ranks' and the tiles' programs spread over the destinations)."""
     tiles = tl.maximum(tl.cdiv(block, BLOCK_R), 1)
     pid = tl.program_id(0)
     k = 0 if FAN else pid // tiles
@@ -122,12 +123,14 @@ def peer_put_kernel(src_ptr, table_ptr, firsts_ptr, lens_ptr, count_ptr, me, blo
     vals = tl.load(src_ptr + s[:, None] * WIDTH + cols[None, :], mask=mask)
     off = phase_offset(table_ptr, me, data, stride, EPOCH, False)
     first = (tile == 0) & (tl.program_id(1) == 0)   # the entry's program that reports
+    if REPORT:
+        count = tl.load(count_ptr)
     for i in range(W if FAN else 1):
-        base = peer_base(table_ptr, (tile + i) % W if FAN else dest) + off
+        base = peer_base(table_ptr, (me + tile + i) % W if FAN else dest) + off
         tl.store(base.to(src_ptr.dtype) + d[:, None] * WIDTH + cols[None, :], vals, mask=mask)
         if REPORT:
             if first:
-                tl.store((base - header).to(tl.pointer_type(tl.int32)) + me, tl.load(count_ptr))
+                tl.store((base - header).to(tl.pointer_type(tl.int32)) + me, count)
 
 
 @triton.jit(do_not_specialize=["me", "timeout_ns"])

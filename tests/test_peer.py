@@ -385,12 +385,12 @@ def test_peer_kernels_in_the_interpreter_give_the_host_passes_bytes():
 
     puts = takes = sums = 0
     for case in range(36):
-        W, block = rng.choice([1, 2, 3, 4, 5]), rng.choice([1, 3, 8])
+        W, block = rng.choice([1, 2, 3, 4, 5]), rng.choice([1, 3, 8, 40])
         me = rng.randrange(W)
         wire = rng.choice([dpx.Wire.NATIVE] * 2 + [dpx.Wire.FP8, dpx.Wire.NVFP4,
                                                     dpx.Wire.MXFP4])
         native = wire is dpx.Wire.NATIVE
-        width = rng.choice([1, 24, 130]) if native else 128
+        width = rng.choice([1, 24, 130, 2100]) if native else 128   # (1-3 column tiles)
         dtype = rng.choice([torch.float32, torch.bfloat16, torch.float16] +
                            ([torch.int32, torch.uint8] if native else []))
         rb = width * dtype.itemsize if native else wire_row_bytes(width, wire)
@@ -410,7 +410,7 @@ def test_peer_kernels_in_the_interpreter_give_the_host_passes_bytes():
         count = torch.tensor([rng.randint(0, 99)], dtype=torch.int32)
         # puts: every mode, into the next phase
         for mode, step, report in ((L.PEER_CHUNK, 0, False), (L.PEER_STAGE, 0, False),
-                                   (L.PEER_BLOCKS, 0, True), (L.PEER_BLOCKS, block, False)):
+                                   (L.PEER_BLOCKS, 0, True), (L.PEER_BLOCKS, block, case % 2 == 1)):
             src_rows = rng.choice([block, W * block, rows, 2])
             src = rand((src_rows, width), dtype)
             for p in (kern, host):
