@@ -1,11 +1,13 @@
 """Long round-trip fuzz run (a script, not part of CI):
 
-    python tests/fuzz_long.py --plans 10000 [--seed S]
+    python tests/fuzz_long.py --plans 10000 [--seed S] [--transports per_root,peer]
 
 Draws random cases (tests/fuzz_cases.py) for gloo worlds of 2, 3 and 4 ranks and every
-layout they allow, runs gather / scatter / reduce_scatter on every rank and compares each
-with the NumPy reference; then runs JAX capacity plans on 8 simulated CPU devices with
-random counts. Prints the number of plans checked and any failure.
+layout they allow, runs gather / scatter / reduce_scatter on every rank on each transport
+(``per_root``: torch.distributed's collectives; ``peer``: puts and pulls in host shared
+memory) and compares each with the NumPy reference; then runs JAX capacity plans on 8
+simulated CPU devices with random counts. Prints the number of plans checked and any
+failure.
 
 Each run draws a new seed (from the OS) unless ``--seed`` is given, prints it first, and on
 a failure prints the seed to rerun with (``--seed S`` replays the same cases).
@@ -27,6 +29,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=10000)
     ap.add_argument("--jax-plans", type=int, default=2000)
+    ap.add_argument("--transports", default="per_root,peer",
+                    help="the torch transports to run every case on (comma-separated)")
     ap.add_argument("--seed", type=int, default=None,
                     help="replay a run (default: a new seed from the OS, printed)")
     args = ap.parse_args()
@@ -36,7 +40,8 @@ def main() -> int:
         return _run(args, seed)
     except BaseException:
         print(f"FAILED: rerun with python tests/fuzz_long.py --plans {args.plans} "
-              f"--jax-plans {args.jax_plans} --seed {seed}", flush=True)
+              f"--jax-plans {args.jax_plans} --transports {args.transports} --seed {seed}",
+              flush=True)
         raise
 
 
@@ -58,18 +63,21 @@ def _run(args: argparse.Namespace, seed: int) -> int:
     for world in (2, 3, 4):
         w = GlooWorld(world, tmp / f"w{world}")
         try:
-            for layout in [l for l in layouts if l[0] == world]:
-                left = per_layout
-                while left > 0:
-                    n = min(100, left)
-                    cp = layout[2] if len(layout) > 2 else 1
-                    cases = _draw(st.lists(case_for(layout[1], cp), min_size=n, max_size=n),
-                                  rng)
-                    w.run("torch_jobs:check_cases", layout, cases, timeout=600)
-                    left -= n
-                    done += n
-                print(f"torch/gloo {layout}: {per_layout} plans ok "
-                      f"({done} total, {time.time() - t0:.0f} s)", flush=True)
+            for transport in args.transports.split(","):
+                chosen = w.run("torch_jobs:use_transport", transport)
+                assert all(c.split()[0].strip(":") == transport for c in chosen), chosen
+                for layout in [l for l in layouts if l[0] == world]:
+                    left = per_layout
+                    while left > 0:
+                        n = min(100, left)
+                        cp = layout[2] if len(layout) > 2 else 1
+                        cases = _draw(st.lists(case_for(layout[1], cp), min_size=n,
+                                               max_size=n), rng)
+                        w.run("torch_jobs:check_cases", layout, cases, timeout=600)
+                        left -= n
+                        done += n
+                    print(f"torch/gloo {transport} {layout}: {per_layout} plans ok "
+                          f"({done} total, {time.time() - t0:.0f} s)", flush=True)
         finally:
             w.close()
 
