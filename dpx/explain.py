@@ -131,7 +131,8 @@ def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
     if transport is Transport.PEER:
         out.extend(peer_lines(plan, hidden, itemsize, Wire.parse(wire), ranks))
     counts = "device counts (priced at the plan's counts)" if device_counts else "host counts"
-    out.append(f"schedules ({counts}):")
+    out.append(f"schedules ({counts}; a collective 'sends' the cost model's bytes a rank, "
+               f"a variable one's the ranks' mean):")
     for r in range(lay.world_size) if ranks is None else ranks:
         out.extend(schedule_lines(plan, r, row_bytes=row_bytes, cost_model=model,
                                   transport=transport, device_counts=device_counts,

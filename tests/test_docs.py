@@ -110,3 +110,44 @@ def test_main_job_runs():
     assert res.stdout.count("RESULT: all steps match the dense reference") == 2
     assert res.stdout.count("gathered buffers bitwise equal: True") == 2
     assert "cp=2" in res.stdout and "MISMATCH" not in res.stdout
+
+
+def _slug(heading: str) -> str:
+    """A Markdown heading's anchor as GitHub makes it: lower case, every character but
+    letters, digits, spaces, hyphens and underscores dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(doc: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out, fenced = set(), False
+    for line in doc.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        m = None if fenced else re.match(r"#+\s+(.*)", line)
+        if m:
+            s = _slug(m.group(1))
+            out.add(s if s not in seen else f"{s}-{seen[s]}")
+            seen[s] = seen.get(s, 0) + 1
+    return out
+
+
+def test_markdown_links_resolve():
+    """Every relative link of the README, docs/ and benchmarks/README.md names a file that
+    exists, and its ``#anchor`` a heading of that file."""
+    docs = [*DOCS, ROOT / "benchmarks" / "README.md"]
+    links, broken = 0, []
+    for doc in docs:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            links += 1
+            path, _, anchor = target.partition("#")
+            dest = (doc.parent / path).resolve() if path else doc
+            if not dest.exists():
+                broken.append((doc.name, target, "no such file"))
+            elif anchor and (dest.suffix != ".md" or anchor not in _anchors(dest)):
+                broken.append((doc.name, target, "no such heading"))
+    assert links >= 5, links
+    assert not broken, broken
