@@ -10,7 +10,8 @@ sweep: layouts of worlds 1-8 with every dp and cp that divides them, six count v
 each (idle replicas, CP shard tables), every mode, with and without a capacity (host and
 device counts), and every op x transport x rank (and the symbolic rank) x partial x wire
 (native, fp8, nvfp4; kept or dequantized) x in-place x known input rows. Not a test: it
-takes about 5 minutes on the 2-core CPU machine (``--quick``: worlds up to 4, about a minute).
+takes about 10 minutes on the 2-core CPU machine (``--quick``: worlds up to 4, about 2
+minutes).
 """
 
 from __future__ import annotations
