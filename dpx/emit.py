@@ -12,6 +12,7 @@ from typing import Any, Callable
 from dpx import expr as X
 from dpx import values as V
 from dpx.counts import CountRule
+from dpx.extents import first_copy
 from dpx.fold import fold_copies
 from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
@@ -231,9 +232,8 @@ class Emitter:
         g, r = self.geo, self.rank
         G = g.global_rows
         # one rank of each group of identical copies writes; partial sums all write
-        writes = 1 if self.partial else X.eq(r.tp, 0)
-        if not g.sharded and not self.sum_replica:
-            writes = X.mul(writes, X.eq(r.cp, 0))
+        writes = first_copy(g.layout, self.op, partial=self.partial, sharded=g.sharded,
+                            rank=r)
         start, count = g.rows_start(r.dp, r.cp), X.mul(g.held(r.dp, r.cp), writes)
         if self.in_place:  # the caller's rows are there already: zero the rest
             self.steps.append(Zero(Ref(OUT), G, start, count))

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.geometry import geometry
 from dpx.ints import INTS
 from dpx.modes import Op, PaddingMode
 from dpx.plan import DpPlan
-from dpx.routes import symbolic_geometry
+from dpx.layout import DpLayout
+from dpx.routes import RankRef, symbolic_geometry
 
-__all__ = ["held_rows", "local_rows", "op_rows", "OpRows", "real_ranges"]
+__all__ = ["first_copy", "held_rows", "local_rows", "op_rows", "OpRows", "real_ranges"]
 
 
 class OpRows(NamedTuple):
@@ -46,6 +48,25 @@ def held_rows(plan: DpPlan, rank: int, counts: tuple[int, ...] | None = None) ->
         return (plan.num_tokens if counts is None else counts)[c.attn_dp_rank]
     leaf = plan.leaf_counts if counts is None else counts
     return leaf[c.attn_dp_rank * plan.layout.cp_size + c.attn_cp_rank]
+
+
+def first_copy(layout: DpLayout, op: Op, *, partial: bool, sharded: bool,
+               rank: RankRef) -> Any:
+    """1 where ``rank``'s input rows are the copy ``op`` reads, else 0 (an int for a known
+    rank, an expression over the coordinates for a symbolic one). A gather's input rows are
+    copies of one value on the ranks of a replica: over attn-tp when not ``partial``, over
+    CP unless the plan shards its rows over the CP ranks. The op reads the first copy
+    (attn-tp rank 0, CP rank 0); every other op's, and a partial gather's attn-tp ranks'
+    and a gather_sum's every rank's rows are their own. The emitters write the first
+    copy alone where a route would otherwise add the copies (the summed slots), and
+    ``dpx_jax`` gives it the gradient of the value (docs/semantics.md, "Adjoints and
+    gradients")."""
+    keep: Any = 1
+    if op is Op.GATHER and not partial and layout.attn_tp_size > 1:
+        keep = X.eq(rank.tp, 0)
+    if op is Op.GATHER and not sharded and layout.cp_size > 1:
+        keep = X.mul(keep, X.eq(rank.cp, 0))
+    return keep
 
 
 def op_rows(plan: DpPlan, op: Op, rank: int | None, *, device_counts: bool) -> OpRows:

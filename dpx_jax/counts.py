@@ -16,8 +16,10 @@ def check_n_local(n_local: object) -> None:
     """A device's own count: one integer."""
     if not hasattr(n_local, "dtype") or not jnp.issubdtype(n_local.dtype, jnp.integer) \
             or n_local.size != 1:
-        raise DpxTypeError(f"n_local must be one integer per device, got "
-                           f"{getattr(n_local, 'shape', n_local)!r}")
+        got = (f"shape {tuple(n_local.shape)} dtype {n_local.dtype}"
+               if hasattr(n_local, "dtype") and hasattr(n_local, "shape") else repr(n_local))
+        raise DpxTypeError(f"n_local must be one integer per device (an integer array of "
+                           f"one element), got {got}")
 
 
 def exchange_counts(n_local: jax.Array, *, shards: bool = False,

@@ -31,14 +31,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpx import values as V
 from dpx import wire as W
 from dpx.errors import DpxTypeError, DpxValueError
-from dpx.extents import op_rows
+from dpx.extents import first_copy, op_rows
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
+from dpx.routes import symbolic_rank
 from dpx.schedule import build_schedule, check_ride
 from dpx_jax.counts import check_n_local
-from dpx_jax.interpreter import run_schedule
+from dpx_jax.interpreter import JaxValues, run_schedule
 from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.rows import Impl, match_vma, on_gpu, resolve_impl, vary_over
 from dpx_jax.wire import split_wire
@@ -106,9 +108,18 @@ def _run_fwd(x, counts, spec):
 def _run_bwd(spec, res, g):
     counts, like = res
     adj = spec.adjoint()
-    grad = match_vma(run_schedule(adj.schedule(), vary_over(g, adj.axes.world), counts,
-                                  adj.impl, adj.axes), like)
-    return grad, None if counts is None else np.zeros(counts.shape, jax.dtypes.float0)
+    grad = run_schedule(adj.schedule(), vary_over(g, adj.axes.world), counts, adj.impl,
+                        adj.axes)
+    # copies of one value (a gather's attn-tp or CP copies): the first copy, the one the
+    # op reads, takes the value's gradient; JAX sums the copies' cotangents wherever they
+    # come from one value (a replicated weight, a psum), so each counts once
+    keep = first_copy(spec.plan.layout, spec.op, partial=spec.partial,
+                      sharded=spec.plan.sharded, rank=symbolic_rank())
+    if not isinstance(keep, int):
+        grad = jnp.where(V.evaluate(keep, JaxValues(None, spec.axes)) != 0, grad,
+                         jnp.zeros_like(grad))
+    return (match_vma(grad, like),
+            None if counts is None else np.zeros(counts.shape, jax.dtypes.float0))
 
 
 _run.defvjp(_run_fwd, _run_bwd)
@@ -177,10 +188,13 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
     """Per device ``local [>= rows, H...] -> [plan.global_rows, H...]`` (see module doc).
 
     Slot d row ``j < n_d`` holds the sum over replica d's attn-tp ranks of ``local[j]``
-    (``partial``) or the one value they all hold (each contributes its own block of it);
-    every other row is zero. Gradients: both give every attn-tp rank the whole slot's
-    gradient (``reduce_scatter`` of the cotangent): the adjoint of the partial sum, and
-    the gradient of the one replicated value.
+    (``partial``) or the one value they all hold (the first copy's; the routes may read
+    each rank's own block of it); every other row is zero. Gradients (``reduce_scatter``
+    of the cotangent): ``partial`` gives every attn-tp rank the slot's gradient (the
+    adjoint of the sum); copies of one value -- the attn-tp ranks' when not ``partial``,
+    the CP ranks' unless the plan shards the rows -- give it to the first copy (attn-tp
+    rank 0, CP rank 0) and zeros to the others, as JAX sums the copies' cotangents where
+    they come from one value (a weight replicated over the mesh, a ``psum``).
 
     ``wire="fp8"`` / ``"nvfp4"`` / ``"mxfp4"`` (MAX_LEN / GATHERV plans, float ``[rows,
     H]``, ``H`` a multiple of 128 / 16 / 32; nvfp4 takes the global scale ``wire_scale=g``,

@@ -235,19 +235,12 @@ def test_gradients_match_reference(mode):
                               in_specs=SPEC, out_specs=SPEC)
             return jnp.sum(f(x.reshape(W * L, 3)).reshape(W, G, 3) * Wg)
 
-        if partial:
-            np.testing.assert_array_equal(grad(loss)(X), grad(
-                lambda x: jnp.sum(_ref_global(x, plan, True)[None] * Wg))(X))
-            continue
-        # replicated: the attn-tp copies are one value; each copy gets its whole gradient
-        dp_of = [lay.coords(r).attn_dp_rank for r in range(W)]
-        shared = X[jnp.asarray([lay.replica_ranks(d)[0] for d in range(lay.dp_size)])]
-
-        def ref_shared(xs):
-            return jnp.sum(_ref_global(xs[jnp.asarray(dp_of)], plan, False)[None] * Wg)
-
-        want = grad(ref_shared)(shared)[jnp.asarray(dp_of)]
-        np.testing.assert_array_equal(grad(loss)(shared[jnp.asarray(dp_of)]), want)
+        # replicated (partial=False): the attn-tp copies are one value, which the reference
+        # reads from the first copy; JAX's gradient of it is the first copy's alone
+        np.testing.assert_array_equal(grad(loss)(X), grad(
+            lambda x: jnp.sum(_ref_global(x, plan, partial)[None] * Wg))(X))
+        if not partial:
+            assert np.any(grad(loss)(X)[0]) and not np.any(grad(loss)(X)[1])
 
     def loss_rs(y):
         f = jax.shard_map(lambda g: dpx_jax.reduce_scatter(g, plan), mesh=mesh,
@@ -362,8 +355,10 @@ def test_adjoint_identity_and_device_count_gradients(mode):
         n, o = counts[e], off[e]
         s = sum(Ws.reshape(W, L, 3)[q, :n] for q in lay.replica_ranks(e))
         want_rs[:, o:o + n] = s
-    for got in (g_p, g_r):
-        np.testing.assert_array_equal(np.asarray(got).reshape(W, L, 3), want_g)
+    # the replicated gather's attn-tp copies: the first takes the gradient
+    first = np.array([lay.coords(r).attn_tp_rank == 0 for r in range(W)])[:, None, None]
+    for got, keep in ((g_p, True), (g_r, first)):
+        np.testing.assert_array_equal(np.asarray(got).reshape(W, L, 3), want_g * keep)
     np.testing.assert_array_equal(np.asarray(g_sc).reshape(W, G, 3), want_adj)
     np.testing.assert_array_equal(np.asarray(g_rs).reshape(W, G, 3), want_rs)
 
@@ -405,11 +400,64 @@ def test_context_parallel(layout):
                  counts=[rng.randint(0, per) for _ in range(lay.dp_size)])
 
 
+@pytest.mark.parametrize("layout_args,mode,partial", [
+    ((8, 4), "max_len", False), ((8, 2, 2), "gatherv", False), ((8, 2, 2), "sum_len", True)],
+    ids=["tp-copies", "tp-and-cp-copies", "cp-copies"])
+def test_a_replicated_weight_before_a_gather_gets_the_dense_gradient(layout_args, mode,
+                                                                      partial):
+    """A training step's usual shape: tokens on every device (the copies of a replica
+    equal), a weight replicated over the mesh (``P()``) before the gather, a loss divided
+    by the copies: the weight's gradient is the dense model's (JAX sums the devices'
+    cotangents into a replicated weight, so the copies must not each carry it whole)."""
+    lay = dpx.DpLayout(*layout_args)
+    W, dp, tp, H = lay.world_size, lay.dp_size, lay.attn_tp_size, 4
+    copies = W // dp
+    counts = [3, 0, 5, 2][:dp]
+    plan = dpx.plan_step(counts, lay, mode=mode)
+    L = plan.max_slot_rows
+    rng = np.random.default_rng(5)
+    xr = rng.standard_normal((dp, L, H)).astype(np.float32)
+    wq = jnp.asarray(rng.standard_normal((tp, H, H)), jnp.float32)  # tp shards if partial
+    w1 = jnp.asarray(rng.standard_normal((H, H)) * 0.3, jnp.float32)
+    tg = rng.standard_normal((dp, L, H)).astype(np.float32)
+    x = jnp.asarray(np.repeat(xr, copies, axis=0).reshape(-1, H))
+    tgt = jnp.asarray(np.repeat(tg, copies, axis=0).reshape(-1, H))
+
+    def body(x, wq, tgt):
+        h = x @ (wq[jax.lax.axis_index("tp")] if partial else wq[0])
+        y = dpx_jax.reduce_scatter(jnp.tanh(dpx_jax.gather(h, plan, partial=partial) @ w1),
+                                   plan)
+        real = dpx_jax.local_row_mask(plan)[:, None]
+        return jax.lax.psum(jnp.sum(jnp.where(real, (y - tgt) ** 2, 0.0)),
+                            dpx_jax.AXES) / copies
+
+    step = jax.shard_map(body, mesh=mesh_for(lay), in_specs=(SPEC, P(), SPEC), out_specs=P())
+    loss, grad = jax.jit(jax.value_and_grad(step, argnums=1))(x, wq, tgt)
+
+    def dense(wq, xs):
+        total = 0.0
+        for d in range(dp):  # every device's rows of the gathered buffer, summed
+            n = counts[d]
+            y = W * jnp.tanh(xs[d, :n] @ (wq.sum(0) if partial else wq[0]) @ w1)
+            total = total + jnp.sum((y - tg[d, :n]) ** 2)
+        return total
+
+    want_loss, (want, want_x) = jax.jit(jax.value_and_grad(dense, argnums=(0, 1)))(wq, xr)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-4)
+    if not partial:  # the tokens typed replicated over their copies: their gradient too
+        step_x = jax.shard_map(body, mesh=mesh_for(lay), in_specs=(P("dp"), P(), SPEC),
+                               out_specs=P())
+        got_x = jax.jit(jax.grad(step_x))(jnp.asarray(xr.reshape(-1, H)), wq, tgt)
+        np.testing.assert_allclose(got_x.reshape(dp, L, H), want_x, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("sharded", [False, True], ids=["copies", "shards"])
 def test_context_parallel_gradients(sharded):
     """dp 2 x cp 2 x tp 2: gradients of gather (both partial values), scatter and
-    reduce_scatter equal the reference adjoints (CP copies each receive the whole gradient
-    of the one value they hold), in one jitted program per mode."""
+    reduce_scatter equal the reference adjoints (the first of the CP copies, and of the
+    attn-tp copies of a replicated gather, receives the gradient of the one value they
+    hold, the others zeros), in one jitted program per mode."""
     lay = dpx.DpLayout(8, 2, 2)
     mesh = mesh_for(lay)
     W = lay.world_size
@@ -446,8 +494,13 @@ def test_context_parallel_gradients(sharded):
             want_g[r, :n] = total[first:first + n]
             want_sc[r, first:first + n] = ws[r, :n]
             want_rs[first:first + n] += ws[r, :n]
-        for got in (g_p, g_r):
-            np.testing.assert_array_equal(got.reshape(W, L, 3), want_g, err_msg=mode)
+        for got, partial in ((g_p, True), (g_r, False)):
+            # copies (CP unless sharded, attn-tp when replicated): the first takes it all
+            first = np.array([(partial or lay.coords(r).attn_tp_rank == 0)
+                              and (sharded or lay.coords(r).attn_cp_rank == 0)
+                              for r in range(W)])
+            np.testing.assert_array_equal(got.reshape(W, L, 3), want_g * first[:, None, None],
+                                          err_msg=mode)
         np.testing.assert_array_equal(g_sc.reshape(W, G, 3), want_sc, err_msg=mode)
         np.testing.assert_array_equal(g_rs.reshape(W, G, 3), np.broadcast_to(want_rs, (W, G, 3)),
                                       err_msg=mode)
@@ -531,3 +584,27 @@ def test_scatter_columns_on_gpu(impl):
             want = np.zeros((plan.max_slot_rows, 96), np.float32)
             want[:n] = np.asarray(full[:n].astype(jnp.float32))
             np.testing.assert_array_equal(got, want, err_msg=f"{mode} capacity={cap}")
+
+
+def test_a_capacity_plan_made_once_compiles_once():
+    """The README's advice: a capacity plan made once serves every step's counts= with one
+    compilation; plans made from each step's counts differ (a plan holds its host counts),
+    so a jit given them as static values compiles for each."""
+    lay = dpx.DpLayout(8, 4)
+    mesh = mesh_for(lay)
+
+    def step(x, c, plan):
+        return jax.shard_map(lambda x, c: dpx_jax.gather(x, plan, partial=True, counts=c),
+                             mesh=mesh, in_specs=(SPEC, P()), out_specs=SPEC)(x, c)
+
+    steps = ([3, 0, 7, 5], [1, 2, 0, 4])
+    # two functions: jit wrappers of one function share its cache
+    once = jax.jit(lambda x, c, plan: step(x, c, plan), static_argnums=2)
+    fresh = jax.jit(lambda x, c, plan: step(x, c, plan), static_argnums=2)
+    plan = dpx.plan_step([0] * 4, lay, capacity=8)
+    x = jnp.ones((8 * plan.max_slot_rows, 4))
+    for counts in steps:
+        c = jnp.asarray(counts, jnp.int32)
+        np.testing.assert_array_equal(once(x, c, plan),
+                                      fresh(x, c, dpx.plan_step(counts, lay, capacity=8)))
+    assert once._cache_size() == 1 and fresh._cache_size() == len(steps)

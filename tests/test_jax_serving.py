@@ -344,3 +344,16 @@ def test_wire_calls_of_no_rows():
             assert scales.shape == (0, H // block), (mode, wire)
             assert got[wire].shape == got[f"{wire}_rs"].shape == (0, H), (mode, wire)
             assert got[wire].dtype == jnp.bfloat16, (mode, wire)
+
+
+def test_exchange_counts_names_a_bad_count():
+    """A device's count that is not one integer: the error names its dtype and shape (or
+    the value), before any collective."""
+    from dpx import DpxTypeError
+
+    for bad, said in ((jnp.ones((1,), jnp.float32), r"got shape \(1,\) dtype float32"),
+                      (jnp.ones((2,), jnp.int32), r"got shape \(2,\) dtype int32"),
+                      (3.0, "got 3.0")):
+        with pytest.raises(DpxTypeError, match=r"n_local must be one integer per device.*"
+                                               + said):
+            dpx_jax.exchange_counts(bad)
