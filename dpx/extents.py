@@ -52,14 +52,14 @@ def held_rows(plan: DpPlan, rank: int, counts: tuple[int, ...] | None = None) ->
 
 def first_copy(layout: DpLayout, op: Op, *, partial: bool, sharded: bool,
                rank: RankRef) -> Any:
-    """1 where ``rank``'s input rows are the copy ``op`` reads, else 0 (an int for a known
-    rank, an expression over the coordinates for a symbolic one). A gather's input rows are
-    copies of one value on the ranks of a replica: over attn-tp when not ``partial``, over
-    CP unless the plan shards its rows over the CP ranks. The op reads the first copy
-    (attn-tp rank 0, CP rank 0); every other op's, and a partial gather's attn-tp ranks'
-    and a gather_sum's every rank's rows are their own. The emitters write the first
-    copy alone where a route would otherwise add the copies (the summed slots), and
-    ``dpx_jax`` gives it the gradient of the value (docs/semantics.md, "Adjoints and
+    """1 where ``rank``'s input rows are the copy that stands for ``op``'s value, else 0 (an
+    int for a known rank, an expression over the coordinates for a symbolic one). A
+    gather's input rows are copies of one value on the ranks of a replica: over attn-tp
+    when not ``partial``, over CP unless the plan shards its rows over the CP ranks; the
+    first copy (attn-tp rank 0, CP rank 0) stands for it. Every other op's, a partial
+    gather's attn-tp ranks' and a gather_sum's every rank's rows are their own. The
+    summed-slots emitter writes the first copy alone (the sum would add the copies), and
+    ``dpx_jax`` gives it the value's gradient (docs/semantics.md, "Adjoints and
     gradients")."""
     keep: Any = 1
     if op is Op.GATHER and not partial and layout.attn_tp_size > 1:

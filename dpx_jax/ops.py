@@ -18,8 +18,9 @@ Each op runs the planner's schedule (``dpx.build_schedule`` with a symbolic rank
 program for every device) through :mod:`dpx_jax.interpreter`. The transport follows the
 mesh's devices: on GPUs a GATHERV plan moves its chunks with ``lax.ragged_all_to_all``; on
 CPUs, which have no ragged collective, its schedule moves every rank's block in an equal
-all-gather and unpacks the chunks in one pass (same result). Gradients: every op is a ``jax.custom_vjp`` whose backward runs the
-schedule of the adjoint op (``dpx.Op.adjoint``), exactly as ``dpx_torch`` does.
+all-gather and unpacks the chunks in one pass (same result). Gradients: every op is a
+``jax.custom_vjp`` whose backward runs the schedule of the adjoint op (``dpx.Op.adjoint``),
+as ``dpx_torch`` does; a gather's copies of one value differ (:func:`gather`).
 """
 
 from __future__ import annotations
@@ -110,9 +111,9 @@ def _run_bwd(spec, res, g):
     adj = spec.adjoint()
     grad = run_schedule(adj.schedule(), vary_over(g, adj.axes.world), counts, adj.impl,
                         adj.axes)
-    # copies of one value (a gather's attn-tp or CP copies): the first copy, the one the
-    # op reads, takes the value's gradient; JAX sums the copies' cotangents wherever they
-    # come from one value (a replicated weight, a psum), so each counts once
+    # copies of one value (a gather's attn-tp or CP copies): the first copy, which stands
+    # for the value, takes its gradient; JAX sums the copies' cotangents wherever they
+    # come from one value (a replicated weight, an input typed replicated): it counts once
     keep = first_copy(spec.plan.layout, spec.op, partial=spec.partial,
                       sharded=spec.plan.sharded, rank=symbolic_rank())
     if not isinstance(keep, int):
@@ -188,13 +189,15 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
     """Per device ``local [>= rows, H...] -> [plan.global_rows, H...]`` (see module doc).
 
     Slot d row ``j < n_d`` holds the sum over replica d's attn-tp ranks of ``local[j]``
-    (``partial``) or the one value they all hold (the first copy's; the routes may read
-    each rank's own block of it); every other row is zero. Gradients (``reduce_scatter``
+    (``partial``) or the one value they all hold (the routes read each rank's own block of
+    it, or the first copy's whole); every other row is zero. Gradients (``reduce_scatter``
     of the cotangent): ``partial`` gives every attn-tp rank the slot's gradient (the
     adjoint of the sum); copies of one value -- the attn-tp ranks' when not ``partial``,
     the CP ranks' unless the plan shards the rows -- give it to the first copy (attn-tp
     rank 0, CP rank 0) and zeros to the others, as JAX sums the copies' cotangents where
-    they come from one value (a weight replicated over the mesh, a ``psum``).
+    they come from one value (a weight replicated over the mesh, an input typed
+    replicated); with ``check_vma=False`` and ``jax.grad`` inside the ``shard_map`` body,
+    psum a replicated parameter's gradient over the copies' axes yourself.
 
     ``wire="fp8"`` / ``"nvfp4"`` / ``"mxfp4"`` (MAX_LEN / GATHERV plans, float ``[rows,
     H]``, ``H`` a multiple of 128 / 16 / 32; nvfp4 takes the global scale ``wire_scale=g``,

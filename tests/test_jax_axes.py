@@ -49,8 +49,10 @@ def test_named_axes_match_the_reference(mesh_axes, layout, axes, mode):
     def body(x, g, n):
         y = dpx_jax.gather(x, plan, partial=True, axes=ax)
         loss = lambda v: jnp.sum(dpx_jax.gather(v, plan, partial=True, axes=ax) ** 2)
+        ones = lambda v: jnp.sum(dpx_jax.gather(v, plan, partial=False, axes=ax))
         return (y, dpx_jax.scatter(y, plan, axes=ax),
-                dpx_jax.reduce_scatter(g, plan, axes=ax), jax.grad(loss)(x),
+                dpx_jax.reduce_scatter(g, plan, axes=ax),
+                jnp.stack([jax.grad(loss)(x), jax.grad(ones)(x)]),
                 dpx_jax.exchange_counts(n, axes=ax)[None],
                 dpx_jax.gather(x, plan, partial=True, axes=ax, wire="fp8")
                 if mode != "sum_len" else y)
@@ -76,8 +78,14 @@ def test_named_axes_match_the_reference(mesh_axes, layout, axes, mode):
         # CP copies, on the first (CP rank 0 along the named axis) alone
         held = counts[lay.coords(r).attn_dp_rank]
         first = lay.coords(r).attn_cp_rank == 0
-        np.testing.assert_allclose(blk(gr)[:held], first * ref_reduce_scatter_rank(
+        g2 = gr.reshape(reps * W, 2, -1, H)[k]
+        np.testing.assert_allclose(g2[0][:held], first * ref_reduce_scatter_rank(
             [2 * want] * W, plan, r)[:held], rtol=1e-6)
+        # sum(gather(x, partial=False)): the attn-tp and CP copies' first (along the named
+        # axes) gets every device's ones on its real rows, the others zeros
+        first = first and lay.coords(r).attn_tp_rank == 0
+        np.testing.assert_array_equal(g2[1][:held], np.full((held, H), W * first))
+        assert not np.any(g2[1][held:])
         np.testing.assert_array_equal(blk(ex)[0], counts)
         err = np.abs(blk(fp8) - want)
         assert (err <= np.abs(want) / 16 + 1e-6).all()

@@ -150,9 +150,12 @@ def test_torch_and_jax_agree(gloo_worlds, layout_args):
                 # unless sharded): torch gives each copy the value's gradient, JAX the
                 # first copy (JAX sums the copies' cotangents where they meet)
                 c = layout.coords(r)
-                first = ((case["partial"] or c.attn_tp_rank == 0)
-                         and (plan.sharded or c.attn_cp_rank == 0))
-                np.testing.assert_array_equal(t["grad_gather"] * first, jx["grad_gather"][r],
+                cp = c.attn_cp_rank if plan.sharded else 0
+                tp = c.attn_tp_rank if case["partial"] else 0
+                r0 = (c.attn_dp_rank * layout.cp_size + cp) * layout.attn_tp_size + tp
+                np.testing.assert_array_equal(t["grad_gather"], jx["grad_gather"][r0],
                                               err_msg="grad gather " + where)
+                if r != r0:
+                    assert not np.any(jx["grad_gather"][r]), "grad gather " + where
                 np.testing.assert_array_equal(t["grad_rs"], jx["grad_rs"][r],
                                               err_msg="grad rs " + where)
