@@ -22,9 +22,9 @@ from dpx import expr as X
 from dpx.errors import DpxValueError
 from dpx.geometry import geometry
 from dpx.ints import INTS
+from dpx.layout import DpLayout
 from dpx.modes import Op, PaddingMode
 from dpx.plan import DpPlan
-from dpx.layout import DpLayout
 from dpx.routes import RankRef, symbolic_geometry
 
 __all__ = ["first_copy", "held_rows", "local_rows", "op_rows", "OpRows", "real_ranges"]

@@ -109,8 +109,8 @@ def cost_mode(counts: tuple[int, ...], layout: DpLayout, *, cost_model: CostMode
     def reason() -> str:
         text = ", ".join(f"{m.value}{'=' if exact else '>='}{t * 1e6:.1f}us"
                          for m, (t, exact) in zip(candidates, priced))
-        bound = ("; >=: a lower bound, its collectives alone over the cheapest mode's whole step"
-                 if not all(exact for _, exact in priced) else "")
+        bound = ("" if all(exact for _, exact in priced) else
+                 "; >=: a lower bound, its collectives alone over the cheapest mode's step")
         return (f"cost policy: cheapest schedule estimate for rows of {row_bytes} B "
                 f"({text}{bound})")
     return candidates[best], reason
