@@ -49,16 +49,21 @@ def test_doc_block_runs(lang, code, tmp_path):
         assert re.search(r"^OK: ", res.stdout, re.M), res.stdout[-3000:]
 
 
-def _sections(doc: Path) -> set[str]:
-    """The headings and bold paragraph labels of a markdown file (outside code blocks),
-    without trailing punctuation."""
-    names, fenced = set(), False
+def _prose_lines(doc: Path):
+    """The lines of a markdown file outside its code blocks."""
+    fenced = False
     for line in doc.read_text().splitlines():
         if line.startswith("```"):
             fenced = not fenced
-            continue
-        if fenced:
-            continue
+        elif not fenced:
+            yield line
+
+
+def _sections(doc: Path) -> set[str]:
+    """The headings and bold paragraph labels of a markdown file (outside code blocks),
+    without trailing punctuation."""
+    names = set()
+    for line in _prose_lines(doc):
         m = re.match(r"#+\s+(.*)", line) or re.match(r"\*\*([^*]+)\*\*", line)
         if m:
             names.add(m.group(1).strip().rstrip(".:"))
@@ -119,12 +124,11 @@ def _slug(heading: str) -> str:
 
 
 def _anchors(doc: Path) -> set[str]:
+    """Its headings' anchors (a repeated heading's get -1, -2, ...)."""
     seen: dict[str, int] = {}
-    out, fenced = set(), False
-    for line in doc.read_text().splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        m = None if fenced else re.match(r"#+\s+(.*)", line)
+    out = set()
+    for line in _prose_lines(doc):
+        m = re.match(r"#+\s+(.*)", line)
         if m:
             s = _slug(m.group(1))
             out.add(s if s not in seen else f"{s}-{seen[s]}")
