@@ -1,16 +1,17 @@
 """dpx's own host time per call, without a GPU: every collective and every kernel launch
 replaced by a no-op, so what is left is the Python a serving step pays per call.
 
-    python benchmarks/host_path.py [--calls N] [--rounds R]
+    python benchmarks/host_path.py [--calls N] [--rounds R] [--call-cache C]
 
 gloo world 1 on CPU tensors (hidden 7168 bf16; ``decode`` 32 rows, ``mid`` 512, ``prefill``
 4096), the calls a model layer makes: ``DpComm`` with ``out=`` (``comm``), the sglang drop-in
 with a forward batch of host counts (``dropin``), each with one plan for every call
 (``same``) and with a new count every call (``new``: 32 counts cycling, more than the
-call cache holds). Launches are stubbed at the last host step before the driver, so the
-table shows the GPU path's Python (argument checks, lookups, launch arguments) on any
-machine. The fastest of ``R`` rounds of ``N`` calls, µs per call. Writes host_path.csv to
-$OUT.
+call cache holds: a new call of a known plan structure, bound from its class;
+``--call-cache 0`` keeps no prepared op or class, so every call takes the full path).
+Launches are stubbed at the last host step before the driver, so the table shows the GPU
+path's Python (argument checks, lookups, launch arguments) on any machine. The fastest of
+``R`` rounds of ``N`` calls, µs per call. Writes host_path.csv to $OUT.
 
 The same script runs against an older checkout (``PYTHONPATH=<checkout>``): it stubs the
 names either version uses.
@@ -22,7 +23,6 @@ import argparse
 import contextlib
 import importlib
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -156,7 +156,7 @@ def _cases(comm, layout, n: int):
             cases[("reduce_scatter", mode, "same")] = (
                 lambda i, plan=plan, out=out, sl=sl: comm.reduce_scatter(out, plan, out=sl))
     # the drop-in: sglang's names, a forward batch of host counts
-    att = sg.setup(comm, hidden_size=H, dtype=torch.bfloat16, device="cpu")
+    sg.setup(comm, hidden_size=H, dtype=torch.bfloat16, device="cpu")
     for mode, pm in (("sum_len", sg.DpPaddingMode.SUM_LEN), ("max_len", sg.DpPaddingMode.MAX_LEN)):
         batches = [SimpleNamespace(global_num_tokens_cpu=[k], global_num_tokens_gpu=None,
                                    dp_padding_mode=pm, dp_local_start_pos=None,
@@ -187,13 +187,15 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sizes", default="decode,mid,prefill")
+    ap.add_argument("--call-cache", type=int, default=8,
+                    help="CacheLimits(calls=...): 0 sends every call down the full path")
     args = ap.parse_args()
     init = os.path.join(tempfile.mkdtemp(), "rdv")
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
     from dpx_torch import CacheLimits, DpComm
 
     layout = dpx.DpLayout(1, 1)
-    comm = DpComm(layout, limits=CacheLimits(calls=8))
+    comm = DpComm(layout, limits=CacheLimits(calls=args.call_cache))
     _gpu_path_on_cpu(comm)
     rows = []
     want = set(args.sizes.split(","))

@@ -241,11 +241,11 @@ def graph_replays(ctx, layout_args, replays: int) -> dict:
     return {"replays": replays, "bad": bad, "overflowed": comm.overflowed()}
 
 
-def compiled_steps(ctx, layout_args, which) -> int:
-    """torch.compile(fullgraph=True) of a step -- gather, a matmul, the combine (native and
-    fp8), the LM-head scatter -- on the peer transport, for each ``(mode, device counts)``
-    of ``which`` (GATHERV too: its world steps are one custom op each): equal to the eager
-    step bit for bit."""
+def compiled_steps(ctx, layout_args, which, fullgraph: bool = True) -> int:
+    """torch.compile(fullgraph=fullgraph) of a step -- gather, a matmul, the combine
+    (native and fp8), the LM-head scatter -- on the world's transport, for each ``(mode,
+    device counts)`` of ``which`` (on the peer transport GATHERV too: its world steps are
+    one custom op each): equal to the eager step bit for bit."""
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.comm(layout)
     d = layout.coords(ctx.rank).attn_dp_rank
@@ -270,7 +270,7 @@ def compiled_steps(ctx, layout_args, which) -> int:
             rows = plan.slot_rows[d] if plan.is_static else plan.num_tokens[d]
             x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(ctx.rank)).to(dev)
             eager = step(x)
-            compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(x)
+            compiled = torch.compile(step, fullgraph=fullgraph, backend="aot_eager")(x)
             for a, b in zip(eager, compiled):
                 assert torch.equal(a, b), (mode, cap)
             done += 1

@@ -267,6 +267,11 @@ def check_ride(ctx, layout_args, cases) -> dict:
     x8 = _t(np.zeros((8, 128)), torch.bfloat16)
     errors["validate"] = raised(lambda: ctx.comm(layout, validate=True).gather_with_counts(
         x8, cap, partial=True, n_local=mine.to(torch_jobs.DEVICE)))
+    # and counts the plan cannot hold (every rank reports 9 > capacity 8) a capacity error
+    errors["validate_capacity"] = raised(
+        lambda: ctx.comm(layout, validate=True).gather_with_counts(
+            x8, cap, partial=True, n_local=torch.tensor([9], dtype=torch.int32,
+                                                        device=torch_jobs.DEVICE)))
     fresh = dpx_torch.DpComm(layout)
     fresh.destroy()
     errors["destroyed"] = raised(lambda: fresh.gather_with_counts(x8, cap, partial=True,

@@ -1,4 +1,5 @@
-"""torch.compile(fullgraph=True) over gather -> matmul -> reduce_scatter (gloo, world 1)."""
+"""torch.compile(fullgraph=True) over gather -> matmul -> reduce_scatter (gloo, world 1; and
+one gloo world of 4 ranks, where the collectives run)."""
 
 from __future__ import annotations
 
@@ -136,3 +137,17 @@ def test_counts_riding_the_gather_compile(comm1, mode):
     assert counts.tolist() == [3]
     assert torch.equal(out, comm1.gather(x, plan, partial=True,
                                          counts=comm1.exchange_counts(n)))
+
+
+@pytest.mark.multiproc
+def test_steps_compile_on_a_gloo_world(gloo_worlds):
+    """torch.compile over gather -> matmul -> combines (native and fp8) -> LM-head scatter
+    on torch.distributed's collectives (2 gloo ranks, 2 replicas): fullgraph
+    for MAX_LEN with device counts and SUM_LEN with host counts; GATHERV's per-root
+    collectives have no traceable form, so its step compiles with graph breaks around
+    them (``fullgraph=False``); each equal to the eager step bit for bit."""
+    world = gloo_worlds(2)
+    assert world.run("peer_jobs:compiled_steps", (2, 2), [("max_len", True), ("sum_len", False)],
+                     timeout=300) == [2] * 2
+    assert world.run("peer_jobs:compiled_steps", (2, 2), [("gatherv", False)], False,
+                     timeout=300) == [1] * 2

@@ -158,6 +158,9 @@ def check_ride_results(res: list[dict], layout: tuple, cases: list[dict]) -> Non
             "DpxMismatchError: gather_with_counts: replica"), res[0]["validate"]
     else:
         assert msgs == {"no error"}
+    msgs = {r["validate_capacity"] for r in res}
+    assert len(msgs) == 1 and msgs.pop().startswith(
+        "DpxCapacityError: gather_with_counts: replica 0 has count 9 > capacity 8"), res[0]
 
 
 @pytest.mark.parametrize("layout", [(1, 1), (4, 2), (4, 4), (4, 1, 2), (4, 2, 2)],
