@@ -28,6 +28,7 @@ communicator then refuses every call), and keeps the steps of every stream in is
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -43,7 +44,8 @@ from dpx.plan import DpPlan
 from dpx.transport import TransportChoice, check_requested, choose_transport, confirm_peer
 from dpx.workspace import PeerLayout, peer_phase_bytes
 from dpx_torch.lifecycle import end_groups
-from dpx_torch.peer_memory import PeerMemory, TableMemory, open_memory, rank_facts
+from dpx_torch.peer_memory import (PeerMemory, TableMemory, open_memory, rank_facts,
+                                   remove_host_files)
 from dpx_torch.peer_passes import CudaPeerPasses, HostPeerPasses, PeerPasses
 from dpx_torch.shims.triton_launch import JIT, Launcher
 
@@ -403,13 +405,20 @@ def open_transport(layout: DpLayout, rank: int, exchange: Callable[[Any], list],
         return None, choose_transport(req, [])
     device = options.workspace_device()
     facts = rank_facts(device, (options.phase_bytes, float(options.timeout)))
-    choice = choose_transport(req, exchange(facts))
+    gathered = exchange((facts, uuid.uuid4().hex))
+    choice = choose_transport(req, [f for f, _ in gathered])
     if choice.transport is not Transport.PEER:
         return None, choice
+    token = gathered[0][1]   # rank 0's: the opening's name on every rank
     lay = PeerLayout(layout.world_size, options.phase_bytes)
-    mem, why = open_memory(choice.memory, lay, rank, device, exchange)
+    mem = None
     try:
+        mem, why = open_memory(choice.memory, lay, rank, device, exchange, token)
         choice = confirm_peer(choice, exchange(why))
+    except BaseException:
+        if choice.memory == "host":   # a peer may have died with its file in place
+            remove_host_files(token, layout.world_size)
+        raise
     finally:
         if mem is not None and hasattr(mem, "unlink"):
             mem.unlink()   # every peer has mapped it (or will not): no file stays behind

@@ -11,9 +11,11 @@ Two kinds, one interface (:class:`PeerMemory`):
   workspace through :attr:`PeerMemory.table` (int64 addresses on the device, the error
   word's last), and the error word lives in pinned host memory the device writes and the
   host reads without a sync;
-- host (:class:`HostMemory`): files in ``/dev/shm`` mapped by every rank of the host
-  (removed from the file system as soon as every peer has opened them, so nothing stays
-  behind a killed process); the torch ops of :mod:`dpx_torch.peer_passes` work on
+- host (:class:`HostMemory`): files in ``/dev/shm`` mapped by every rank of the host,
+  named by a token every rank shares and the rank (:func:`host_path`): removed from the
+  file system as soon as every peer has opened them, and every rank's by any rank whose
+  opening fails (:func:`remove_host_files`: a rank killed while the files are open leaves
+  none behind); the torch ops of :mod:`dpx_torch.peer_passes` work on
   :attr:`PeerMemory.views`.
 
 Opening is collective: :func:`open_memory` allocates this rank's workspace, exchanges the
@@ -31,7 +33,6 @@ import mmap
 import os
 import socket
 import tempfile
-import uuid
 from typing import Any, Callable
 
 import numpy as np
@@ -41,8 +42,8 @@ from dpx.transport import RankFacts
 from dpx.workspace import PeerLayout
 from dpx_torch.shims import ipc as _ipc
 
-__all__ = ["CudaMemory", "HostMemory", "PeerMemory", "TableMemory", "open_memory",
-           "rank_facts"]
+__all__ = ["CudaMemory", "host_path", "HostMemory", "PeerMemory", "remove_host_files",
+           "TableMemory", "open_memory", "rank_facts"]
 
 Exchange = Callable[[Any], list]
 
@@ -61,12 +62,31 @@ def _shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
+def host_path(token: str, rank: int) -> str:
+    """The file of rank ``rank``'s host workspace in the opening ``token`` names."""
+    return os.path.join(_shm_dir(), f"dpx-peer-{token}-{rank}")
+
+
+def remove_host_files(token: str, world: int) -> None:
+    """Every rank's host workspace file of the opening ``token`` names, removed (those
+    that exist): what a rank whose opening failed does, since a peer may have died with
+    its file still in the file system."""
+    for p in range(world):
+        try:
+            os.unlink(host_path(token, p))
+        except FileNotFoundError:
+            pass
+
+
 def rank_facts(device: torch.device, options: tuple = ()) -> RankFacts:
     """This rank's :class:`dpx.transport.RankFacts` for a workspace on ``device`` (and the
     ``options`` every rank must share). Never raises: what this rank cannot do is
     reported to every rank."""
     host = _host_id()
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return RankFacts(host, "cuda", (), "no CUDA device here (torch.cuda.is_available() "
+                             "is False)", options)
         try:
             with torch.cuda.device(device):
                 kinds = _ipc.kinds()
@@ -156,9 +176,9 @@ class CudaMemory(PeerMemory):
 
 
 class HostMemory(PeerMemory):
-    def __init__(self, layout: PeerLayout, rank: int) -> None:
+    def __init__(self, layout: PeerLayout, rank: int, token: str) -> None:
         self.layout, self.rank, self.device = layout, rank, torch.device("cpu")
-        self.path = os.path.join(_shm_dir(), f"dpx-peer-{os.getpid()}-{uuid.uuid4().hex}")
+        self.path = host_path(token, rank)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, layout.total_bytes)
@@ -242,15 +262,16 @@ class TableMemory(PeerMemory):
 
 
 def open_memory(kind: str, layout: PeerLayout, rank: int, device: torch.device,
-                exchange: Exchange) -> tuple[PeerMemory | None, str]:
+                exchange: Exchange, token: str) -> tuple[PeerMemory | None, str]:
     """This rank's :class:`PeerMemory` of ``kind`` with every peer's workspace mapped, and
     "" -- or this rank's failure (its memory, if any, already released). Collective: one
-    exchange of handles (and of failures to allocate)."""
+    exchange of handles (and of failures to allocate). ``token``: the opening's name,
+    the same on every rank (host files are named by it)."""
     mem: PeerMemory | None = None
     handle, why = None, ""
     try:
-        mem = HostMemory(layout, rank) if kind == "host" else CudaMemory(kind, layout, rank,
-                                                                        device)
+        mem = (HostMemory(layout, rank, token) if kind == "host" else
+               CudaMemory(kind, layout, rank, device))
         handle = mem.handle()
     except Exception as exc:  # noqa: BLE001 - reported to every rank
         why = f"{type(exc).__name__}: {exc}"

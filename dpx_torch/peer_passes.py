@@ -42,6 +42,12 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _rows_of(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` (contiguous, trailing dims ``width`` elements a row) as ``[rows, width]``: the
+    rows the kernels address by pointer."""
+    return t.view(t.shape[0], width)
+
+
 class PeerPasses:
     """The interface (see the module docstring)."""
 
@@ -188,6 +194,7 @@ class HostPeerPasses(PeerPasses):
         W, me = self.world, self.me
 
         def put(src, firsts, lens, count):
+            src = _rows_of(src, width)
             q = self._phase(False)
             f = None if firsts is None else firsts.tolist()
             n = None if lens is None else lens.tolist()
@@ -213,6 +220,7 @@ class HostPeerPasses(PeerPasses):
         me = self.me
 
         def take(out, firsts, lens, reports):
+            out = _rows_of(out, width)
             q = self._phase(True)
             rows = self._rows(me, q, width, dtype)
             if mode == L.PEER_CHUNK:
@@ -235,6 +243,7 @@ class HostPeerPasses(PeerPasses):
         rb = 0 if native else wire_row_bytes(width, wire)
 
         def pull_sum(out, firsts, lens):
+            out = _rows_of(out, width)
             q = self._phase(True)
             f, n = int(firsts[me]), min(int(lens[me]), out_rows)
             ws = [self._rows(p, q, width, dtype) if native else

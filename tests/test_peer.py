@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -162,8 +163,8 @@ def test_every_op_matches_the_reference(peer_worlds, layout):
 
 @pytest.mark.multiproc
 def test_autograd_async_validate_and_several_tensors(peer_worlds):
-    """Gradients (every op, device counts), overlapped calls, and validate=True on the
-    peer transport: every call form (implicit, prepared, scatter, scatter_columns, async,
+    """Gradients (every op, device counts), rows of several trailing dims or none,
+    overlapped calls, and validate=True on the peer transport: every call form (implicit, prepared, scatter, scatter_columns, async,
     the sglang drop-in, a several-tensor gather, validate switched on after prepared calls)
     raises the same error on every rank, of the class the rejected input's own error
     has."""
@@ -175,6 +176,12 @@ def test_autograd_async_validate_and_several_tensors(peer_worlds):
     cases = [dict(counts=c, mode=m, seed=i) for i, (c, m) in enumerate(itertools.product(
         tcomm._count_sets(2, 7)[1:4], ("max_len", "sum_len", "gatherv")))]
     world.run("torch_jobs:check_grads", layout, cases)
+    # rows of several trailing dims, and of none (1-D inputs): the rows the kernels address
+    nd = [dict(counts=[3, 0], mode=m, partial=p, seed=5) for m in ("max_len", "gatherv")
+          for p in (True, False)]
+    nd += [dict(counts=[0, 0], mode="max_len", capacity=8, run_counts=[5, 0], partial=True)]
+    for rest in ((2, 3), ()):
+        assert world.run("torch_jobs:check_cases", layout, nd, rest=rest) == [4 * len(nd)] * 4
     auto = [dict(counts=[0, 0], mode=m, capacity=8, run_counts=[5, 0], seed=3)
             for m in ("max_len", "gatherv")]
     world.run("torch_jobs:check_autograd", layout, auto)
@@ -296,6 +303,41 @@ def check_scripts(device: str) -> None:
 @pytest.mark.multiproc
 def test_dead_peer_phases_and_exits():
     check_scripts("cpu")
+
+
+@pytest.mark.multiproc
+def test_a_rank_killed_while_opening_leaves_no_file():
+    """tests/peer_kill_init.py: the last of 3 ranks is killed once its peers' workspaces
+    are mapped, before the files are removed; the others' DpComm raises, and no
+    workspace file is left behind (theirs nor the dead rank's)."""
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                     "peer_kill_init.py"), "3"],
+                       capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "exit 0 0" in out and "exit 1 0" in out, out[-3000:]
+    assert f"exit 2 {-signal.SIGKILL}" in out, out[-3000:]
+    assert out.count("raised ") == 2, out[-3000:]
+    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert not [f for f in after - before if f.startswith("dpx-peer")], after - before
+
+
+def test_a_cuda_workspace_without_cuda_says_why():
+    """A rank asked for a CUDA workspace where torch has no CUDA device reports why (the
+    transport's choice then names it), and choosing the device raises nothing."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    from dpx_torch import PeerOptions
+    from dpx_torch.peer_memory import rank_facts
+
+    for name in ("cuda", "cuda:0"):
+        facts = rank_facts(PeerOptions(device=name).workspace_device())
+        assert facts.memory == () and "no CUDA device here" in facts.why, facts
+        assert "rank 0 cannot share memory (no CUDA device here" in choose_transport(
+            "peer", [facts]).reason
 
 
 @pytest.mark.multiproc
