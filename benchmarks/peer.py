@@ -1,6 +1,6 @@
 """The peer transport's kernels on one GPU, and the bytes each rank moves.
 
-    python benchmarks/peer.py [--hidden 7168] [--bytes-only]
+    python benchmarks/peer.py [--hidden 7168] [--bytes-only] [--plot peer.csv]
 
 One process stands in for ``W`` ranks: ``W`` workspaces in its own memory, the table
 holding their addresses (the same kernels and table a rank's world steps use on peers'
@@ -23,6 +23,7 @@ collectives. Writes peer.csv, peer_bytes.csv and peer.png to $OUT or benchmarks/
 from __future__ import annotations
 
 import argparse
+import csv
 import tempfile
 
 import dpx
@@ -196,8 +197,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--bytes-only", action="store_true")
+    ap.add_argument("--plot", metavar="CSV", help="only plot a kept peer.csv into peer.png")
     args = ap.parse_args()
     out = out_dir()
+    if args.plot:
+        with open(args.plot) as f:
+            plot(list(csv.DictReader(f)), args.hidden, out / "peer.png")
+        return
     table = bytes_table(args.hidden)
     write_csv(out / "peer_bytes.csv", table)
     print_table(table, list(table[0]))
@@ -214,19 +220,25 @@ def main() -> None:
             "pull_sum_fp8_us", "pull_sum_fp8_share", "combine_fp8_us"]
     print_table([r for r in rows if "global_rows" in r], cols)
     print(rows[-1])
+    plot([r for r in rows if "global_rows" in r], args.hidden, out / "peer.png")
+
+
+def plot(rows: list[dict], hidden: int, path) -> None:
+    """Each kernel's share of the copy ceiling against the global buffer's size, W = 8."""
     plt = pyplot()
-    if plt is not None:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for key in ("put_share", "take_share", "pull_sum_share", "pull_sum_fp8_share"):
-            pts = [(r["global_rows"] * 2 * args.hidden / 2**20, r[key]) for r in rows
-                   if "global_rows" in r and r["W"] == 8]
-            ax.plot(*zip(*pts), marker="o", label=key)
-        ax.set_xscale("log")
-        ax.set_xlabel("global buffer (MiB, W = 8)")
-        ax.set_ylabel("share of the copy ceiling")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "peer.png", dpi=120)
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in ("put_share", "take_share", "pull_sum_share", "pull_sum_fp8_share"):
+        pts = [(int(r["global_rows"]) * 2 * hidden / 2**20, float(r[key])) for r in rows
+               if int(r["W"]) == 8]
+        ax.plot(*zip(*pts), marker="o", label=key)
+    ax.set_xscale("log")
+    ax.set_xlabel("global buffer (MiB, W = 8)")
+    ax.set_ylabel("share of the copy ceiling")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
