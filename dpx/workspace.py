@@ -6,7 +6,8 @@ shared memory) and ``explain``.
 
 Per rank, one allocation of :attr:`PeerLayout.total_bytes`::
 
-    [0, 8W)              flags: int64, flag[p] = the epoch of peer p's latest arrival
+    [0, 8W)              flags: int64, flag[p] = the epoch of peer p's latest arrival, or
+                         ``LEFT + e``: peer p left (``destroy()``) after e barriers
     [8W, 8W + 8)         epoch: int64, this rank's barriers so far
     ... to CTRL          (256-byte aligned)
     phase q (q = 0, 1) at CTRL + q * STRIDE:
@@ -17,7 +18,9 @@ Per rank, one allocation of :attr:`PeerLayout.total_bytes`::
 A step writes into phase ``(epoch + 1) & 1`` before its barrier (which adds 1 to the epoch)
 and reads phase ``epoch & 1`` after it: consecutive steps use the two phases in turn, so a
 fast rank's next step never writes the phase a slow peer may still be reading (it would
-first have to pass a barrier that peer has not reached).
+first have to pass a barrier that peer has not reached). A rank that leaves writes
+``LEFT + e`` into its flags: a peer's barrier of epoch ``E > e`` names it at once (it will
+never arrive), one of ``E <= e`` counts it arrived (it passed that barrier before it left).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from dataclasses import dataclass
 
 from dpx.errors import check_int
 
-__all__ = ["ALIGN", "PeerLayout", "peer_phase_bytes"]
+__all__ = ["ALIGN", "LEFT", "PeerLayout", "peer_phase_bytes"]
 
 #: Alignment of the control block, the header and every phase, in bytes.
 ALIGN = 256
+#: A flag at or above this value says its rank left after ``flag - LEFT`` barriers.
+LEFT = 1 << 62
 
 
 def _align(n: int) -> int:

@@ -116,9 +116,9 @@ class PeerTransport:
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
         return DpxPeerError(
             f"peer transport: {who} did not arrive at a barrier of rank {self.mem.rank} "
-            f"within {self.options.timeout} s (the process died, or stopped calling this "
-            f"communicator's collectives); this communicator runs no more calls: "
-            f"destroy() it", ranks=tuple(ranks))
+            f"within {self.options.timeout} s (the process died, left with destroy(), or "
+            f"stopped calling this communicator's collectives); this communicator runs no "
+            f"more calls: destroy() it", ranks=tuple(ranks))
 
     def check(self) -> None:
         """Raise (and mark the communicator failed) when a barrier found a peer missing:
@@ -277,16 +277,16 @@ class PeerTransport:
         self.mem.close()
 
     def shutdown(self) -> bool:
-        """``destroy()``'s end, bounded: this rank's steps finished, one more barrier (no
-        rank's step still reads or writes a peer's memory once every rank passed it),
-        the peers' workspaces unmapped and this rank's freed (the driver and the host
-        keep memory another process still maps alive until it unmaps it). Returns whether
-        every rank arrived (False: a failure, found now or before)."""
+        """``destroy()``'s end, bounded: this rank's steps finished, then its leaving
+        (:meth:`PeerPasses.leave`: a peer still waiting in a step's barrier for it is
+        told at once; once every rank left, no step still reads or writes a peer's
+        memory), the peers' workspaces unmapped and this rank's freed (the driver and the
+        host keep memory another process still maps alive until it unmaps it). Returns
+        whether every rank left in time (False: a failure, found now or before)."""
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda d: None)
         sync(self.device)
-        if not self.mem.error[0]:
-            self.passes.barrier()
-            sync(self.device)
+        self.passes.leave()
+        sync(self.device)
         ok = not self.mem.error[0]
         self.passes.close()
         self.mem.release()

@@ -26,6 +26,7 @@ import torch
 from dpx.kernels import launch as L
 from dpx.modes import Wire
 from dpx.wire import wire_row_bytes
+from dpx.workspace import LEFT
 from dpx_torch.peer_memory import PeerMemory
 from dpx_torch.shims.triton_launch import Launcher
 from dpx_torch.wire import dequantize_sum_rows, write_rounded
@@ -74,6 +75,13 @@ class PeerPasses:
     def barrier(self) -> None:
         raise NotImplementedError
 
+    def leave(self) -> None:
+        """This rank's leaving (``destroy()``): ``LEFT + epoch`` in its flag of every
+        workspace (a peer's later barrier names it at once), then the wait until every
+        peer left -- skipped once a failure is recorded; bounded by the timeout as a
+        barrier is."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Drop every view of the workspaces (before they are unmapped)."""
 
@@ -91,9 +99,11 @@ class CudaPeerPasses(PeerPasses):
         lay = mem.layout
         self.ints = (lay.data, lay.stride, lay.header)
         self.dummy = torch.zeros(1, dtype=torch.int32, device=self.device)
-        lt = L.peer_barrier_launch(self.world, lay.epoch)
-        self._barrier = launcher.bind(lt.kernel, self.device, lt.consts, lt.warps,
-                                      ((0, torch.int64),)).tensors
+        self._barrier, self._leave = (
+            launcher.bind(lt.kernel, self.device, lt.consts, lt.warps,
+                          ((0, torch.int64),)).tensors
+            for lt in (L.peer_barrier_launch(self.world, lay.epoch),
+                       L.peer_barrier_launch(self.world, lay.epoch, leave=True)))
         self._barrier_args = (mem.table, self.me, int(timeout * 1e9))
 
     def _bind(self, lt: L.Launch, dtypes: tuple[torch.dtype, ...]) -> Any:
@@ -158,6 +168,9 @@ class CudaPeerPasses(PeerPasses):
 
     def barrier(self) -> None:
         self._barrier((1,), self._barrier_args)
+
+    def leave(self) -> None:
+        self._leave((1,), self._barrier_args)
 
 
 class HostPeerPasses(PeerPasses):
@@ -272,20 +285,34 @@ class HostPeerPasses(PeerPasses):
         return pull_sum
 
     def barrier(self) -> None:
-        W, me = self.world, self.me
         epoch = int(self.epoch[0]) + 1
         self.epoch[0] = epoch
-        for p in range(W):   # this rank's arrival, in every workspace's flag for it
-            self.flags[p][me] = epoch
+        self._wait(epoch, epoch, leave=False)
+
+    def leave(self) -> None:
+        epoch = int(self.epoch[0])
+        self._wait(LEFT + epoch, epoch, leave=True)
+
+    def _wait(self, mark: int, epoch: int, *, leave: bool) -> None:
+        """``mark`` in this rank's flag of every workspace, then the wait (the kernel's:
+        :func:`dpx.kernels.peer.peer_barrier_kernel`)."""
+        W, me = self.world, self.me
+        for p in range(W):   # this rank's arrival (or leaving), in every workspace's flag
+            self.flags[p][me] = mark
         own = self.flags[me]
         if self.mem.error[0]:
             return
         deadline = time.monotonic() + self.timeout
         while True:
-            missing = [p for p, e in enumerate(own.tolist()) if e < epoch]
-            if not missing:
+            seen = own.tolist()
+            if leave:
+                gone, missing = [], [p for p, e in enumerate(seen) if e < LEFT]
+            else:
+                gone = [p for p, e in enumerate(seen) if e >= LEFT and e - LEFT < epoch]
+                missing = [p for p, e in enumerate(seen) if e < epoch]
+            if gone or (missing and time.monotonic() >= deadline):
+                self.mem.error[0] |= sum(1 << p for p in (gone or missing))
                 return
-            if time.monotonic() >= deadline:
-                self.mem.error[0] |= sum(1 << p for p in missing)
+            if not missing:
                 return
             time.sleep(_POLL)

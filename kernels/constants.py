@@ -1,5 +1,6 @@
 """The wire formats' constants as Triton constexprs, taken from :mod:`dpx.wire` (their one
-definition), for the kernels of :mod:`.wire` and :mod:`.fp4`."""
+definition), for the kernels of :mod:`.wire` and :mod:`.fp4`; and the peer workspace's flag
+of a rank that left, from :mod:`dpx.workspace`, for :mod:`.peer`."""
 
 import struct
 
@@ -7,8 +8,9 @@ import triton.language as tl
 
 from dpx import wire as W
 from dpx.modes import Wire
+from dpx.workspace import LEFT as _LEFT
 
-__all__ = ["E2M1_MAX", "E2M1_RECIP", "FP8_EPS", "FP8_MAX", "GROUP", "MX_BLOCK",
+__all__ = ["E2M1_MAX", "E2M1_RECIP", "FP8_EPS", "FP8_MAX", "GROUP", "LEFT", "MX_BLOCK",
            "MX_NAN_SCALE", "NAN_BF16", "NAN_CODE", "NAN_F16", "NAN_F32", "NV_BLOCK",
            "NV_NAN_SCALE"]
 
@@ -29,3 +31,5 @@ E2M1_RECIP = tl.constexpr(struct.unpack("f", struct.pack("f", 1.0 / W.E2M1_MAX))
 NAN_F32 = tl.constexpr(W.CANONICAL_NAN["float32"])
 NAN_BF16 = tl.constexpr(W.CANONICAL_NAN["bfloat16"])
 NAN_F16 = tl.constexpr(W.CANONICAL_NAN["float16"])
+#: a peer flag at or above this: its rank left (dpx.workspace)
+LEFT = tl.constexpr(_LEFT)

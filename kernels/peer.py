@@ -49,7 +49,7 @@ import triton.language as tl
 
 from dpx.kernels.blocks import block_index
 from dpx.kernels.combine import add_rn, store_sum, wire_block_values
-from dpx.kernels.constants import GROUP, MX_BLOCK, NV_BLOCK
+from dpx.kernels.constants import GROUP, LEFT, MX_BLOCK, NV_BLOCK
 
 __all__ = ["globaltimer", "peer_barrier_kernel", "peer_put_kernel", "peer_sum_kernel",
            "peer_take_kernel", "peer_wire_sum_kernel", "phase_offset"]
@@ -133,36 +133,71 @@ def peer_put_kernel(src_ptr, table_ptr, firsts_ptr, lens_ptr, count_ptr, me, blo
                 tl.store((base - header).to(tl.pointer_type(tl.int32)) + me, count)
 
 
+@triton.jit
+def _absent(seen, live, epoch, LEAVE: tl.constexpr):
+    """``(missing, gone)`` of the flags ``seen``: the ranks not yet where this barrier waits
+    for them -- at ``epoch`` (a step's), or gone too (``LEAVE``) -- and those that left
+    before ``epoch`` (never to arrive: a step's barrier names them at once)."""
+    if LEAVE:   # (none gone: a leaving rank waits for every peer to leave)
+        gone = tl.full(seen.shape, 0, tl.int1)
+        missing = live & (seen < LEFT)
+    else:
+        gone = live & (seen >= LEFT) & (seen - LEFT < epoch)
+        missing = (live & (seen < epoch)) | gone
+    return missing, gone
+
+
 @triton.jit(do_not_specialize=["me", "timeout_ns"])
 def peer_barrier_kernel(table_ptr, me, timeout_ns, W: tl.constexpr, BLOCK_W: tl.constexpr,
-                        EPOCH: tl.constexpr):
-    """The step's barrier (see the module docstring); grid ``(1,)``."""
+                        EPOCH: tl.constexpr, LEAVE: tl.constexpr, CLOCK: tl.constexpr):
+    """The step's barrier (see the module docstring), or with ``LEAVE`` this rank's leaving
+    (``destroy()``): ``LEFT + epoch`` written into its flags, then the wait until every peer
+    left. Grid ``(1,)``. ``CLOCK``: the timeout on the GPU's global clock (else, for
+    Triton's interpreter, ``timeout_ns`` counts the polls)."""
     p = tl.arange(0, BLOCK_W)
     live = p < W
     mine = peer_base(table_ptr, me)
     epoch_ptr = (mine + EPOCH).to(tl.pointer_type(tl.int64))
-    epoch = tl.load(epoch_ptr, volatile=True) + 1
-    tl.store(epoch_ptr, epoch)
+    epoch = tl.load(epoch_ptr, volatile=True)
+    if LEAVE:
+        mark = epoch + LEFT
+    else:
+        epoch = epoch + 1
+        tl.store(epoch_ptr, epoch)
+        mark = epoch
     err_ptr = tl.load(table_ptr + W).to(tl.pointer_type(tl.int64))
     bases = tl.load(table_ptr + p, mask=live, other=0)
-    # this rank's arrival, written into its flag in every workspace (its own included)
+    # this rank's arrival (or leaving), written into its flag in every workspace (its own
+    # included)
     flags_at = (bases + me.to(tl.int64) * 8).to(tl.pointer_type(tl.int64))
-    tl.atomic_xchg(flags_at, tl.full([BLOCK_W], 0, tl.int64) + epoch, mask=live, sem="release",
+    tl.atomic_xchg(flags_at, tl.full([BLOCK_W], 0, tl.int64) + mark, mask=live, sem="release",
                    scope="sys")
     own = mine.to(tl.pointer_type(tl.int64)) + p
     seen = tl.atomic_add(own, tl.full([BLOCK_W], 0, tl.int64), mask=live, sem="acquire",
                          scope="sys")
-    missing = live & (seen < epoch)
+    missing, gone = _absent(seen, live, epoch, LEAVE)
     failed = tl.load(err_ptr, volatile=True) != 0
-    t0 = tl.max(globaltimer(p), 0)
-    waiting = (tl.max(missing.to(tl.int32), 0) > 0) & (failed == 0)
+    if CLOCK:
+        t0 = tl.max(globaltimer(p), 0)
+    else:
+        t0 = tl.full([], 0, tl.int64)
+    polls = t0 * 0
+    waiting = ((tl.max(missing.to(tl.int32), 0) > 0) & (tl.max(gone.to(tl.int32), 0) == 0)
+               & (failed == 0))
     while waiting:
         seen = tl.atomic_add(own, tl.full([BLOCK_W], 0, tl.int64), mask=live, sem="acquire",
                              scope="sys")
-        missing = live & (seen < epoch)
-        elapsed = tl.max(globaltimer(p), 0) - t0
-        waiting = (tl.max(missing.to(tl.int32), 0) > 0) & (elapsed < timeout_ns)
-    bits = tl.sum(tl.where(missing, tl.full([BLOCK_W], 1, tl.int64) << p.to(tl.int64), 0), 0)
+        missing, gone = _absent(seen, live, epoch, LEAVE)
+        polls += 1
+        if CLOCK:
+            elapsed = tl.max(globaltimer(p), 0) - t0
+        else:
+            elapsed = polls
+        waiting = ((tl.max(missing.to(tl.int32), 0) > 0) & (tl.max(gone.to(tl.int32), 0) == 0)
+                   & (elapsed < timeout_ns))
+    # the ranks that left before this barrier if any, else those that did not arrive
+    named = tl.where(tl.max(gone.to(tl.int32), 0) > 0, gone, missing)
+    bits = tl.sum(tl.where(named, tl.full([BLOCK_W], 1, tl.int64) << p.to(tl.int64), 0), 0)
     tl.atomic_or(err_ptr, bits, mask=(bits != 0) & (failed == 0), sem="release", scope="sys")
 
 

@@ -14,6 +14,10 @@ DEVICE: ``cpu`` or ``cuda`` (every rank on the one GPU). VARIANT:
 - ``skip``: the last rank skips one step; the others name it (their last barriers give
   up), and every rank's ``destroy()`` ends within the timeout. Prints ``skip <rank> <ranks
   named or None> <seconds destroy took>``.
+- ``leave``: the last rank rejects its input in a step (without ``validate``: it raises
+  before any row moves) and calls ``destroy()``; the others' step raises
+  :class:`dpx.DpxPeerError` naming it at once, not after the timeout (30 s), instead of
+  pairing with its leaving. Prints ``leave <rank> <ranks named or None> <seconds>``.
 - ``phases``: 150 steps with new counts, the ranks delayed at random before their calls
   (one rank up to a step ahead of another), every result checked; then ``destroy()``.
   Prints ``phases <rank> <steps>``.
@@ -139,6 +143,26 @@ elif variant == "skip":
     t0 = time.monotonic()
     comm.destroy()
     say(f"skip {rank} {failed} {time.monotonic() - t0:.2f}")
+elif variant == "leave":
+    one_step(0, [2 + r for r in range(world)], True)
+    t0 = time.monotonic()
+    named = None
+    if rank == world - 1:
+        try:   # too few rows: refused on this rank alone (no validate)
+            comm.gather(rows_of(1, rank, 1), dpx.plan_step([2] * world, layout), partial=True)
+        except dpx.DpxValueError:
+            pass
+    else:
+        try:
+            got = comm.gather(rows_of(1, rank, 2), dpx.plan_step([2] * world, layout),
+                              partial=True)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+                comm.check_peers()
+        except dpx.DpxPeerError as exc:
+            named = list(exc.ranks)
+    comm.destroy()
+    say(f"leave {rank} {named} {time.monotonic() - t0:.2f}")
 elif variant == "phases":
     rng = random.Random(rank)
     n_steps = 150

@@ -266,11 +266,14 @@ def check_scripts(device: str) -> None:
     call form then raises; a rank that skips a call is named by the ranks that made every
     call (its later barriers pair with their earlier ones: a barrier counts arrivals, it
     cannot tell a skipped call from a late one) and no destroy() waits past the timeout;
+    a rank that rejects its input and leaves (destroy()) is named at once by the others'
+    step, which does not pair with its leaving;
     150 steps with ranks out of step reuse the phases correctly; exit 0 with and without
     destroy(), no warning of shared memory still held, and no workspace file left
     behind."""
     before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    runs = [(3, "dead"), (3, "phases"), (3, "skip"), (2, "destroy"), (2, "no_destroy")]
+    runs = [(3, "dead"), (3, "phases"), (3, "skip"), (3, "leave"), (2, "destroy"),
+            (2, "no_destroy")]
     with ThreadPoolExecutor(2) as pool:
         done = list(pool.map(lambda a: _torchrun(a[0], device, a[1]), runs))
     for (n, variant), p in zip(runs, done):
@@ -294,6 +297,12 @@ def check_scripts(device: str) -> None:
             # the ranks that made every call name the one that skipped one
             assert all(skips[r].startswith(f"[{n - 1}]") for r in range(n - 1)), skips
             assert all(float(v.split()[-1]) < 1.0 + 3.0 for v in skips.values()), skips
+        elif variant == "leave":   # named at once: well within the 30 s timeout
+            left = {int(ln.split()[1]): ln.split(maxsplit=2)[2] for ln in
+                    p.stdout.splitlines() if ln.startswith("leave ")}
+            assert len(left) == n and left[n - 1].startswith("None"), out
+            assert all(left[r].startswith(f"[{n - 1}]") for r in range(n - 1)), left
+            assert all(float(v.split()[-1]) < 10.0 for v in left.values()), left
         else:
             assert p.stdout.count("ok ") == n, out
     after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
@@ -393,6 +402,53 @@ class _Workspaces:
         self.error = np.zeros(1, np.int64)
         self.table = torch.tensor([b.data_ptr() for b in bufs] + [self.error.ctypes.data],
                                   dtype=torch.int64)
+
+
+def test_the_barrier_kernel_names_whom_the_host_barrier_names():
+    """The barrier kernel in Triton's interpreter (its wait counted in polls instead of
+    the GPU's clock) against :class:`HostPeerPasses`' barrier on a copy of the same
+    workspaces (W 4, rank 1 at epoch 5): every peer arrived; one alive and late (named at
+    the timeout); one that left before this barrier (named at once, alone, while another
+    is still late) or after it (arrived); a failure already recorded (nothing waits, the
+    flags are written); and the leaving (``destroy()``): every peer gone, or one still
+    there (named at the timeout). The same error word and every byte of every
+    workspace."""
+    pytest.importorskip("triton")
+    import torch
+
+    from dpx.kernels import launch as L
+    from dpx.workspace import LEFT
+    from dpx_torch.peer_passes import HostPeerPasses
+    from dpx_torch.shims.triton_launch import Launcher
+
+    W, me, epoch = 4, 1, 5
+    layout = dpx.PeerLayout(W, 256)
+    launcher = Launcher()
+    cases = [  # (leave, rank 1's flags of peers 0, 2, 3, error word before, bits after)
+        (False, (6, 6, 6), 0, 0), (False, (6, 5, 6), 0, 0b100),
+        (False, (6, LEFT + 5, 5), 0, 0b100), (False, (LEFT + 6, 6, 6), 0, 0),
+        (False, (5, 5, 5), 0b1000, 0b1000),
+        (True, (LEFT + 5, LEFT + 3, LEFT + 9), 0, 0), (True, (LEFT + 5, 6, LEFT + 5), 0, 0b100)]
+    for leave, peers, err, bits in cases:
+        base = [torch.zeros(layout.total_bytes, dtype=torch.uint8) for _ in range(W)]
+        for b in base:
+            b[layout.epoch:layout.epoch + 8].view(torch.int64)[0] = epoch
+        own = base[me][:8 * W].view(torch.int64)
+        for p, v in zip((0, 2, 3), peers):
+            own[p] = v
+        A, B = [b.clone() for b in base], [b.clone() for b in base]
+        a, b = _Workspaces(layout, me, A), _Workspaces(layout, me, B)
+        a.error[0] = b.error[0] = err
+        lt = L.peer_barrier_launch(W, layout.epoch, leave=leave, clock=False)
+        launcher.bind(lt.kernel, torch.device("cpu"), lt.consts, lt.warps,
+                      ((0, torch.int64),)).tensors((1,), (a.table, me, 30))
+        host = HostPeerPasses(b, 0.05)
+        host.leave() if leave else host.barrier()
+        case = (leave, peers, err)
+        assert int(a.error[0]) == int(b.error[0]) == bits, (case, a.error, b.error)
+        assert all(torch.equal(x, y) for x, y in zip(A, B)), case
+        mark = LEFT + epoch if leave else epoch + 1
+        assert all(int(x[:8 * W].view(torch.int64)[me]) == mark for x in A), case
 
 
 def test_peer_kernels_in_the_interpreter_give_the_host_passes_bytes():
