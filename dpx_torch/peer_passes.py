@@ -99,12 +99,13 @@ class CudaPeerPasses(PeerPasses):
         lay = mem.layout
         self.ints = (lay.data, lay.stride, lay.header)
         self.dummy = torch.zeros(1, dtype=torch.int32, device=self.device)
-        self._barrier, self._leave = (
-            launcher.bind(lt.kernel, self.device, lt.consts, lt.warps,
-                          ((0, torch.int64),)).tensors
-            for lt in (L.peer_barrier_launch(self.world, lay.epoch),
-                       L.peer_barrier_launch(self.world, lay.epoch, leave=True)))
+        self._barrier = self._bind_barrier(leave=False)
         self._barrier_args = (mem.table, self.me, int(timeout * 1e9))
+
+    def _bind_barrier(self, *, leave: bool) -> Any:
+        lt = L.peer_barrier_launch(self.world, self.mem.layout.epoch, leave=leave)
+        return self.launcher.bind(lt.kernel, self.device, lt.consts, lt.warps,
+                                  ((0, torch.int64),)).tensors
 
     def _bind(self, lt: L.Launch, dtypes: tuple[torch.dtype, ...]) -> Any:
         return self.launcher.bind(lt.kernel, self.device, lt.consts, lt.warps,
@@ -170,7 +171,7 @@ class CudaPeerPasses(PeerPasses):
         self._barrier((1,), self._barrier_args)
 
     def leave(self) -> None:
-        self._leave((1,), self._barrier_args)
+        self._bind_barrier(leave=True)((1,), self._barrier_args)
 
 
 class HostPeerPasses(PeerPasses):
