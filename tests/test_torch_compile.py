@@ -143,7 +143,7 @@ def test_counts_riding_the_gather_compile(comm1, mode):
 def test_steps_compile_on_a_gloo_world(gloo_worlds):
     """torch.compile over gather -> matmul -> combines (native and fp8) -> LM-head scatter
     on torch.distributed's collectives (2 gloo ranks, 2 replicas): fullgraph
-    for MAX_LEN with device counts (SUM_LEN's all-reduce compiles at world 1 above);
+    for MAX_LEN with device counts (SUM_LEN fullgraph at world 1 above, no collective);
     GATHERV's per-root collectives have no traceable form, so its step compiles with graph
     breaks around them (``fullgraph=False``); each equal to the eager step bit for bit."""
     world = gloo_worlds(2)
