@@ -280,16 +280,20 @@ class PeerTransport:
         """``destroy()``'s end, bounded: this rank's steps finished, then its leaving
         (:meth:`PeerPasses.leave`: a peer still waiting in a step's barrier for it is
         told at once; once every rank left, no step still reads or writes a peer's
-        memory), the peers' workspaces unmapped and this rank's freed (the driver and the
-        host keep memory another process still maps alive until it unmaps it). Returns
-        whether every rank left in time (False: a failure, found now or before)."""
+        memory) and the peers' workspaces unmapped. This rank's own is freed once every
+        rank left; after a failure a peer may still write its leaving into it, so it
+        stays until the process ends (as at interpreter exit). Returns whether every rank
+        left in time (False: a failure, found now or before)."""
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda d: None)
         sync(self.device)
         self.passes.leave()
         sync(self.device)
         ok = not self.mem.error[0]
         self.passes.close()
-        self.mem.release()
+        if ok:
+            self.mem.release()
+        else:
+            self.mem.close()
         return ok
 
 
@@ -307,17 +311,21 @@ class TransportMethods:
 
     def _end(self, *, at_exit: bool) -> None:
         """The end of the communicator's groups: drained with barriers and destroyed
-        (``destroy()``); on the peer transport its own bounded barrier is the drain
+        (``destroy()``); on the peer transport its bounded leaving is the drain
         (:meth:`PeerTransport.shutdown`: a dead or failed peer never makes it wait past
         the timeout, and no backend barrier waits after it); at interpreter exit the
-        peers' workspaces are unmapped and nothing waits."""
+        peers' workspaces are unmapped and nothing waits. The groups end even when the
+        transport's end raises."""
         peer = self.runner.peer
-        if peer is not None:
-            if at_exit:
-                peer.close()
-            else:
-                peer.shutdown()
-        end_groups(self.groups.owned, self.groups.world, drain=not at_exit and peer is None)
+        try:
+            if peer is not None:
+                if at_exit:
+                    peer.close()
+                else:
+                    peer.shutdown()
+        finally:
+            end_groups(self.groups.owned, self.groups.world,
+                       drain=not at_exit and peer is None)
 
     def _exchange(self, obj: object) -> list:
         """Every rank's ``obj`` (an all-gather of Python objects over the host group)."""
@@ -411,12 +419,12 @@ def open_transport(layout: DpLayout, rank: int, exchange: Callable[[Any], list],
         return None, choice
     token = gathered[0][1]   # rank 0's: the opening's name on every rank
     lay = PeerLayout(layout.world_size, options.phase_bytes)
-    mem = None
+    kind, mem = choice.memory, None
     try:
-        mem, why = open_memory(choice.memory, lay, rank, device, exchange, token)
+        mem, why = open_memory(kind, lay, rank, device, exchange, token)
         choice = confirm_peer(choice, exchange(why))
     except BaseException:
-        if choice.memory == "host":   # a peer may have died with its file in place
+        if kind == "host":   # a peer may have died with its file in place
             remove_host_files(token, layout.world_size)
         raise
     finally:
@@ -425,6 +433,8 @@ def open_transport(layout: DpLayout, rank: int, exchange: Callable[[Any], list],
     if choice.transport is not Transport.PEER:
         if mem is not None:
             mem.release()
+        if kind == "host":   # (a rank whose opening failed may have made its file)
+            remove_host_files(token, layout.world_size)
         return None, choice
     passes = (CudaPeerPasses(mem, options.timeout, launcher) if device.type == "cuda"
               else HostPeerPasses(mem, options.timeout))

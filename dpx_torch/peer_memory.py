@@ -42,8 +42,8 @@ from dpx.transport import RankFacts
 from dpx.workspace import PeerLayout
 from dpx_torch.shims import ipc as _ipc
 
-__all__ = ["CudaMemory", "host_path", "HostMemory", "PeerMemory", "remove_host_files",
-           "TableMemory", "open_memory", "rank_facts"]
+__all__ = ["CudaMemory", "host_path", "HostMemory", "open_memory", "PeerMemory",
+           "rank_facts", "remove_host_files", "TableMemory"]
 
 Exchange = Callable[[Any], list]
 
@@ -183,6 +183,9 @@ class HostMemory(PeerMemory):
         try:
             os.ftruncate(fd, layout.total_bytes)
             self._own = mmap.mmap(fd, layout.total_bytes)
+        except BaseException:   # no file stays behind a workspace that was never made
+            os.unlink(self.path)
+            raise
         finally:
             os.close(fd)
         self._maps: list[mmap.mmap] = []

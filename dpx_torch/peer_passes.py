@@ -99,13 +99,10 @@ class CudaPeerPasses(PeerPasses):
         lay = mem.layout
         self.ints = (lay.data, lay.stride, lay.header)
         self.dummy = torch.zeros(1, dtype=torch.int32, device=self.device)
-        self._barrier = self._bind_barrier(leave=False)
+        lt = L.peer_barrier_launch(self.world, lay.epoch)
+        self._barrier = launcher.bind(lt.kernel, self.device, lt.consts, lt.warps,
+                                      ((0, torch.int64),)).tensors
         self._barrier_args = (mem.table, self.me, int(timeout * 1e9))
-
-    def _bind_barrier(self, *, leave: bool) -> Any:
-        lt = L.peer_barrier_launch(self.world, self.mem.layout.epoch, leave=leave)
-        return self.launcher.bind(lt.kernel, self.device, lt.consts, lt.warps,
-                                  ((0, torch.int64),)).tensors
 
     def _bind(self, lt: L.Launch, dtypes: tuple[torch.dtype, ...]) -> Any:
         return self.launcher.bind(lt.kernel, self.device, lt.consts, lt.warps,
@@ -168,10 +165,10 @@ class CudaPeerPasses(PeerPasses):
         return pull_sum
 
     def barrier(self) -> None:
-        self._barrier((1,), self._barrier_args)
+        self._barrier((1,), (*self._barrier_args, 0))
 
     def leave(self) -> None:
-        self._bind_barrier(leave=True)((1,), self._barrier_args)
+        self._barrier((1,), (*self._barrier_args, 1))
 
 
 class HostPeerPasses(PeerPasses):

@@ -354,11 +354,10 @@ def peer_wire_sum_launch(wire: Wire, out_rows: int, hidden: int, out_dtype: str,
                        COMPILED=compiled), (0, 1, 2, 9))
 
 
-def peer_barrier_launch(world: int, epoch: int, *, leave: bool = False,
-                        clock: bool = True) -> Launch:
+def peer_barrier_launch(world: int, epoch: int, *, clock: bool = True) -> Launch:
     """:func:`~dpx.kernels.peer.peer_barrier_kernel`: one program of one warp (runtime
     arguments: table, this rank, the timeout in nanoseconds -- in polls without ``clock``,
-    for Triton's interpreter); ``leave``: this rank's leaving."""
+    for Triton's interpreter -- and 1 for this rank's leaving, else 0)."""
     return Launch(_peer.peer_barrier_kernel, (1,), 1,
                   dict(W=world, BLOCK_W=max(32, _pow2_at_least(world)), EPOCH=epoch,
-                       LEAVE=leave, CLOCK=clock), (0,))
+                       CLOCK=clock), (0,))

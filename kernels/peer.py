@@ -25,9 +25,11 @@ and chunk tables are int32 in device memory (CUDA-graph replayable with new coun
 - :func:`peer_barrier_kernel`: one program; the epoch plus one, written into every peer's
   flag for this rank (release, system scope), then this rank's flags read (acquire) until
   every peer's reaches the epoch -- or until ``timeout_ns`` pass on the GPU's global
-  clock, when the bits of the ranks that did not arrive are ORed into the error word. A
-  barrier that finds the error word set signals and returns at once: after a dead peer
-  no spin waits again.
+  clock, when the bits of the ranks that did not arrive are ORed into the error word; a
+  peer whose flag says it left (``LEFT + e``, :mod:`dpx.workspace`) before this epoch is
+  named at once. A barrier that finds the error word set signals and returns at once:
+  after a dead peer no spin waits again. With ``leave`` (``destroy()``): ``LEFT +
+  epoch`` written instead, and the wait is for every peer to have left.
 - :func:`peer_take_kernel` (after the barrier), ``MODE`` 0: ``out[i]`` is this rank's row
   ``i`` where ``i`` lies in a chunk of the table, else 0; 2: rows ``[0, out_rows)``
   copied; ``REPORT``: the header's reports into ``reports_ptr``.
@@ -134,37 +136,33 @@ def peer_put_kernel(src_ptr, table_ptr, firsts_ptr, lens_ptr, count_ptr, me, blo
 
 
 @triton.jit
-def _absent(seen, live, epoch, LEAVE: tl.constexpr):
+def _absent(seen, live, epoch, leaving):
     """``(missing, gone)`` of the flags ``seen``: the ranks not yet where this barrier waits
-    for them -- at ``epoch`` (a step's), or gone too (``LEAVE``) -- and those that left
-    before ``epoch`` (never to arrive: a step's barrier names them at once)."""
-    if LEAVE:   # (none gone: a leaving rank waits for every peer to leave)
-        gone = tl.full(seen.shape, 0, tl.int1)
-        missing = live & (seen < LEFT)
-    else:
-        gone = live & (seen >= LEFT) & (seen - LEFT < epoch)
-        missing = (live & (seen < epoch)) | gone
+    for them -- at ``epoch`` (a step's), or gone too (``leaving``) -- and those that left
+    before ``epoch`` (never to arrive: a step's barrier names them at once; none while
+    this rank leaves, as it waits for every peer to leave)."""
+    gone = live & (seen >= LEFT) & (seen - LEFT < epoch) & (leaving == 0)
+    missing = tl.where(leaving, live & (seen < LEFT), (live & (seen < epoch)) | gone)
     return missing, gone
 
 
-@triton.jit(do_not_specialize=["me", "timeout_ns"])
-def peer_barrier_kernel(table_ptr, me, timeout_ns, W: tl.constexpr, BLOCK_W: tl.constexpr,
-                        EPOCH: tl.constexpr, LEAVE: tl.constexpr, CLOCK: tl.constexpr):
-    """The step's barrier (see the module docstring), or with ``LEAVE`` this rank's leaving
-    (``destroy()``): ``LEFT + epoch`` written into its flags, then the wait until every peer
-    left. Grid ``(1,)``. ``CLOCK``: the timeout on the GPU's global clock (else, for
-    Triton's interpreter, ``timeout_ns`` counts the polls)."""
+@triton.jit(do_not_specialize=["me", "timeout_ns", "leave"])
+def peer_barrier_kernel(table_ptr, me, timeout_ns, leave, W: tl.constexpr,
+                        BLOCK_W: tl.constexpr, EPOCH: tl.constexpr, CLOCK: tl.constexpr):
+    """The step's barrier (see the module docstring), or with ``leave`` (1) this rank's
+    leaving (``destroy()``): ``LEFT + epoch`` written into its flags, the epoch unchanged,
+    then the wait until every peer left. Grid ``(1,)``. ``CLOCK``: the timeout on the
+    GPU's global clock (else, for Triton's interpreter, ``timeout_ns`` counts the
+    polls)."""
     p = tl.arange(0, BLOCK_W)
     live = p < W
+    leaving = leave != 0
     mine = peer_base(table_ptr, me)
     epoch_ptr = (mine + EPOCH).to(tl.pointer_type(tl.int64))
     epoch = tl.load(epoch_ptr, volatile=True)
-    if LEAVE:
-        mark = epoch + LEFT
-    else:
-        epoch = epoch + 1
-        tl.store(epoch_ptr, epoch)
-        mark = epoch
+    epoch = tl.where(leaving, epoch, epoch + 1)
+    tl.store(epoch_ptr, epoch, mask=leaving == 0)
+    mark = tl.where(leaving, epoch + LEFT, epoch)
     err_ptr = tl.load(table_ptr + W).to(tl.pointer_type(tl.int64))
     bases = tl.load(table_ptr + p, mask=live, other=0)
     # this rank's arrival (or leaving), written into its flag in every workspace (its own
@@ -175,7 +173,7 @@ def peer_barrier_kernel(table_ptr, me, timeout_ns, W: tl.constexpr, BLOCK_W: tl.
     own = mine.to(tl.pointer_type(tl.int64)) + p
     seen = tl.atomic_add(own, tl.full([BLOCK_W], 0, tl.int64), mask=live, sem="acquire",
                          scope="sys")
-    missing, gone = _absent(seen, live, epoch, LEAVE)
+    missing, gone = _absent(seen, live, epoch, leaving)
     failed = tl.load(err_ptr, volatile=True) != 0
     if CLOCK:
         t0 = tl.max(globaltimer(p), 0)
@@ -187,7 +185,7 @@ def peer_barrier_kernel(table_ptr, me, timeout_ns, W: tl.constexpr, BLOCK_W: tl.
     while waiting:
         seen = tl.atomic_add(own, tl.full([BLOCK_W], 0, tl.int64), mask=live, sem="acquire",
                              scope="sys")
-        missing, gone = _absent(seen, live, epoch, LEAVE)
+        missing, gone = _absent(seen, live, epoch, leaving)
         polls += 1
         if CLOCK:
             elapsed = tl.max(globaltimer(p), 0) - t0

@@ -118,9 +118,8 @@ def peer_cases(world: int = 8) -> list[tuple]:
                                src_step=step)
         out.append(_case(f"peer put {name}", lt.kernel,
                          dict(tab, src_ptr="*bf16", count_ptr="*i32"), lt.consts, lt.warps))
-    for leave, name in ((False, "peer barrier"), (True, "peer barrier leave")):
-        lt = L.peer_barrier_launch(world, ep, leave=leave)
-        out.append(_case(name, lt.kernel, {"table_ptr": "*i64"}, lt.consts, lt.warps))
+    lt = L.peer_barrier_launch(world, ep)
+    out.append(_case("peer barrier", lt.kernel, {"table_ptr": "*i64"}, lt.consts, lt.warps))
     for mode, name in ((L.PEER_CHUNK, "chunk"), (L.PEER_BLOCKS, "blocks")):
         lt = L.peer_take_launch(mode, 512, H, 2, world, ep, report=mode == L.PEER_BLOCKS)
         out.append(_case(f"peer take {name}", lt.kernel,

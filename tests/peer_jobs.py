@@ -241,7 +241,7 @@ def graph_replays(ctx, layout_args, replays: int) -> dict:
     return {"replays": replays, "bad": bad, "overflowed": comm.overflowed()}
 
 
-def compiled_steps(ctx, layout_args, which, fullgraph: bool = True) -> int:
+def compiled_steps(ctx, layout_args, which, *, fullgraph: bool = True) -> int:
     """torch.compile(fullgraph=fullgraph) of a step -- gather, a matmul, the combine
     (native and fp8), the LM-head scatter -- on the world's transport, for each ``(mode,
     device counts)`` of ``which`` (on the peer transport GATHERV too: its world steps are

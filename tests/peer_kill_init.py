@@ -5,7 +5,8 @@
 spawns ``WORLD`` gloo ranks on CPU (host shared memory); the last one kills itself
 (SIGKILL) right after its peers' workspaces are mapped, before any file is removed. Every
 other rank's ``DpComm`` raises and the rank exits 0, printing ``raised <rank> <error
-type>``; the parent prints each rank's exit code (``exit <rank> <code>``).
+type>``; the dying rank prints ``token <the opening's token>`` first, and the parent each
+rank's exit code (``exit <rank> <code>``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def _rank(rank: int, world: int, init: str) -> None:
     if rank == world - 1:
         opened = peer.open_memory
 
-        def open_then_die(*args, **kwargs):
-            out = opened(*args, **kwargs)
+        def open_then_die(kind, layout, rank, device, exchange, token):
+            out = opened(kind, layout, rank, device, exchange, token)
+            print(f"token {token}", flush=True)   # what the files are named by
             os.kill(os.getpid(), signal.SIGKILL)
             return out
         peer.open_memory = open_then_die

@@ -400,23 +400,22 @@ _PRIMES = {
     "comm-counts-dtype": lambda c: c.gather(_x(8), _CAP8, partial=True,
                                             counts=torch.tensor([1], dtype=torch.int32)),
     "comm-grad-out": lambda c: c.gather(_x(), P5, partial=True, out=_x(5)),
-    "comm-plan-layout": lambda c: c.gather(_x(), P5, partial=True),
     "comm-counts-plan": lambda c: c.gather(_x(), P5, partial=True),
     "comm-async-grad": lambda c: c.gather_async(_x(), P5, partial=True)[1].wait(),
     "comm-prepare-grad": lambda c: c.prepare_gather(_x(), P5, partial=True)(_x()),
     "comm-sync-counts": lambda c: c.sync_counts(3),
-    "comm-local-slot": lambda c: c.gather(_x(8), _SUM8, partial=True,
-                                          counts=torch.tensor([3], dtype=torch.int32)),
 }
 _CAP8 = dpx.plan_step([1], L1, capacity=8)
-_SUM8 = dpx.plan_step([0], L1, mode="sum_len", capacity=8)
 
 
 def test_every_call_entry_has_a_prime():
-    """docs/errors.md says each ``comm-*`` call entry is tested after a prepared call: all
-    but the communicator's construction and the destroyed ones (tested on their own)."""
+    """docs/errors.md says each ``comm-*`` call entry is tested after a prepared call of
+    the same op and plan: all but the communicator's construction, the destroyed ones
+    (tested on their own), a plan of another layout and ``local_slot_for`` (no valid call
+    of the same op and plan precedes them)."""
     calls = {k for k in CASES if k.startswith("comm-")} - {
-        "comm-group-size", "comm-destroyed", "comm-destroyed-prepared"}
+        "comm-group-size", "comm-destroyed", "comm-destroyed-prepared", "comm-plan-layout",
+        "comm-local-slot"}
     assert calls <= set(_PRIMES), sorted(calls - set(_PRIMES))
 
 
