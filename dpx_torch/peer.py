@@ -419,22 +419,19 @@ def open_transport(layout: DpLayout, rank: int, exchange: Callable[[Any], list],
         return None, choice
     token = gathered[0][1]   # rank 0's: the opening's name on every rank
     lay = PeerLayout(layout.world_size, options.phase_bytes)
-    kind, mem = choice.memory, None
+    kind, mem, opened = choice.memory, None, False
     try:
         mem, why = open_memory(kind, lay, rank, device, exchange, token)
         choice = confirm_peer(choice, exchange(why))
-    except BaseException:
-        if kind == "host":   # a peer may have died with its file in place
-            remove_host_files(token, layout.world_size)
-        raise
+        opened = choice.transport is Transport.PEER
     finally:
         if mem is not None and hasattr(mem, "unlink"):
             mem.unlink()   # every peer has mapped it (or will not): no file stays behind
-    if choice.transport is not Transport.PEER:
+        if not opened and kind == "host":   # a peer that failed, or died, may have left
+            remove_host_files(token, layout.world_size)   # its file: every rank's goes
+    if not opened:
         if mem is not None:
             mem.release()
-        if kind == "host":   # (a rank whose opening failed may have made its file)
-            remove_host_files(token, layout.world_size)
         return None, choice
     passes = (CudaPeerPasses(mem, options.timeout, launcher) if device.type == "cuda"
               else HostPeerPasses(mem, options.timeout))

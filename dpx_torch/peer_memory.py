@@ -183,9 +183,6 @@ class HostMemory(PeerMemory):
         try:
             os.ftruncate(fd, layout.total_bytes)
             self._own = mmap.mmap(fd, layout.total_bytes)
-        except BaseException:   # no file stays behind a workspace that was never made
-            os.unlink(self.path)
-            raise
         finally:
             os.close(fd)
         self._maps: list[mmap.mmap] = []

@@ -154,8 +154,8 @@ elif variant == "leave":
             pass
     else:
         try:
-            got = comm.gather(rows_of(1, rank, 2), dpx.plan_step([2] * world, layout),
-                              partial=True)
+            comm.gather(rows_of(1, rank, 2), dpx.plan_step([2] * world, layout),
+                        partial=True)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
                 comm.check_peers()
