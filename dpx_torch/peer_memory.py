@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from dpx.transport import RankFacts
-from dpx.workspace import PeerLayout
+from dpx.workspace import ALIGN, PeerLayout
 from dpx_torch.shims import ipc as _ipc
 
 __all__ = ["CudaMemory", "host_path", "HostMemory", "open_memory", "PeerMemory",
@@ -123,6 +123,15 @@ class PeerMemory:
         """Unmap the peers' workspaces and free this rank's."""
 
 
+def unaligned(addrs: list[int]) -> str:
+    """Why these workspace addresses cannot be used ("" if they can): the kernels address
+    every workspace as a multiple of :data:`dpx.workspace.ALIGN` bytes
+    (:func:`dpx.kernels.peer.row_starts`)."""
+    bad = [p for p, a in enumerate(addrs) if a % ALIGN]
+    return (f"the workspaces of ranks {bad} are not {ALIGN}-byte aligned "
+            f"({[hex(addrs[p]) for p in bad]})" if bad else "")
+
+
 class CudaMemory(PeerMemory):
     def __init__(self, kind: str, layout: PeerLayout, rank: int, device: torch.device) -> None:
         self.layout, self.rank, self.device = layout, rank, device
@@ -151,7 +160,7 @@ class CudaMemory(PeerMemory):
             return f"{type(exc).__name__}: {exc}"
         self.table = torch.tensor(addrs + [self._err.data_ptr()], dtype=torch.int64,
                                   device=self.device)
-        return ""
+        return unaligned(addrs)
 
     def close(self) -> None:
         if self._closed:
@@ -213,7 +222,7 @@ class HostMemory(PeerMemory):
         self.views = [torch.frombuffer(m, dtype=torch.uint8) for m in maps]
         self.table = torch.tensor([v.data_ptr() for v in self.views] + [self.error_address],
                                   dtype=torch.int64)
-        return ""
+        return unaligned(self.table[:-1].tolist())
 
     def unlink(self) -> None:
         """Remove this rank's file (every peer has it mapped, or none will)."""

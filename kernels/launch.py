@@ -351,7 +351,7 @@ def peer_wire_sum_launch(wire: Wire, out_rows: int, hidden: int, out_dtype: str,
                   dict(H=hidden, ROW_BYTES=W.wire_row_bytes(hidden, wire),
                        FP4=wire is not Wire.FP8, NV=wire is Wire.NVFP4, W=world,
                        OUT_KIND=OUT_KIND[out_dtype], EPOCH=epoch, BLOCK_B=f.block_b,
-                       COMPILED=compiled), (0, 1, 2, 9))
+                       COMPILED=compiled, WIDE=wide(out_rows * hidden)), (0, 1, 2, 9))
 
 
 def peer_barrier_launch(world: int, epoch: int, *, clock: bool = True) -> Launch:

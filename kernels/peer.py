@@ -9,7 +9,9 @@ the device maps: the host reads it without a sync). Offsets inside a workspace a
 :class:`dpx.workspace.PeerLayout`'s: ``EPOCH`` (constexpr), ``data`` and ``stride`` (the
 first row byte of phase 0, and the bytes from one phase to the next). A kernel before its
 step's barrier writes phase ``(epoch + 1) & 1``, one after it reads phase ``epoch & 1``
-(:func:`phase_offset`).
+(:func:`phase_offset`). Workspace bases and phases are multiples of ``ALIGN`` bytes (the
+host refuses a mapping that is not), which the kernels tell the compiler
+(:func:`row_starts`), so a row moves as whole vectors.
 
 Rows are ``WIDTH`` elements of the pointer type of the caller's tensor (its dtype, or
 bytes for wire rows); every access is masked against its buffer (``src_rows``, the phase's
@@ -51,7 +53,7 @@ import triton.language as tl
 
 from dpx.kernels.blocks import block_index
 from dpx.kernels.combine import add_rn, store_sum, wire_block_values
-from dpx.kernels.constants import GROUP, LEFT, MX_BLOCK, NV_BLOCK
+from dpx.kernels.constants import ALIGN, GROUP, LEFT, MX_BLOCK, NV_BLOCK
 
 __all__ = ["globaltimer", "peer_barrier_kernel", "peer_put_kernel", "peer_sum_kernel",
            "peer_take_kernel", "peer_wire_sum_kernel", "phase_offset"]
@@ -66,8 +68,10 @@ def globaltimer(like):
 
 @triton.jit
 def peer_base(table_ptr, p):
-    """Rank ``p``'s workspace base address, as a byte pointer."""
-    return tl.load(table_ptr + p).to(tl.pointer_type(tl.uint8))
+    """Rank ``p``'s workspace base address, as a byte pointer (a multiple of
+    :data:`ALIGN`, which :class:`dpx_torch.peer_memory.PeerMemory` checks: the compiler
+    may then load and store whole vectors)."""
+    return tl.multiple_of(tl.load(table_ptr + p), ALIGN).to(tl.pointer_type(tl.uint8))
 
 
 @triton.jit
@@ -78,7 +82,20 @@ def phase_offset(table_ptr, me, data, stride, EPOCH: tl.constexpr, AFTER: tl.con
     epoch = tl.load(epoch_ptr, volatile=True)
     if not AFTER:
         epoch = epoch + 1
-    return data + (epoch & 1) * stride
+    return tl.multiple_of(data + (epoch & 1) * stride, ALIGN)   # (PeerLayout aligns both)
+
+
+@triton.jit
+def row_starts(ptr, rows, ROW: tl.constexpr):
+    """``ptr + rows * ROW`` (elements of ``ptr``'s type; ``ptr`` a workspace's phase, a
+    multiple of :data:`ALIGN` bytes), with the compiler told what divides each row's first
+    byte: the largest power of two dividing ``ROW``'s bytes, up to 16. Without it, a
+    pointer read from the table has no known alignment, and every access is split into
+    one load or store per element."""
+    RB: tl.constexpr = ROW * (ptr.dtype.element_ty.primitive_bitwidth // 8)
+    A: tl.constexpr = 16 if RB % 16 == 0 else (8 if RB % 8 == 0 else (
+        4 if RB % 4 == 0 else (2 if RB % 2 == 0 else 1)))
+    return tl.multiple_of(ptr + rows * ROW, A)
 
 
 @triton.jit(do_not_specialize=["me", "block", "src_step", "src_rows", "ws_rows", "data",
@@ -129,7 +146,8 @@ def peer_put_kernel(src_ptr, table_ptr, firsts_ptr, lens_ptr, count_ptr, me, blo
         count = tl.load(count_ptr)
     for i in range(W if FAN else 1):
         base = peer_base(table_ptr, (me + tile + i) % W if FAN else dest) + off
-        tl.store(base.to(src_ptr.dtype) + d[:, None] * WIDTH + cols[None, :], vals, mask=mask)
+        tl.store(row_starts(base.to(src_ptr.dtype), d, WIDTH)[:, None] + cols[None, :], vals,
+                 mask=mask)
         if REPORT:
             if first:
                 tl.store((base - header).to(tl.pointer_type(tl.int32)) + me, count)
@@ -222,7 +240,7 @@ def peer_take_kernel(table_ptr, firsts_ptr, lens_ptr, reports_ptr, me, block, ou
         real = rows >= 0
     real = real & (rows < ws_rows) & (rows < out_rows)
     col_ok = cols < WIDTH
-    vals = tl.load(base.to(out_ptr.dtype) + rows[:, None] * WIDTH + cols[None, :],
+    vals = tl.load(row_starts(base.to(out_ptr.dtype), rows, WIDTH)[:, None] + cols[None, :],
                    mask=real[:, None] & col_ok[None, :], other=0)
     tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], vals,
              mask=(rows < out_rows)[:, None] & col_ok[None, :])
@@ -249,15 +267,14 @@ def peer_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows, data
     real = (rows < n) & (rows < out_rows) & (src >= 0) & (src < ws_rows)
     col_ok = cols < WIDTH
     mask = real[:, None] & col_ok[None, :]
-    offs = src[:, None] * WIDTH + cols[None, :]
     off = phase_offset(table_ptr, me, data, stride, EPOCH, True)
     if KIND == 3:
         acc = tl.full([BLOCK_R, BLOCK_C], 0, out_ptr.dtype.element_ty)
     else:
         acc = tl.full([BLOCK_R, BLOCK_C], 0, tl.float32)
     for p in tl.static_range(W):
-        v = tl.load((peer_base(table_ptr, p) + off).to(out_ptr.dtype) + offs, mask=mask,
-                    other=0)
+        v = tl.load(row_starts((peer_base(table_ptr, p) + off).to(out_ptr.dtype), src, WIDTH)[:, None]
+                    + cols[None, :], mask=mask, other=0)
         if KIND == 3:
             acc = acc + v
         else:
@@ -275,26 +292,26 @@ def peer_wire_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows,
                          stride, g, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
                          FP4: tl.constexpr, NV: tl.constexpr, W: tl.constexpr,
                          OUT_KIND: tl.constexpr, EPOCH: tl.constexpr, BLOCK_B: tl.constexpr,
-                         COMPILED: tl.constexpr):
+                         COMPILED: tl.constexpr, WIDE: tl.constexpr):
     """The quantized combine's pull: ``out[j]`` the float32 sum over ranks in order of the
     dequantized wire row ``firsts[me] + j`` of each (fp8 unless ``FP4``; nvfp4 with global
     scale ``g`` when ``NV``, else mxfp4), rounded to ``OUT_KIND`` (0-2: float32 /
-    bfloat16 / float16); 0 from ``lens[me]`` to ``out_rows``."""
+    bfloat16 / float16); 0 from ``lens[me]`` to ``out_rows``. ``WIDE``: the output's
+    index math in int64, else int32 (a row's byte offset in a workspace is int64 either
+    way). A row that is not read adds the masked loads' zero bytes, +0.0 on every wire."""
     GS: tl.constexpr = (NV_BLOCK if NV else MX_BLOCK) if FP4 else GROUP
     NB: tl.constexpr = H // GS
-    f = block_index(0, BLOCK_B, True)
+    f = block_index(0, BLOCK_B, WIDE)
     row = f // NB
     grp = f % NB
-    first = tl.load(firsts_ptr + me).to(tl.int64)
-    n = tl.load(lens_ptr + me).to(tl.int64)
-    src = first + row
+    src = tl.load(firsts_ptr + me) + row
     ok = row < out_rows
-    real = ok & (row < n) & (src >= 0) & (src < ws_rows)
+    real = ok & (row < tl.load(lens_ptr + me)) & (src >= 0) & (src < ws_rows)
     off = phase_offset(table_ptr, me, data, stride, EPOCH, True)
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
     for p in tl.static_range(W):
-        base = peer_base(table_ptr, p) + off + src * ROW_BYTES
+        base = row_starts(peer_base(table_ptr, p) + off, src.to(tl.int64), ROW_BYTES)
         v = wire_block_values(base, grp, real, g, H, ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
-        acc = add_rn(acc, tl.where(real[:, None], v, 0.0), COMPILED)
+        acc = add_rn(acc, v, COMPILED)
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
     store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND, COMPILED)

@@ -377,14 +377,25 @@ def test_peer_kernels_compile_for_sm90():
     """Every peer kernel as dpx_torch launches it compiles for an H100/H200 (sm_90, no GPU
     needed): the barrier reads the global clock and orders its flags at system scope, the
     sums add with ``add.rn.f32`` (the combine's rounding, never fused into a multiply-add),
-    and no kernel spills to local memory."""
+    no kernel spills to local memory, and every access to a workspace row moves whole
+    vectors (the rows' alignment, :func:`dpx.kernels.peer.row_starts`: a pointer read from
+    the table has none the compiler knows, and the rows' bytes went one load or store an
+    element)."""
     pytest.importorskip("triton")
+    import re
+
     import kernel_digest as kd
 
     for name, kernel, ptrs, consts, warps in kd.peer_cases():
         k = kd.compile_case(kernel, ptrs, consts, warps)
         ptx = kd.normalised_ptx(k.asm["ptx"])
         assert ".local" not in ptx and "ld.local" not in ptx, name
+        if name != "peer barrier":
+            # (the nvfp4 sum reads one scale byte a block: its only byte loads)
+            scalar = re.findall(r"(?:ld|st)\.global\.b(?:8|16)\b", ptx)
+            vector = re.findall(r"(?:ld|st)\.global\.v[24]\.b32", ptx)
+            assert vector and len(scalar) <= (8 if name == "peer sum nvfp4" else 0), \
+                (name, scalar, vector)
         if name == "peer barrier":
             assert "%globaltimer" in ptx and ".sys" in ptx and "release" in ptx, ptx[-2000:]
         if name.startswith("peer sum"):
@@ -404,6 +415,20 @@ class _Workspaces:
         self.error = np.zeros(1, np.int64)
         self.table = torch.tensor([b.data_ptr() for b in bufs] + [self.error.ctypes.data],
                                   dtype=torch.int64)
+
+
+def test_a_workspace_the_kernels_cannot_address_is_named():
+    """The kernels take every workspace base as a multiple of ``dpx.workspace.ALIGN``
+    bytes: a mapping that is not is this rank's reason not to open (every rank then falls
+    back or raises, as for any failure to map), naming the ranks and addresses."""
+    pytest.importorskip("torch")
+    from dpx.workspace import ALIGN
+    from dpx_torch.peer_memory import unaligned
+
+    assert unaligned([0, ALIGN, 7 * ALIGN]) == ""
+    why = unaligned([ALIGN, 3 * ALIGN + 64, 5 * ALIGN, 16])
+    assert why.startswith("the workspaces of ranks [1, 3] are not 256-byte aligned"), why
+    assert hex(3 * ALIGN + 64) in why and "0x10" in why, why
 
 
 def test_the_barrier_kernel_names_whom_the_host_barrier_names():
