@@ -273,8 +273,8 @@ def peer_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows, data
     else:
         acc = tl.full([BLOCK_R, BLOCK_C], 0, tl.float32)
     for p in tl.static_range(W):
-        v = tl.load(row_starts((peer_base(table_ptr, p) + off).to(out_ptr.dtype), src, WIDTH)[:, None]
-                    + cols[None, :], mask=mask, other=0)
+        rows_p = row_starts((peer_base(table_ptr, p) + off).to(out_ptr.dtype), src, WIDTH)
+        v = tl.load(rows_p[:, None] + cols[None, :], mask=mask, other=0)
         if KIND == 3:
             acc = acc + v
         else:
