@@ -3,7 +3,7 @@
 #   bash benchmarks/run_gpu.sh [STAGE ...]      (default: every stage)
 # Stages: peer (the peer transport's GPU tests -- worlds of 2-4 processes on the one GPU,
 # run under MPS, which this stage starts and stops; about 10 minutes on an H100),
-# peer_bench (benchmarks/peer.py), tests (the
+# peer_bench (benchmarks/peer.py), peer_variants (benchmarks/peer_sum_variants.py), tests (the
 # other GPU-marked tests), sweep (launch sweep), wire (the wire kernels against the copy
 # ceiling), wire_sweep (their launch shapes), probe (the slot place against its write
 # ceiling), kernels, jax_kernels,
@@ -39,6 +39,9 @@ if want peer; then
 fi
 if want peer_bench; then
   (cd benchmarks && python3 peer.py 2>&1 | tee "$OUT/peer.log")
+fi
+if want peer_variants; then
+  (cd benchmarks && python3 peer_sum_variants.py 2>&1 | tee "$OUT/peer_sum_variants.log")
 fi
 if want tests; then
   python3 -m pytest -q -m gpu tests --ignore=tests/test_peer_gpu.py -p no:cacheprovider 2>&1 \

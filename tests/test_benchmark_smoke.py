@@ -134,3 +134,19 @@ def test_lm_head_bytes_table(tmp_path):
         assert sc <= ag * (1 + 1e-6), r
         if r["mode"] == "max_len":
             assert float(r["ratio"]) == pytest.approx(1 / int(r["dp"]), abs=1e-4), r
+
+
+def test_peer_sum_variants_run_and_match_bit_for_bit():
+    """``benchmarks/peer_sum_variants.py --interpret``: every variant of the peer wire
+    pull-sum (a select of masked rows, int64 index math, no alignment told, other launch
+    shapes) and the combine's summing pass give the library kernel's bits on every wire,
+    in Triton's interpreter; the script says so and exits 0 only then."""
+    pytest.importorskip("triton")
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    res = subprocess.run([sys.executable, "peer_sum_variants.py", "--interpret"], cwd=bench,
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 3 and all("DIFF" not in ln for ln in lines), res.stdout[-2000:]
+    assert res.stdout.rstrip().endswith("every variant equal to dpx bit for bit")
