@@ -16,10 +16,14 @@ device-to-device copy of the bytes read + written (1.0: the copy ceiling):
 - ``v<S><I><A>_b<B>w<N>``: the variant kernel below with ``S`` 1: a select of each masked
   row's values to 0 (0: none), ``I`` 64 / 32: index math in int64 / int32, ``A`` 1: the
   rows' alignment told to the compiler (:func:`dpx.kernels.peer.row_starts`), ``B`` blocks
-  a program and ``N`` warps. ``v1640`` at dpx's launch is the kernel before these changes.
+  a program and ``N`` warps: ``v1640`` and ``v0320`` at dpx's launch, ``v0321`` (dpx's
+  kernel) at six other launches. ``v1640`` is the library's kernel before it told the
+  compiler the alignment and dropped the select.
 
-Every variant's output is compared with dpx's bit for bit (``DIFF`` where not). Writes
-``peer_sum_variants.csv`` to $OUT or benchmarks/out.
+Every variant's output is compared with dpx's bit for bit (``DIFF`` where not); with
+``--interpret`` the variants' pull reads from row 1 of its source and stops two rows
+short, so masked rows differ from read ones. Writes ``peer_sum_variants.csv`` to
+$OUT or benchmarks/out.
 """
 
 from __future__ import annotations
@@ -104,9 +108,10 @@ def main(interpret: bool) -> list[dict]:
                     b[lay.data:lay.data + n * wrb].copy_(wbuf[p * n:(p + 1) * n].reshape(-1))
                 firsts = torch.zeros(W, dtype=torch.int32, device=dev)
                 lens = torch.full((W,), n, dtype=torch.int32, device=dev)
+                ws_rows = lay.phase_bytes // wrb
                 lt = L.peer_wire_sum_launch(wire, n, H, "bfloat16", W, lay.epoch,
-                                            compiled=not interpret)
-                ints = (0, n, lay.phase_bytes // wrb, lay.data, lay.stride, L.fp4_scale(g))
+                                            ws_rows=ws_rows, compiled=not interpret)
+                ints = (0, n, ws_rows, lay.data, lay.stride, L.fp4_scale(g))
                 ref = torch.empty(n, H, dtype=bf, device=dev)
 
                 def dpx_sum():
@@ -125,10 +130,13 @@ def main(interpret: bool) -> list[dict]:
                 row["combine_sum"] = (cu / time_it(combine_sum)
                                       if torch.equal(outd.view(torch.int16), ref.view(torch.int16))
                                       else "DIFF")
+                if interpret:   # the variants: rows past the count and a source offset
+                    firsts[0], lens[0] = 1, n - 2
+                    dpx_sum()
                 b0, w0 = lt.consts["BLOCK_B"], lt.warps
                 cands = [(1, True, 0, b0, w0), (0, False, 0, b0, w0)] + [
-                    (0, False, 1, b, w) for b, w in ((8, 4), (16, 4), (32, 4), (64, 4), (16, 8),
-                                                     (32, 8), (64, 2))]
+                    (0, False, 1, b, w) for b, w in ((8, 4), (32, 4), (16, 8), (64, 4), (32, 8),
+                                                     (16, 4)) if (b, w) != (b0, w0)]
                 for select, wide, aligned, b, w in cands:
                     consts = dict(lt.consts, BLOCK_B=b, WIDE=wide, SELECT=select,
                                   ALIGNED=aligned)

@@ -152,12 +152,12 @@ class CudaPeerPasses(PeerPasses):
             ints = (self.me, out_rows, self.ws_rows(width, dtype.itemsize), lay.data,
                     lay.stride)
         else:
+            ws_rows = lay.phase_bytes // wire_row_bytes(width, wire)
             lt = L.peer_wire_sum_launch(wire, out_rows, width, _name(dtype), self.world,
-                                        lay.epoch, compiled=self.device.type == "cuda")
+                                        lay.epoch, ws_rows=ws_rows,
+                                        compiled=self.device.type == "cuda")
             k = self._bind(lt, (torch.int64, i32, i32, dtype)).tensors
-            rb = lt.consts["ROW_BYTES"]
-            ints = (self.me, out_rows, lay.phase_bytes // rb, lay.data, lay.stride,
-                    L.fp4_scale(g))
+            ints = (self.me, out_rows, ws_rows, lay.data, lay.stride, L.fp4_scale(g))
         grid = lt.grid
 
         def pull_sum(out, firsts, lens):

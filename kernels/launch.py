@@ -342,16 +342,18 @@ def peer_sum_launch(out_rows: int, width: int, dtype: str, itemsize: int, world:
 
 
 def peer_wire_sum_launch(wire: Wire, out_rows: int, hidden: int, out_dtype: str, world: int,
-                         epoch: int, *, compiled: bool) -> Launch:
+                         epoch: int, *, ws_rows: int, compiled: bool) -> Launch:
     """:func:`~dpx.kernels.peer.peer_wire_sum_kernel` of ``wire`` rows into ``[out_rows,
-    hidden]`` of ``out_dtype`` (the combine's summing pass's shapes)."""
+    hidden]`` of ``out_dtype`` (the combine's summing pass's shapes), from phases of
+    ``ws_rows`` wire rows."""
     gs = W.block(wire)
     f = block_shape("sum", gs)
     return Launch(_peer.peer_wire_sum_kernel, block_grid(out_rows, hidden, gs, f), f.warps,
                   dict(H=hidden, ROW_BYTES=W.wire_row_bytes(hidden, wire),
                        FP4=wire is not Wire.FP8, NV=wire is Wire.NVFP4, W=world,
                        OUT_KIND=OUT_KIND[out_dtype], EPOCH=epoch, BLOCK_B=f.block_b,
-                       COMPILED=compiled, WIDE=wide(out_rows * hidden)), (0, 1, 2, 9))
+                       COMPILED=compiled, WIDE=wide(out_rows * hidden, ws_rows)),
+                  (0, 1, 2, 9))
 
 
 def peer_barrier_launch(world: int, epoch: int, *, clock: bool = True) -> Launch:

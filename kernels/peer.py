@@ -92,7 +92,7 @@ def row_starts(ptr, rows, ROW: tl.constexpr):
     byte: the largest power of two dividing ``ROW``'s bytes, up to 16. Without it, a
     pointer read from the table has no known alignment, and every access is split into
     one load or store per element."""
-    RB: tl.constexpr = ROW * (ptr.dtype.element_ty.primitive_bitwidth // 8)
+    RB: tl.constexpr = ROW * max(1, ptr.dtype.element_ty.primitive_bitwidth // 8)
     A: tl.constexpr = 16 if RB % 16 == 0 else (8 if RB % 8 == 0 else (
         4 if RB % 4 == 0 else (2 if RB % 2 == 0 else 1)))
     return tl.multiple_of(ptr + rows * ROW, A)
@@ -296,9 +296,11 @@ def peer_wire_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows,
     """The quantized combine's pull: ``out[j]`` the float32 sum over ranks in order of the
     dequantized wire row ``firsts[me] + j`` of each (fp8 unless ``FP4``; nvfp4 with global
     scale ``g`` when ``NV``, else mxfp4), rounded to ``OUT_KIND`` (0-2: float32 /
-    bfloat16 / float16); 0 from ``lens[me]`` to ``out_rows``. ``WIDE``: the output's
-    index math in int64, else int32 (a row's byte offset in a workspace is int64 either
-    way). A row that is not read adds the masked loads' zero bytes, +0.0 on every wire."""
+    bfloat16 / float16); 0 from ``lens[me]`` to ``out_rows``. ``WIDE``: index math in
+    int64, else int32 (the launch's choice: int32 when the output's elements and the
+    phase's rows fit; a row's byte offset in a workspace is int64 either way). A row that
+    is not read adds the masked loads' zero bytes: +0.0 on every wire (nvfp4's global
+    scale is positive)."""
     GS: tl.constexpr = (NV_BLOCK if NV else MX_BLOCK) if FP4 else GROUP
     NB: tl.constexpr = H // GS
     f = block_index(0, BLOCK_B, WIDE)

@@ -30,6 +30,7 @@ from triton.compiler import ASTSource
 
 from dpx.kernels import combine, counts, fp4, mask, rows, wire
 from dpx.modes import Wire
+from dpx.wire import wire_row_bytes
 
 _TARGET = GPUTarget("cuda", 90, 32)
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -127,10 +128,20 @@ def peer_cases(world: int = 8) -> list[tuple]:
     lt = L.peer_sum_launch(64, H, "bfloat16", 2, world, ep, compiled=True)
     out.append(_case("peer sum bf16", lt.kernel, dict(tab, out_ptr="*bf16"), lt.consts,
                      lt.warps))
-    for w in (Wire.FP8, Wire.NVFP4):
-        lt = L.peer_wire_sum_launch(w, 64, H, "bfloat16", world, ep, compiled=True)
+    for w in (Wire.FP8, Wire.NVFP4, Wire.MXFP4):
+        lt = L.peer_wire_sum_launch(w, 64, H, "bfloat16", world, ep, ws_rows=4096,
+                                    compiled=True)
         out.append(_case(f"peer sum {w.value}", lt.kernel, dict(tab, out_ptr="*bf16"),
                          lt.consts, lt.warps))
+    # wire rows as bytes: a quantized gather's chunk put and take, a combine's stage
+    rb = wire_row_bytes(H, Wire.FP8)
+    for mode, name in ((L.PEER_CHUNK, "chunk"), (L.PEER_STAGE, "stage")):
+        lt = L.peer_put_launch(mode, 64, rb, 1, world, ep, report=False, src_step=0)
+        out.append(_case(f"peer put {name} fp8 rows", lt.kernel,
+                         dict(tab, src_ptr="*u8", count_ptr="*i32"), lt.consts, lt.warps))
+    lt = L.peer_take_launch(L.PEER_CHUNK, 512, rb, 1, world, ep, report=False)
+    out.append(_case("peer take chunk fp8 rows", lt.kernel,
+                     dict(tab, reports_ptr="*i32", out_ptr="*u8"), lt.consts, lt.warps))
     return out
 
 

@@ -391,11 +391,15 @@ def test_peer_kernels_compile_for_sm90():
         ptx = kd.normalised_ptx(k.asm["ptx"])
         assert ".local" not in ptx and "ld.local" not in ptx, name
         if name != "peer barrier":
-            # (the nvfp4 sum reads one scale byte a block: its only byte loads)
-            scalar = re.findall(r"(?:ld|st)\.global\.b(?:8|16)\b", ptx)
+            # scalar accesses: none of bytes or halves but the fp4 sums' scale bytes (one a
+            # block and source); of words, only the count loads and the fp8 sum's scales
+            small = re.findall(r"(?:ld|st)\.global\.b(?:8|16)\b", ptx)
+            words = re.findall(r"(?:ld|st)\.global\.b32\b", ptx)
             vector = re.findall(r"(?:ld|st)\.global\.v[24]\.b32", ptx)
-            assert vector and len(scalar) <= (8 if name == "peer sum nvfp4" else 0), \
-                (name, scalar, vector)
+            fp4 = name in ("peer sum nvfp4", "peer sum mxfp4")
+            assert vector and len(small) <= (8 if fp4 else 0), (name, small, vector)
+            if name.startswith("peer sum") and name != "peer sum bf16":
+                assert len(words) <= (2 if fp4 else 2 + 8), (name, words)
         if name == "peer barrier":
             assert "%globaltimer" in ptx and ".sys" in ptx and "release" in ptx, ptx[-2000:]
         if name.startswith("peer sum"):
@@ -417,18 +421,32 @@ class _Workspaces:
                                   dtype=torch.int64)
 
 
-def test_a_workspace_the_kernels_cannot_address_is_named():
+def test_a_workspace_the_kernels_cannot_address_is_named(monkeypatch):
     """The kernels take every workspace base as a multiple of ``dpx.workspace.ALIGN``
     bytes: a mapping that is not is this rank's reason not to open (every rank then falls
-    back or raises, as for any failure to map), naming the ranks and addresses."""
-    pytest.importorskip("torch")
-    from dpx.workspace import ALIGN
-    from dpx_torch.peer_memory import unaligned
+    back to per_root naming it, as for any failure to map), naming the ranks and
+    addresses -- here a host workspace whose view starts 64 bytes into its mapping."""
+    torch = pytest.importorskip("torch")
+    import os
+    import uuid
 
-    assert unaligned([0, ALIGN, 7 * ALIGN]) == ""
-    why = unaligned([ALIGN, 3 * ALIGN + 64, 5 * ALIGN, 16])
+    import dpx_torch.peer_memory as pm
+    from dpx.workspace import ALIGN
+
+    assert pm.unaligned([0, ALIGN, 7 * ALIGN]) == ""
+    why = pm.unaligned([ALIGN, 3 * ALIGN + 64, 5 * ALIGN, 16])
     assert why.startswith("the workspaces of ranks [1, 3] are not 256-byte aligned"), why
     assert hex(3 * ALIGN + 64) in why and "0x10" in why, why
+    frombuffer = torch.frombuffer
+    monkeypatch.setattr(torch, "frombuffer", lambda buf, dtype: frombuffer(buf, dtype=dtype)[64:])
+    token = uuid.uuid4().hex
+    try:
+        mem, why = pm.open_memory("host", dpx.PeerLayout(1, 4096), 0, torch.device("cpu"),
+                                  lambda handle: [handle], token)
+        assert mem is None and why.startswith("the workspaces of ranks [0] are not 256-byte"), why
+    finally:
+        pm.remove_host_files(token, 1)
+    assert not os.path.exists(pm.host_path(token, 0))
 
 
 def test_the_barrier_kernel_names_whom_the_host_barrier_names():
