@@ -1,6 +1,6 @@
 """The wire formats' constants as Triton constexprs, taken from :mod:`dpx.wire` (their one
 definition), for the kernels of :mod:`.wire` and :mod:`.fp4`; and the peer workspace's flag
-of a rank that left and its alignment, from :mod:`dpx.workspace`, for :mod:`.peer`."""
+of a rank that left, from :mod:`dpx.workspace`, for :mod:`.peer`."""
 
 import struct
 
@@ -8,10 +8,9 @@ import triton.language as tl
 
 from dpx import wire as W
 from dpx.modes import Wire
-from dpx.workspace import ALIGN as _ALIGN
 from dpx.workspace import LEFT as _LEFT
 
-__all__ = ["ALIGN", "E2M1_MAX", "E2M1_RECIP", "FP8_EPS", "FP8_MAX", "GROUP", "LEFT", "MX_BLOCK",
+__all__ = ["E2M1_MAX", "E2M1_RECIP", "FP8_EPS", "FP8_MAX", "GROUP", "LEFT", "MX_BLOCK",
            "MX_NAN_SCALE", "NAN_BF16", "NAN_CODE", "NAN_F16", "NAN_F32", "NV_BLOCK",
            "NV_NAN_SCALE"]
 
@@ -34,5 +33,3 @@ NAN_BF16 = tl.constexpr(W.CANONICAL_NAN["bfloat16"])
 NAN_F16 = tl.constexpr(W.CANONICAL_NAN["float16"])
 #: a peer flag at or above this: its rank left (dpx.workspace)
 LEFT = tl.constexpr(_LEFT)
-#: the alignment of a peer workspace's base and of its phases' offsets (dpx.workspace)
-ALIGN = tl.constexpr(_ALIGN)

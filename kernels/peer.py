@@ -9,9 +9,9 @@ the device maps: the host reads it without a sync). Offsets inside a workspace a
 :class:`dpx.workspace.PeerLayout`'s: ``EPOCH`` (constexpr), ``data`` and ``stride`` (the
 first row byte of phase 0, and the bytes from one phase to the next). A kernel before its
 step's barrier writes phase ``(epoch + 1) & 1``, one after it reads phase ``epoch & 1``
-(:func:`phase_offset`). Workspace bases and phases are multiples of ``ALIGN`` bytes (the
-host refuses a mapping that is not), which the kernels tell the compiler
-(:func:`row_starts`), so a row moves as whole vectors.
+(:func:`phase_offset`). Workspace bases and phases are multiples of
+``dpx.workspace.ALIGN`` bytes (the host refuses a mapping that is not), which the kernels
+tell the compiler (:func:`row_starts`), so a row moves as whole vectors.
 
 Rows are ``WIDTH`` elements of the pointer type of the caller's tensor (its dtype, or
 bytes for wire rows); every access is masked against its buffer (``src_rows``, the phase's
@@ -53,7 +53,7 @@ import triton.language as tl
 
 from dpx.kernels.blocks import block_index
 from dpx.kernels.combine import add_rn, store_sum, wire_block_values
-from dpx.kernels.constants import ALIGN, GROUP, LEFT, MX_BLOCK, NV_BLOCK
+from dpx.kernels.constants import GROUP, LEFT, MX_BLOCK, NV_BLOCK
 
 __all__ = ["globaltimer", "peer_barrier_kernel", "peer_put_kernel", "peer_sum_kernel",
            "peer_take_kernel", "peer_wire_sum_kernel", "phase_offset"]
@@ -69,9 +69,8 @@ def globaltimer(like):
 @triton.jit
 def peer_base(table_ptr, p):
     """Rank ``p``'s workspace base address, as a byte pointer (a multiple of
-    :data:`ALIGN`, which :class:`dpx_torch.peer_memory.PeerMemory` checks: the compiler
-    may then load and store whole vectors)."""
-    return tl.multiple_of(tl.load(table_ptr + p), ALIGN).to(tl.pointer_type(tl.uint8))
+    :data:`dpx.workspace.ALIGN`, which :class:`dpx_torch.peer_memory.PeerMemory` checks)."""
+    return tl.load(table_ptr + p).to(tl.pointer_type(tl.uint8))
 
 
 @triton.jit
@@ -82,16 +81,17 @@ def phase_offset(table_ptr, me, data, stride, EPOCH: tl.constexpr, AFTER: tl.con
     epoch = tl.load(epoch_ptr, volatile=True)
     if not AFTER:
         epoch = epoch + 1
-    return tl.multiple_of(data + (epoch & 1) * stride, ALIGN)   # (PeerLayout aligns both)
+    return data + (epoch & 1) * stride
 
 
 @triton.jit
 def row_starts(ptr, rows, ROW: tl.constexpr):
-    """``ptr + rows * ROW`` (elements of ``ptr``'s type; ``ptr`` a workspace's phase, a
-    multiple of :data:`ALIGN` bytes), with the compiler told what divides each row's first
-    byte: the largest power of two dividing ``ROW``'s bytes, up to 16. Without it, a
-    pointer read from the table has no known alignment, and every access is split into
-    one load or store per element."""
+    """``ptr + rows * ROW`` (elements of ``ptr``'s type; ``ptr`` a workspace's phase: its
+    base and the phase offset are multiples of :data:`dpx.workspace.ALIGN` bytes), with
+    the compiler told what divides each row's first byte: the largest power of two
+    dividing ``ROW``'s bytes, up to 16. Without it, a pointer read from the table has no
+    known alignment, and every access is split into one load or store per element (a
+    hint on the scalar base or offset does not reach the rows' pointers)."""
     RB: tl.constexpr = ROW * max(1, ptr.dtype.element_ty.primitive_bitwidth // 8)
     A: tl.constexpr = 16 if RB % 16 == 0 else (8 if RB % 8 == 0 else (
         4 if RB % 4 == 0 else (2 if RB % 2 == 0 else 1)))
