@@ -2,7 +2,7 @@
 launch shape: every candidate timed on every size, against a device-to-device copy of the
 same bytes in the same run (GPU only).
 
-    python benchmarks/launch_sweep.py [--hidden 7168] [--dp 8]
+    python benchmarks/launch_sweep.py [--hidden 7168] [--dp 8] [--byte-rows]
 
 Sizes: a DP step's global buffer of ``dp * n`` rows, ``n`` = 32 .. 8192 per replica.
 Kernels: ``place_slot`` (one ``n``-row slot placed at row ``3n`` of a zero ``dp*n``-row
@@ -10,7 +10,11 @@ buffer, device start/count: what a capacity plan's gather runs), ``place_full`` 
 row), ``take_slot`` (a slot taken back out), and fp8 ``quantize`` of every row. Prints, per
 kernel and size, each candidate's ratio to the copy, and the best; writes
 ``launch_sweep.csv`` to ``$OUT``. ``dpx.kernels.launch.tile_for`` holds the choice
-(``TILES_BY_BYTES``, ``STREAM_BYTES``); ``chosen`` rows are that choice.
+(``TILES_BY_BYTES``, ``STREAM_BYTES``); ``chosen`` rows are that choice. ``--byte-rows``:
+the row kernels on uint8 rows of the fp8 wire's row bytes (what a quantized gather or
+combine places, takes and stages; the tile counts elements, so a byte row's tile moves
+half the bytes of a bf16 row's) instead of bf16 rows, and no quantize; writes
+``launch_sweep_bytes.csv``.
 """
 
 from __future__ import annotations
@@ -61,17 +65,20 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--dp", type=int, default=8)
     ap.add_argument("--max-n", type=int, default=8192)
+    ap.add_argument("--byte-rows", action="store_true",
+                    help="uint8 rows of the fp8 wire's row bytes instead of bf16 rows")
     args = ap.parse_args()
     from dpx.wire import wire_row_bytes
 
     H, dp = args.hidden, args.dp
-    rb = H * 2
+    rb = wire_row_bytes(H) if args.byte_rows else H * 2
     copies: dict = {}
     rows = []
     n = 32
     while n <= args.max_n:
         G = dp * n
-        big = torch.randn(G, H, device="cuda").to(torch.bfloat16)
+        big = (torch.randint(0, 256, (G, rb), dtype=torch.uint8, device="cuda")
+               if args.byte_rows else torch.randn(G, H, device="cuda").to(torch.bfloat16))
         slot = big[:n].clone()
         out = torch.empty_like(big)
         small = torch.empty_like(slot)
@@ -94,7 +101,7 @@ def main() -> None:
         wout = torch.empty(G, wire_row_bytes(H), device="cuda", dtype=torch.uint8)
         qbytes = G * rb + G * wire_row_bytes(H)
         copy = copy_us(qbytes, copies)
-        for shape in QUANT:
+        for shape in [] if args.byte_rows else QUANT:
             us = cuda_time_us(lambda: _quantize(big, wout, shape))
             name = "chosen" if shape is None else "{}x{}/{}".format(*shape)
             rows.append(dict(kernel="quantize", n=n, MiB=round(qbytes / 2**20, 2),
@@ -103,7 +110,8 @@ def main() -> None:
         torch.cuda.empty_cache()
         n *= 2
     best = []
-    for kernel in ("place_slot", "place_full", "take_slot", "quantize"):
+    for kernel in ("place_slot", "place_full", "take_slot") + (() if args.byte_rows
+                                                              else ("quantize",)):
         for size in sorted({r["n"] for r in rows if r["kernel"] == kernel}):
             cand = [r for r in rows if r["kernel"] == kernel and r["n"] == size]
             top = max(cand, key=lambda r: r["copy_ratio"])
@@ -111,10 +119,12 @@ def main() -> None:
             best.append(dict(kernel=kernel, n=size, MiB=top["MiB"], best=top["config"],
                              best_ratio=top["copy_ratio"], chosen=chosen["config"],
                              chosen_ratio=chosen["copy_ratio"]))
-    print(f"device: {torch.cuda.get_device_name()}  hidden {H} bf16, dp {dp}: the best "
+    what = f"uint8 rows of {rb} bytes" if args.byte_rows else f"hidden {H} bf16"
+    print(f"device: {torch.cuda.get_device_name()}  {what}, dp {dp}: the best "
           f"launch per kernel and size (ratio to a D2D copy of the same bytes)")
     print_table(best, list(best[0]))
-    write_csv(out_dir() / "launch_sweep.csv", rows)
+    write_csv(out_dir() / ("launch_sweep_bytes.csv" if args.byte_rows else "launch_sweep.csv"),
+              rows)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 # GPU validation and benchmarks in one go (for a GPU machine with no network):
 #   bash benchmarks/run_gpu.sh [STAGE ...]      (default: every stage)
 # Stages: peer (the peer transport's GPU tests -- worlds of 2-4 processes on the one GPU,
-# run under MPS, which this stage starts and stops; about 10 minutes on an H100),
-# peer_bench (benchmarks/peer.py), peer_variants (benchmarks/peer_sum_variants.py), tests (the
-# other GPU-marked tests), sweep (launch sweep), wire (the wire kernels against the copy
-# ceiling), wire_sweep (their launch shapes), probe (the slot place against its write
-# ceiling), kernels, jax_kernels,
+# run under MPS, which this stage starts and stops; about 3 minutes on an H100),
+# peer_bench (benchmarks/peer.py), peer_variants (benchmarks/peer_sum_variants.py), tests
+# (the other GPU-marked tests), sweep (launch sweep), sweep_bytes (the same on byte rows),
+# wire (the wire kernels against the copy ceiling), wire_sweep (their launch shapes),
+# probe (the slot place against its write ceiling), kernels, jax_kernels,
 # torch_step, serving, soak, rss (process memory per kind of call), lm_head (the LM-head
 # scatter against all-gather + scatter),
 # example (examples/torch_serving.py with CUDA graphs).
@@ -49,6 +49,7 @@ if want tests; then
 fi
 cd benchmarks
 want sweep && python3 launch_sweep.py 2>&1 | tee "$OUT/launch_sweep.log"
+want sweep_bytes && python3 launch_sweep.py --byte-rows 2>&1 | tee "$OUT/launch_sweep_bytes.log"
 want wire && python3 wire_kernels.py 2>&1 | tee "$OUT/wire_kernels.log"
 want wire_sweep && python3 wire_sweep.py 2>&1 | tee "$OUT/wire_sweep.log"
 want probe && python3 place_probe.py 2>&1 | tee "$OUT/place_probe.log"
