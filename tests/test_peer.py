@@ -502,20 +502,26 @@ def test_the_barrier_kernel_names_whom_the_host_barrier_names():
         assert all(int(x[:8 * W].view(torch.int64)[me]) == mark for x in A), case
 
 
-def test_peer_kernels_in_the_interpreter_give_the_host_passes_bytes():
+@pytest.mark.parametrize("wide", [False, True], ids=["int32", "int64"])
+def test_peer_kernels_in_the_interpreter_give_the_host_passes_bytes(monkeypatch, wide):
     """The peer kernels (:mod:`dpx.kernels.peer`, as :class:`CudaPeerPasses` binds them)
     run by Triton's interpreter on CPU workspaces, against the torch ops of
     :class:`HostPeerPasses` on a copy of the same bytes: every put mode (the chunk put
     and an all-gather of blocks writing each tile into every workspace, the stage, an
     all-to-all of blocks; reports), the take's modes, the native sum (float and integer
     dtypes) and the fp8 / nvfp4 / mxfp4 wire sums, with chunk tables that reach past the
-    block, the source and the phase. Every byte of every workspace, output and report."""
+    block, the source and the phase. Every byte of every workspace, output and report;
+    ``int64``: every launch's index math as for buffers past 2**31 elements."""
     pytest.importorskip("triton")
     import random
 
     import torch
 
     from dpx.kernels import launch as L
+    if wide:
+        monkeypatch.setattr(L, "wide", lambda *elements: True)
+    assert L.peer_wire_sum_launch(dpx.Wire.FP8, 1, 128, "float32", 2, 16, ws_rows=1,
+                                  compiled=False).consts["WIDE"] is wide
     from dpx.wire import wire_row_bytes
     from dpx_torch.peer_passes import CudaPeerPasses, HostPeerPasses
     from dpx_torch.shims.triton_launch import Launcher
