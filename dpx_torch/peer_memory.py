@@ -220,9 +220,9 @@ class HostMemory(PeerMemory):
             return f"{type(exc).__name__}: {exc}"
         self._maps = maps
         self.views = [torch.frombuffer(m, dtype=torch.uint8) for m in maps]
-        self.table = torch.tensor([v.data_ptr() for v in self.views] + [self.error_address],
-                                  dtype=torch.int64)
-        return unaligned(self.table[:-1].tolist())
+        addrs = [v.data_ptr() for v in self.views]
+        self.table = torch.tensor(addrs + [self.error_address], dtype=torch.int64)
+        return unaligned(addrs)
 
     def unlink(self) -> None:
         """Remove this rank's file (every peer has it mapped, or none will)."""
