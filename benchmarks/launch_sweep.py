@@ -33,6 +33,9 @@ TILES = [None, Tile(2048, 4), Tile(2048, 8), Tile(4096, 8), Tile(4096, 16), Tile
          Tile(8192, 16), Tile(16384, 16), Tile(16384, 32), Tile(8192, 16, 2048),
          Tile(16384, 32, 2048), Tile(32768, 32, 2048), Tile(4096, 16, stream=True),
          Tile(8192, 16, 2048, stream=True), Tile(16384, 32, 2048, stream=True)]
+#: with ``--byte-rows``, also the large tile with twice its column block (16 bytes a
+#: thread on byte rows, as 8192/16/2048 is of the default)
+BYTE_TILES = [Tile(16384, 16, 4096), Tile(16384, 16, 4096, stream=True)]
 
 
 def _name(t: Tile | None) -> str:
@@ -93,7 +96,7 @@ def main() -> None:
         }
         for kernel, (fn, nbytes) in cases.items():
             copy = copy_us(nbytes, copies)
-            for t in TILES:
+            for t in TILES + (BYTE_TILES if args.byte_rows else []):
                 us = cuda_time_us(lambda: fn(t))
                 rows.append(dict(kernel=kernel, n=n, MiB=round(G * rb / 2**20, 2),
                                  config=_name(t), us=us,

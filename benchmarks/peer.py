@@ -215,9 +215,10 @@ def main() -> None:
     rows = kernels(args.hidden)
     write_csv(out / "peer.csv", [r for r in rows if "global_rows" in r])
     cols = ["W", "size", "rows_per_replica", "put_us", "put_share", "take_us", "take_share",
-            "gather_us", "nccl_all_gather_us", "gather_over_nccl", "stage_us", "pull_sum_us",
-            "pull_sum_share", "combine_us", "nccl_reduce_scatter_us", "combine_over_nccl",
-            "pull_sum_fp8_us", "pull_sum_fp8_share", "combine_fp8_us"]
+            "gather_us", "nccl_all_gather_us", "gather_over_nccl", "stage_us", "stage_share",
+            "pull_sum_us", "pull_sum_share", "combine_us", "nccl_reduce_scatter_us",
+            "combine_over_nccl", "stage_fp8_us", "stage_fp8_share", "pull_sum_fp8_us",
+            "pull_sum_fp8_share", "combine_fp8_us"]
     print_table([r for r in rows if "global_rows" in r], cols)
     print(rows[-1])
     plot([r for r in rows if "global_rows" in r], args.hidden, out / "peer.png")
@@ -229,7 +230,8 @@ def plot(rows: list[dict], hidden: int, path) -> None:
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key in ("put_share", "take_share", "pull_sum_share", "pull_sum_fp8_share"):
+    for key in ("put_share", "take_share", "stage_share", "pull_sum_share", "stage_fp8_share",
+                "pull_sum_fp8_share"):
         pts = [(int(r["global_rows"]) * 2 * hidden / 2**20, float(r[key])) for r in rows
                if int(r["W"]) == 8]
         ax.plot(*zip(*pts), marker="o", label=key)

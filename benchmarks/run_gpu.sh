@@ -3,7 +3,8 @@
 #   bash benchmarks/run_gpu.sh [STAGE ...]      (default: every stage)
 # Stages: peer (the peer transport's GPU tests -- worlds of 2-4 processes on the one GPU,
 # run under MPS, which this stage starts and stops; about 3 minutes on an H100),
-# peer_bench (benchmarks/peer.py), peer_variants (benchmarks/peer_sum_variants.py), tests
+# peer_bench (benchmarks/peer.py), peer_variants (benchmarks/peer_sum_variants.py),
+# peer_tiles (benchmarks/peer_tiles.py: the peer row kernels' tiles), tests
 # (the other GPU-marked tests), sweep (launch sweep), sweep_bytes (the same on byte rows),
 # wire (the wire kernels against the copy ceiling), wire_sweep (their launch shapes),
 # probe (the slot place against its write ceiling), kernels, jax_kernels,
@@ -42,6 +43,9 @@ if want peer_bench; then
 fi
 if want peer_variants; then
   (cd benchmarks && python3 peer_sum_variants.py 2>&1 | tee "$OUT/peer_sum_variants.log")
+fi
+if want peer_tiles; then
+  (cd benchmarks && python3 peer_tiles.py 2>&1 | tee "$OUT/peer_tiles.log")
 fi
 if want tests; then
   python3 -m pytest -q -m gpu tests --ignore=tests/test_peer_gpu.py -p no:cacheprovider 2>&1 \

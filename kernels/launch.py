@@ -24,11 +24,11 @@ from dpx.modes import Wire
 __all__ = [
     "block_grid", "block_shape", "BLOCK_SHAPES", "BlockShape", "check_launch",
     "chunks_launch", "DEFAULT_TILE", "dequantize_launch", "dequantize_sum_launch",
-    "fp4_scale", "grid", "Launch", "mask_launch",
-    "move_launch", "OUT_KIND", "peer_barrier_launch", "peer_put_launch", "peer_sum_launch",
-    "peer_take_launch", "peer_wire_sum_launch", "QUANTIZE_BY_BYTES", "quantize_grid", "quantize_launch",
-    "quantize_shape", "QuantizeShape", "row_blocks", "STREAM_BYTES", "Tile", "tile_for",
-    "TILES_BY_BYTES", "wide", "zero_launch"
+    "fp4_scale", "grid", "Launch", "mask_launch", "move_launch", "OUT_KIND",
+    "peer_barrier_launch", "peer_move_tile", "peer_put_launch", "PEER_SUM_TILE",
+    "peer_sum_launch", "peer_take_launch", "peer_wire_sum_launch", "QUANTIZE_BY_BYTES",
+    "quantize_grid", "quantize_launch", "quantize_shape", "QuantizeShape", "row_blocks",
+    "STREAM_BYTES", "Tile", "tile_for", "TILES_BY_BYTES", "wide", "zero_launch"
 ]
 
 
@@ -66,6 +66,11 @@ STREAM_BYTES = 16 * 2**20
 
 #: Each tile of :data:`TILES_BY_BYTES` with streaming stores (a constant table).
 _STREAMED = {t: replace(t, stream=True) for _, t in TILES_BY_BYTES}
+#: Each tile (streamed or not) for rows of 1-byte elements: twice the elements and the
+#: column block, so a thread moves the 16 bytes it moves on 2-byte rows (a tile of
+#: elements moves 8 bytes a thread on byte rows: the quantized wires' rows).
+_BYTE_TILES = {t: replace(t, elems=2 * t.elems, max_block_c=2 * t.max_block_c)
+               for t in [t for _, t in TILES_BY_BYTES] + list(_STREAMED.values())}
 
 
 def tile_for(rows: int, width: int, itemsize: int, *, src_rows: int | None = None) -> Tile:
@@ -79,8 +84,8 @@ def tile_for(rows: int, width: int, itemsize: int, *, src_rows: int | None = Non
     else:
         tile = DEFAULT_TILE
     if src_rows is not None and 2 * src_rows <= rows and nbytes >= STREAM_BYTES:
-        return _STREAMED.get(tile) or replace(tile, stream=True)
-    return tile
+        tile = _STREAMED[tile]
+    return _BYTE_TILES[tile] if itemsize == 1 else tile
 
 
 @dataclass(frozen=True)
@@ -304,15 +309,34 @@ PEER_CHUNK, PEER_STAGE, PEER_BLOCKS = 0, 1, 2
 PEER_INT_KIND = 3
 
 
+def peer_move_tile(itemsize: int) -> Tile:
+    """The tile of a peer move that reads one row for each row it writes (the stage, the
+    put of an all-to-all, the take) of elements of ``itemsize`` bytes: 128 bytes a thread
+    (64 on byte rows), one column block a row of 7,168 bf16. Chosen on an H100
+    (benchmarks/README.md, "The peer transport"): these kernels read a table, the chunk
+    bounds and the epoch before their rows, and the default tile's 16 bytes a thread left
+    them at 0.39-0.49 of the copy at decode sizes, byte rows at 0.70 at 2,048 rows."""
+    e = max(itemsize, 2)
+    return Tile(65536 // e, 16, 16384 // e)
+
+
+#: The native pull-sum's tile (it reads ``W`` rows for each row it writes): 2,048 elements
+#: of 4 warps, chosen on an H100 (benchmarks/README.md, "The peer transport"; 0.66-1.06 of the
+#: copy against 0.67-0.96 with :func:`tile_for`'s).
+PEER_SUM_TILE = Tile(2048, 4)
+
+
 def peer_put_launch(mode: int, block: int, width: int, itemsize: int, world: int,
                     epoch: int, *, report: bool = False, src_step: int = 0) -> Launch:
     """:func:`~dpx.kernels.peer.peer_put_kernel` of entries of at most ``block`` rows of
     ``width`` elements (runtime arguments: source, table, firsts, lens, count, then the
     ints of its signature); ``src_step``: the blocks mode's (0: an all-gather). Where every
     rank receives the same rows (the chunk mode, an all-gather of blocks), one entry writes
-    each tile it reads into every workspace (``FAN``)."""
-    block_r, block_c, warps = row_blocks(width, tile_for(block, width, itemsize))
+    each tile it reads into every workspace (``FAN``), with the tile of the ``world *
+    block`` rows it writes; else :func:`peer_move_tile`'s."""
     fan = mode == PEER_CHUNK or (mode == PEER_BLOCKS and src_step == 0)
+    block_r, block_c, warps = row_blocks(
+        width, tile_for(world * block, width, itemsize) if fan else peer_move_tile(itemsize))
     # (at least one program an entry: an empty block still carries its report)
     return Launch(_peer.peer_put_kernel,
                   ((1 if fan else world) * max(-(-block // block_r), 1),
@@ -324,8 +348,7 @@ def peer_put_launch(mode: int, block: int, width: int, itemsize: int, world: int
 def peer_take_launch(mode: int, out_rows: int, width: int, itemsize: int, world: int,
                      epoch: int, *, report: bool = False) -> Launch:
     """:func:`~dpx.kernels.peer.peer_take_kernel` writing ``out [out_rows, width]``."""
-    lt = _rows_launch(_peer.peer_take_kernel, out_rows, width,
-                      tile_for(out_rows, width, itemsize),
+    lt = _rows_launch(_peer.peer_take_kernel, out_rows, width, peer_move_tile(itemsize),
                       dict(W=world, MODE=mode, REPORT=report, EPOCH=epoch), (0, 1, 2, 3, 11))
     lt.consts["BLOCK_W"] = _pow2_at_least(world)
     return lt
@@ -335,8 +358,7 @@ def peer_sum_launch(out_rows: int, width: int, dtype: str, itemsize: int, world:
                     epoch: int, *, compiled: bool) -> Launch:
     """:func:`~dpx.kernels.peer.peer_sum_kernel` writing ``out [out_rows, width]`` of
     ``dtype`` (a name; an integer dtype sums in itself)."""
-    return _rows_launch(_peer.peer_sum_kernel, out_rows, width,
-                        tile_for(out_rows, width, itemsize),
+    return _rows_launch(_peer.peer_sum_kernel, out_rows, width, PEER_SUM_TILE,
                         dict(W=world, KIND=OUT_KIND.get(dtype, PEER_INT_KIND), EPOCH=epoch,
                              COMPILED=compiled), (0, 1, 2, 8))
 

@@ -127,6 +127,8 @@ def test_zero_rows_keeps_only_the_window(impl, dtype):
 
 
 def test_tile_for_is_a_pure_function_of_shapes():
+    from dataclasses import replace
+
     from dpx.kernels.launch import DEFAULT_TILE, STREAM_BYTES, TILES_BY_BYTES, tile_for
 
     width = 7168
@@ -139,6 +141,18 @@ def test_tile_for_is_a_pure_function_of_shapes():
     assert tile_for(rows, width, 2, src_rows=0).stream              # zeros only
     assert tile_for(rows, width, 2) == TILES_BY_BYTES[-1][1]
     assert tile_for(rows, width, 2, src_rows=5) == tile_for(rows, width, 2, src_rows=5)
+    # byte rows: the tile of 2-byte rows of the same bytes with twice the elements and the
+    # column block (the same bytes a thread), streamed where that one is
+    for r, src in ((8, 1), (rows, rows // 2), (rows, None), (2 * rows, 0), (4 * rows, 0)):
+        t2, t1 = tile_for(r, width // 2, 2, src_rows=src), tile_for(r, width, 1, src_rows=src)
+        assert t1 == replace(t2, elems=2 * t2.elems, max_block_c=2 * t2.max_block_c), (r, src)
+    assert tile_for(4 * rows, width, 1, src_rows=0).stream
+    # the peer moves: 128 bytes a thread of 16 warps, 64 on byte rows
+    from dpx.kernels.launch import peer_move_tile
+
+    for itemsize in (1, 2, 4, 8):
+        t = peer_move_tile(itemsize)
+        assert t.elems * max(itemsize, 2) == 128 * 32 * t.warps and t.warps == 16
     from dpx.kernels.launch import QUANTIZE_BY_BYTES, quantize_grid, quantize_shape
 
     assert quantize_shape(256, 7168, 2) == QUANTIZE_BY_BYTES[0][1]       # 5.3 MiB

@@ -400,6 +400,11 @@ def test_peer_kernels_compile_for_sm90():
             assert vector and len(small) <= (8 if fp4 else 0), (name, small, vector)
             if name.startswith("peer sum") and name != "peer sum bf16":
                 assert len(words) <= (2 if fp4 else 2 + 8), (name, words)
+            if name.startswith(("peer put", "peer take")):
+                # the row moves, byte rows too, move 16 bytes an access (a tile of elements
+                # gave byte rows 8: launch.tile_for's byte tiles, peer_move_tile)
+                widths = set(re.findall(r"(?:ld|st)\.global\.(v[248])\.b32", ptx))
+                assert widths == {"v4"}, (name, widths)
         if name == "peer barrier":
             assert "%globaltimer" in ptx and ".sys" in ptx and "release" in ptx, ptx[-2000:]
         if name.startswith("peer sum"):
