@@ -12,9 +12,9 @@ kernel and size, each candidate's ratio to the copy, and the best; writes
 ``launch_sweep.csv`` to ``$OUT``. ``dpx.kernels.launch.tile_for`` holds the choice
 (``TILES_BY_BYTES``, ``STREAM_BYTES``); ``chosen`` rows are that choice. ``--byte-rows``:
 the row kernels on uint8 rows of the fp8 wire's row bytes (what a quantized gather or
-combine places, takes and stages; the tile counts elements, so a byte row's tile moves
-half the bytes of a bf16 row's) instead of bf16 rows, and no quantize; writes
-``launch_sweep_bytes.csv``.
+combine places, takes and stages; a candidate counts elements, so on byte rows it moves
+half the bytes a thread it moves on bf16 rows, while ``chosen`` doubles them) instead of
+bf16 rows, and no quantize; writes ``launch_sweep_bytes.csv``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ TILES = [None, Tile(2048, 4), Tile(2048, 8), Tile(4096, 8), Tile(4096, 16), Tile
          Tile(8192, 16), Tile(16384, 16), Tile(16384, 32), Tile(8192, 16, 2048),
          Tile(16384, 32, 2048), Tile(32768, 32, 2048), Tile(4096, 16, stream=True),
          Tile(8192, 16, 2048, stream=True), Tile(16384, 32, 2048, stream=True)]
-#: with ``--byte-rows``, also the large tile with twice its column block (16 bytes a
-#: thread on byte rows, as 8192/16/2048 is of the default)
+#: with ``--byte-rows``, also the byte-row tile of the large tile 8192/16/2048 (twice its
+#: elements and column block: on byte rows, the bytes a thread that tile moves on bf16 rows)
 BYTE_TILES = [Tile(16384, 16, 4096), Tile(16384, 16, 4096, stream=True)]
 
 

@@ -66,11 +66,11 @@ STREAM_BYTES = 16 * 2**20
 
 #: Each tile of :data:`TILES_BY_BYTES` with streaming stores (a constant table).
 _STREAMED = {t: replace(t, stream=True) for _, t in TILES_BY_BYTES}
-#: Each tile (streamed or not) for rows of 1-byte elements: twice the elements and the
-#: column block, so a thread moves the 16 bytes it moves on 2-byte rows (a tile of
-#: elements moves 8 bytes a thread on byte rows: the quantized wires' rows).
+#: Each tile (streamed or not) for rows of 1-byte elements (the quantized wires' rows): twice
+#: the elements and the column block, so a thread moves the bytes it moves on 2-byte rows
+#: (a tile counts elements: on byte rows it moved half of them).
 _BYTE_TILES = {t: replace(t, elems=2 * t.elems, max_block_c=2 * t.max_block_c)
-               for t in [t for _, t in TILES_BY_BYTES] + list(_STREAMED.values())}
+               for t in [*_STREAMED, *_STREAMED.values()]}
 
 
 def tile_for(rows: int, width: int, itemsize: int, *, src_rows: int | None = None) -> Tile:
@@ -314,15 +314,16 @@ def peer_move_tile(itemsize: int) -> Tile:
     put of an all-to-all, the take) of elements of ``itemsize`` bytes: 128 bytes a thread
     (64 on byte rows), one column block a row of 7,168 bf16. Chosen on an H100
     (benchmarks/README.md, "The peer transport"): these kernels read a table, the chunk
-    bounds and the epoch before their rows, and the default tile's 16 bytes a thread left
-    them at 0.39-0.49 of the copy at decode sizes, byte rows at 0.70 at 2,048 rows."""
+    bounds and the epoch before their rows, and the default tile's 16 bytes a thread (8 on
+    byte rows) left them at 0.24-0.49 of the copy at most decode sizes, byte rows at
+    0.41-0.42 at 2,048 rows."""
     e = max(itemsize, 2)
     return Tile(65536 // e, 16, 16384 // e)
 
 
 #: The native pull-sum's tile (it reads ``W`` rows for each row it writes): 2,048 elements
 #: of 4 warps, chosen on an H100 (benchmarks/README.md, "The peer transport"; 0.66-1.06 of the
-#: copy against 0.67-0.96 with :func:`tile_for`'s).
+#: copy against 0.67-0.97 with :func:`tile_for`'s).
 PEER_SUM_TILE = Tile(2048, 4)
 
 

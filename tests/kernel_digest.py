@@ -107,7 +107,8 @@ def _cases() -> list[tuple]:
 
 def peer_cases(world: int = 8) -> list[tuple]:
     """The peer transport's kernels as ``dpx_torch`` binds them (:mod:`dpx.kernels.launch`'s
-    descriptions, W = ``world``, rows of 7,168 bf16 or fp8 / nvfp4 wire bytes)."""
+    descriptions, W = ``world``, rows of 7,168 bf16 or fp8 / nvfp4 wire bytes, and rows of 8
+int32)."""
     from dpx.kernels import launch as L
 
     H, ep = 7168, 8 * world
@@ -142,6 +143,13 @@ def peer_cases(world: int = 8) -> list[tuple]:
     lt = L.peer_take_launch(L.PEER_CHUNK, 512, rb, 1, world, ep, report=False)
     out.append(_case("peer take chunk fp8 rows", lt.kernel,
                      dict(tab, reports_ptr="*i32", out_ptr="*u8"), lt.consts, lt.warps))
+    # narrow rows: a router's top-8 expert ids, int32 (the moves' tile holds 2,048 of them)
+    lt = L.peer_put_launch(L.PEER_STAGE, 64, 8, 4, world, ep, report=False, src_step=0)
+    out.append(_case("peer put stage topk rows", lt.kernel,
+                     dict(tab, src_ptr="*i32", count_ptr="*i32"), lt.consts, lt.warps))
+    lt = L.peer_take_launch(L.PEER_CHUNK, 512, 8, 4, world, ep, report=False)
+    out.append(_case("peer take chunk topk rows", lt.kernel,
+                     dict(tab, reports_ptr="*i32", out_ptr="*i32"), lt.consts, lt.warps))
     return out
 
 

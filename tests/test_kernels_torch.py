@@ -129,7 +129,8 @@ def test_zero_rows_keeps_only_the_window(impl, dtype):
 def test_tile_for_is_a_pure_function_of_shapes():
     from dataclasses import replace
 
-    from dpx.kernels.launch import DEFAULT_TILE, STREAM_BYTES, TILES_BY_BYTES, tile_for
+    from dpx.kernels.launch import (DEFAULT_TILE, STREAM_BYTES, TILES_BY_BYTES, peer_move_tile,
+                                    tile_for)
 
     width = 7168
     small = tile_for(8, width, 2, src_rows=1)
@@ -148,8 +149,6 @@ def test_tile_for_is_a_pure_function_of_shapes():
         assert t1 == replace(t2, elems=2 * t2.elems, max_block_c=2 * t2.max_block_c), (r, src)
     assert tile_for(4 * rows, width, 1, src_rows=0).stream
     # the peer moves: 128 bytes a thread of 16 warps, 64 on byte rows
-    from dpx.kernels.launch import peer_move_tile
-
     for itemsize in (1, 2, 4, 8):
         t = peer_move_tile(itemsize)
         assert t.elems * max(itemsize, 2) == 128 * 32 * t.warps and t.warps == 16
