@@ -365,17 +365,25 @@ class Emitter:
     def rs_ragged(self, real: bool = False) -> None:
         """A variable reduce-scatter of every rank's chunk (``real``: its real rows only;
         a quantized wire's input quantized once first), then the slot
-        (:meth:`finish_slot`)."""
-        g = self.geo
+        (:meth:`finish_slot`) -- or straight into ``out`` where the chunk is the slot (no
+        other rank holds its rows and ``out`` is one block), the rows past those it holds
+        zeroed unless the chunk held only real rows (the collective zeroes the rest)."""
+        g, R = self.geo, self.out_rows
         G, B = g.global_rows, g.block
         src = Ref(IN)
         if self.quantized:
             src = self.buffer("wire_send", G, wire=True)
             self.steps.append(Quantize(Ref(IN), src, G, 0, G))
-        chunk = self.buffer("chunk", B)
+        direct = g.sharing_group()[1] == 1 and self.known(self.eq(R, B))
+        chunk = Ref(OUT) if direct else self.buffer("chunk", B)
         self.steps.append(ReduceScatterV(Group.WORLD, G, *g.chunk_table(real=real), B, src,
                                          chunk))
-        self.finish_slot(chunk, B)
+        if not direct:
+            self.finish_slot(chunk, B)
+            return
+        held = g.held(self.rank.dp, self.rank.cp)
+        if not real and not self.known(self.eq(held, R)):
+            self.steps.append(Zero(Ref(OUT), R, 0, held))
 
     def rs_peer(self) -> None:
         """Each rank's chunk, its real rows only, pulled from every rank and summed in

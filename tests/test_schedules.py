@@ -535,6 +535,40 @@ def test_transports_route_gatherv():
         assert peer.route is dpx.Route.PEER
 
 
+def test_a_chunk_that_is_the_slot_is_summed_into_out():
+    """A reduce_scatter on the ragged and peer routes sums straight into ``out`` where the
+    rank's chunk is its slot (no other rank holds its rows, ``out`` one block): no chunk
+    buffer, no slot pass; the peer route's real-row chunks need no zero step (the
+    collective zeroes past them). Elsewhere the chunk's scratch and the slot pass stay."""
+    lay = dpx.DpLayout(4, 4)
+    counts = [3, 0, 7, 5]
+
+    def kinds(plan, r, **kw):
+        s = build_schedule(plan, Op.REDUCE_SCATTER, rank=r, **kw)
+        return [t.kind for t in s.steps], s
+
+    gv = dpx.plan_step(counts, lay, mode="gatherv")
+    for t in ("peer", "ragged"):
+        for r in range(4):
+            ks, s = kinds(gv, r, transport=t)
+            if counts[r] == max(counts):   # out is the block
+                assert ks == ["reduce_scatter_v"] and s.steps[0].dst.buf == "out", (t, r, ks)
+                assert not s.scratch
+            else:
+                assert ks == ["reduce_scatter_v", "move"] and s.steps[0].dst.buf == "chunk"
+    ml = dpx.plan_step(counts, lay, mode="max_len")
+    for r in range(4):   # every MAX_LEN slot is a block; the pad rows are the collective's
+        ks, s = kinds(ml, r, transport="peer")
+        assert ks == ["reduce_scatter_v"] and s.steps[0].dst.buf == "out", (r, ks)
+        ks, s = kinds(ml, r, transport="peer", wire="fp8")
+        assert ks == ["quantize", "reduce_scatter_v"] and s.steps[1].dst.buf == "out"
+    # attn-tp ranks share a slot: each sums its chunk, then the replica's chunks gather
+    tp = dpx.plan_step([3, 7], dpx.DpLayout(4, 2), mode="gatherv")
+    for r in range(4):
+        ks, s = kinds(tp, r, transport="peer")
+        assert ks[0] == "reduce_scatter_v" and s.steps[0].dst.buf != "out", (r, ks)
+
+
 def test_zero_step_only_where_a_tail_exists():
     lay = dpx.DpLayout(4, 2)
     plan = dpx.plan_step([3, 5], lay, mode="gatherv", capacity=24)
