@@ -146,8 +146,8 @@ class CudaPeerPasses(PeerPasses):
             return _nothing
         lay, i32, table = self.mem.layout, torch.int32, self.mem.table
         if wire is Wire.NATIVE:
-            lt = L.peer_sum_launch(out_rows, width, _name(dtype), dtype.itemsize, self.world,
-                                   lay.epoch, compiled=self.device.type == "cuda")
+            lt = L.peer_sum_launch(out_rows, width, _name(dtype), self.world, lay.epoch,
+                                   compiled=self.device.type == "cuda")
             k = self._bind(lt, (torch.int64, i32, i32, dtype)).tensors
             ints = (self.me, out_rows, self.ws_rows(width, dtype.itemsize), lay.data,
                     lay.stride)

@@ -355,8 +355,8 @@ def peer_take_launch(mode: int, out_rows: int, width: int, itemsize: int, world:
     return lt
 
 
-def peer_sum_launch(out_rows: int, width: int, dtype: str, itemsize: int, world: int,
-                    epoch: int, *, compiled: bool) -> Launch:
+def peer_sum_launch(out_rows: int, width: int, dtype: str, world: int, epoch: int, *,
+                    compiled: bool) -> Launch:
     """:func:`~dpx.kernels.peer.peer_sum_kernel` writing ``out [out_rows, width]`` of
     ``dtype`` (a name; an integer dtype sums in itself)."""
     return _rows_launch(_peer.peer_sum_kernel, out_rows, width, PEER_SUM_TILE,

@@ -126,7 +126,7 @@ int32)."""
         lt = L.peer_take_launch(mode, 512, H, 2, world, ep, report=mode == L.PEER_BLOCKS)
         out.append(_case(f"peer take {name}", lt.kernel,
                          dict(tab, reports_ptr="*i32", out_ptr="*bf16"), lt.consts, lt.warps))
-    lt = L.peer_sum_launch(64, H, "bfloat16", 2, world, ep, compiled=True)
+    lt = L.peer_sum_launch(64, H, "bfloat16", world, ep, compiled=True)
     out.append(_case("peer sum bf16", lt.kernel, dict(tab, out_ptr="*bf16"), lt.consts,
                      lt.warps))
     for w in (Wire.FP8, Wire.NVFP4, Wire.MXFP4):
