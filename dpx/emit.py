@@ -366,8 +366,9 @@ class Emitter:
         """A variable reduce-scatter of every rank's chunk (``real``: its real rows only;
         a quantized wire's input quantized once first), then the slot
         (:meth:`finish_slot`) -- or straight into ``out`` where the chunk is the slot (no
-        other rank holds its rows and ``out`` is one block), the rows past those it holds
-        zeroed unless the chunk held only real rows (the collective zeroes the rest)."""
+        other rank holds its rows and ``out`` is one block). The collective zeroes past the
+        chunk, so the rows past those the rank holds need a zero pass only where the chunk
+        may be longer: a slot's pad rows, neither real rows nor a GATHERV slot."""
         g, R = self.geo, self.out_rows
         G, B = g.global_rows, g.block
         src = Ref(IN)
@@ -382,13 +383,13 @@ class Emitter:
             self.finish_slot(chunk, B)
             return
         held = g.held(self.rank.dp, self.rank.cp)
-        if not real and not self.known(self.eq(held, R)):
+        if not (real or g.mode is PaddingMode.GATHERV or self.known(self.eq(held, R))):
             self.steps.append(Zero(Ref(OUT), R, 0, held))
 
     def rs_peer(self) -> None:
         """Each rank's chunk, its real rows only, pulled from every rank and summed in
         float32 in rank order (the input rows -- on a quantized wire, the input quantized
-        once -- staged where peers read them), then the slot (:meth:`finish_slot`)."""
+        once -- staged where peers read them), then the slot (:meth:`rs_ragged`)."""
         self.rs_ragged(real=True)
 
     def rs_all_to_all(self) -> None:

@@ -124,8 +124,7 @@ def _local_rows(route: Route, mode: PaddingMode, n: Sequence[int], a: Sequence[i
         return below + 2 * G, fin + W * B + G
     if route is Route.RAGGED or route is Route.PEER:
         if tp == 1:  # a one-block slot straight from the collective (dpx.emit's rs_ragged)
-            fin = max([(0 if route is Route.PEER else y - x) if y == S else y + x
-                       for x, y in zip(n, slot)])
+            fin = max([0 if y == S else y + x for x, y in zip(n, slot)])
         return below, fin
     if tp == 1:  # per-root: each chunk is the rank's rows
         return 2 * mx, 2 * G + fin

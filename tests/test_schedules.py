@@ -538,8 +538,9 @@ def test_transports_route_gatherv():
 def test_a_chunk_that_is_the_slot_is_summed_into_out():
     """A reduce_scatter on the ragged and peer routes sums straight into ``out`` where the
     rank's chunk is its slot (no other rank holds its rows, ``out`` one block): no chunk
-    buffer, no slot pass; the peer route's real-row chunks need no zero step (the
-    collective zeroes past them). Elsewhere the chunk's scratch and the slot pass stay."""
+    buffer, no slot pass, no zero step (the collective zeroes past the chunk's real rows).
+    Elsewhere the chunk's scratch and the slot pass stay. The results are checked against
+    the reference by the host, capacity and fuzz tests."""
     lay = dpx.DpLayout(4, 4)
     counts = [3, 0, 7, 5]
 
@@ -562,6 +563,15 @@ def test_a_chunk_that_is_the_slot_is_summed_into_out():
         assert ks == ["reduce_scatter_v"] and s.steps[0].dst.buf == "out", (r, ks)
         ks, s = kinds(ml, r, transport="peer", wire="fp8")
         assert ks == ["quantize", "reduce_scatter_v"] and s.steps[1].dst.buf == "out"
+    # a capacity plan's slots are all one block, device counts too
+    cap = dpx.plan_step(counts, lay, mode="gatherv", capacity=16)
+    for r, dev, t in itertools.product(range(4), (False, True), ("peer", "ragged")):
+        ks, s = kinds(cap, r, transport=t, device_counts=dev)
+        assert ks[-1] == "reduce_scatter_v" and s.steps[-1].dst.buf == "out", (r, dev, t, ks)
+    # CP shards, attn-tp 1: the ranks holding the largest shard
+    sh = dpx.plan_step([4, 6], dpx.DpLayout(4, 2, 2), mode="gatherv", cp_shards=[(4, 0), (3, 3)])
+    assert [kinds(sh, r, transport="peer")[0] for r in range(4)] == \
+        [["reduce_scatter_v"]] * 2 + [["reduce_scatter_v", "move"]] * 2
     # attn-tp ranks share a slot: each sums its chunk, then the replica's chunks gather
     tp = dpx.plan_step([3, 7], dpx.DpLayout(4, 2), mode="gatherv")
     for r in range(4):
