@@ -365,26 +365,22 @@ class Emitter:
     def rs_ragged(self, real: bool = False) -> None:
         """A variable reduce-scatter of every rank's chunk (``real``: its real rows only;
         a quantized wire's input quantized once first), then the slot
-        (:meth:`finish_slot`) -- or straight into ``out`` where the chunk is the slot (no
-        other rank holds its rows and ``out`` is one block). The collective zeroes past the
-        chunk, so the rows past those the rank holds need a zero pass only where the chunk
-        may be longer: a slot's pad rows, neither real rows nor a GATHERV slot."""
+        (:meth:`finish_slot`) -- or straight into ``out`` where the chunk is the slot: no
+        other rank holds its rows, ``out`` is one block, and the chunk holds only rows the
+        slot keeps (real rows, or a GATHERV slot), the collective zeroing past them."""
         g, R = self.geo, self.out_rows
         G, B = g.global_rows, g.block
         src = Ref(IN)
         if self.quantized:
             src = self.buffer("wire_send", G, wire=True)
             self.steps.append(Quantize(Ref(IN), src, G, 0, G))
-        direct = g.sharing_group()[1] == 1 and self.known(self.eq(R, B))
+        direct = ((real or g.mode is PaddingMode.GATHERV) and g.sharing_group()[1] == 1
+                  and self.known(self.eq(R, B)))
         chunk = Ref(OUT) if direct else self.buffer("chunk", B)
         self.steps.append(ReduceScatterV(Group.WORLD, G, *g.chunk_table(real=real), B, src,
                                          chunk))
         if not direct:
             self.finish_slot(chunk, B)
-            return
-        held = g.held(self.rank.dp, self.rank.cp)
-        if not (real or g.mode is PaddingMode.GATHERV or self.known(self.eq(held, R))):
-            self.steps.append(Zero(Ref(OUT), R, 0, held))
 
     def rs_peer(self) -> None:
         """Each rank's chunk, its real rows only, pulled from every rank and summed in
