@@ -6,7 +6,7 @@ live in ``dpx.kernels``; the frontends are ``dpx_torch`` and ``dpx_jax``. A plan
 (:func:`build_schedule`) says what every rank does with it, step by step.
 """
 
-from dpx.cost import ModeEstimate, OpEstimate, estimate
+from dpx.cost import ModeEstimate, OpEstimate, compare_modes, estimate
 from dpx.cost_model import CostModel, StepCost
 from dpx.counts import CountRule
 from dpx.errors import (DpxCapacityError, DpxError, DpxMismatchCapacityError,
@@ -18,7 +18,7 @@ from dpx.ints import INTS
 from dpx.layout import DpLayout, RankCoords
 from dpx.modes import Group, Op, PaddingMode, Policy, Transport, Wire
 from dpx.plan import DpPlan
-from dpx.policy import compare_modes, plan_step, sglang_mode
+from dpx.policy import plan_step, sglang_mode
 from dpx.routes import Route
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
 from dpx.transport import RankFacts, TransportChoice, choose_transport

@@ -3,21 +3,23 @@
 the bytes the peer transport moves (:func:`peer_bytes`), and an op's and a mode's estimate:
 its collectives (the same on every rank) plus its slowest rank's local bytes
 (:func:`estimate_op`, :func:`estimate`); :mod:`dpx.pricing` computes the same in closed
-form (tested equal).
+form (tested equal). :func:`compare_modes`: every candidate mode's estimate for a step's
+counts (the cost policy's prices with CP ranks, and :func:`dpx.explain`'s table).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 from dpx import expr as X
 from dpx import values as V
 from dpx.cost_model import CostModel, StepCost
-from dpx.errors import DpxValueError
+from dpx.errors import DpxValueError, check_int
 from dpx.extents import op_rows
+from dpx.layout import DpLayout
 from dpx.modes import Group, Op, PaddingMode, Transport
-from dpx.plan import DpPlan
+from dpx.plan import DpPlan, check_counts, check_shards, make_plan
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
 from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
                        AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
@@ -25,7 +27,7 @@ from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToA
                        SplitColumns, Step, Unpack, Zero, moved_buffer)
 
 __all__ = [
-    "estimate", "estimate_op", "group_size", "ModeEstimate", "OpEstimate", "peer_bytes",
+    "ALL_MODES", "compare_modes", "estimate", "mode_estimates", "estimate_op", "group_size", "ModeEstimate", "OpEstimate", "peer_bytes",
     "price", "PRICERS", "split_costs"
 ]
 
@@ -236,3 +238,36 @@ def estimate(plan: DpPlan, *, row_bytes: int, cost_model: CostModel,
                             transport=transport, cache=cache)
                 for op in (Op.GATHER, Op.REDUCE_SCATTER))
     return ModeEstimate(plan.mode, plan.global_rows, ops)
+
+
+ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
+                                      PaddingMode.GATHERV)
+
+
+def mode_estimates(counts: tuple[int, ...], layout: DpLayout, modes: Sequence[PaddingMode], *,
+                   row_bytes: int, cost_model: CostModel, transport: Transport,
+                   cp_shards: tuple[tuple[int, ...], ...] | None,
+                   cache: ScheduleCache | None = None) -> list[ModeEstimate]:
+    """Each of ``modes``' :func:`estimate` for these checked counts (no capacity)."""
+    return [estimate(make_plan(counts, layout, m, is_extend=False, capacity=None,
+                               cp_shards=cp_shards, why=""),
+                     row_bytes=row_bytes, cost_model=cost_model, transport=transport,
+                     cache=cache)
+            for m in modes]
+
+
+def compare_modes(num_tokens: Sequence[int], layout: DpLayout, *, row_bytes: int,
+                  cost_model: CostModel, transport: Transport | str = Transport.PER_ROOT,
+                  candidates: Sequence[PaddingMode | str] = ALL_MODES,
+                  is_extend: bool = False,
+                  cp_shards: Sequence[Sequence[int]] | None = None) -> tuple[ModeEstimate, ...]:
+    """Every candidate mode's estimate for these counts: a partial gather then a
+    reduce_scatter (slowest rank each), as :func:`dpx.cost.estimate` prices their
+    schedules. ``is_extend`` does not change a price (it is accepted for symmetry with
+    plan_step)."""
+    counts = check_counts(num_tokens, layout)
+    shards = check_shards(cp_shards, counts, layout)
+    check_int("row_bytes", row_bytes, minimum=1)
+    return tuple(mode_estimates(counts, layout, [PaddingMode.parse(c) for c in candidates],
+                            row_bytes=row_bytes, cost_model=cost_model,
+                            transport=Transport.parse(transport), cp_shards=shards))

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpx.cost import estimate_op, peer_bytes, price, split_costs
+from dpx.cost import compare_modes, estimate_op, peer_bytes, price, split_costs
 from dpx.cost_model import CostModel
 from dpx.extents import op_rows
 from dpx.errors import DpxValueError, check_int
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
-from dpx.policy import compare_modes
 from dpx.schedule import build_schedule
 from dpx.transport import TransportChoice
 from dpx.wire import wire_row_bytes

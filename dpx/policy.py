@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from dpx.cost import ModeEstimate, estimate
+from dpx.cost import ALL_MODES, mode_estimates
 from dpx.cost_model import CostModel
 from dpx.errors import DpxTypeError, DpxValueError, check_int
 from dpx.ints import INTS
@@ -21,10 +21,7 @@ from dpx.plan import DpPlan, check_counts, check_shards, make_plan
 from dpx.pricing import cheapest, cheapest_index
 from dpx.schedule import ScheduleCache
 
-ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
-                                      PaddingMode.GATHERV)
-
-__all__ = ["ALL_MODES", "compare_modes", "cost_mode", "fits_one_allreduce", "plan_step",
+__all__ = ["cost_mode", "fits_one_allreduce", "plan_step",
            "sglang_mode", "sglang_step_mode"]
 
 #: The cost model of ``policy="cost"`` when none is given (immutable).
@@ -78,17 +75,6 @@ def fits_one_allreduce(counts: Sequence[int], dp_size: int, allreduce_bytes: int
             and sum(counts) * row_bytes <= allreduce_bytes)
 
 
-def _estimates(counts: tuple[int, ...], layout: DpLayout, modes: Sequence[PaddingMode], *,
-               row_bytes: int, cost_model: CostModel, transport: Transport,
-               cp_shards: tuple[tuple[int, ...], ...] | None,
-               cache: ScheduleCache | None = None) -> list[ModeEstimate]:
-    return [estimate(make_plan(counts, layout, m, is_extend=False, capacity=None,
-                               cp_shards=cp_shards, why=""),
-                     row_bytes=row_bytes, cost_model=cost_model, transport=transport,
-                     cache=cache)
-            for m in modes]
-
-
 def cost_mode(counts: tuple[int, ...], layout: DpLayout, *, cost_model: CostModel,
               row_bytes: int, transport: Transport, candidates: Sequence[PaddingMode],
               cp_shards: tuple[tuple[int, ...], ...] | None,
@@ -101,7 +87,7 @@ def cost_mode(counts: tuple[int, ...], layout: DpLayout, *, cost_model: CostMode
         best, priced = cheapest(counts, layout, candidates, row_bytes=row_bytes,
                                 cost_model=cost_model, transport=transport)
     else:
-        priced = [(e.seconds, True) for e in _estimates(
+        priced = [(e.seconds, True) for e in mode_estimates(
             counts, layout, candidates, row_bytes=row_bytes, cost_model=cost_model,
             transport=transport, cp_shards=cp_shards, cache=cache)]
         best = cheapest_index(candidates, [t for t, _ in priced])
@@ -114,23 +100,6 @@ def cost_mode(counts: tuple[int, ...], layout: DpLayout, *, cost_model: CostMode
         return (f"cost policy: cheapest schedule estimate for rows of {row_bytes} B "
                 f"({text}{bound})")
     return candidates[best], reason
-
-
-def compare_modes(num_tokens: Sequence[int], layout: DpLayout, *, row_bytes: int,
-                  cost_model: CostModel, transport: Transport | str = Transport.PER_ROOT,
-                  candidates: Sequence[PaddingMode | str] = ALL_MODES,
-                  is_extend: bool = False,
-                  cp_shards: Sequence[Sequence[int]] | None = None) -> tuple[ModeEstimate, ...]:
-    """Every candidate mode's estimate for these counts: a partial gather then a
-    reduce_scatter (slowest rank each), as :func:`dpx.cost.estimate` prices their
-    schedules. ``is_extend`` does not change a price (it is accepted for symmetry with
-    plan_step)."""
-    counts = check_counts(num_tokens, layout)
-    shards = check_shards(cp_shards, counts, layout)
-    check_int("row_bytes", row_bytes, minimum=1)
-    return tuple(_estimates(counts, layout, [PaddingMode.parse(c) for c in candidates],
-                            row_bytes=row_bytes, cost_model=cost_model,
-                            transport=Transport.parse(transport), cp_shards=shards))
 
 
 def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = False,

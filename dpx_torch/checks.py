@@ -15,7 +15,7 @@ from dpx.errors import DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
 from dpx.plan import DpPlan
 from dpx_torch.groups import DpGroups
-from dpx_torch.rows import check_out, overlaps
+from dpx_torch.tensors import check_out, overlaps
 
 __all__ = ["check_device_counts", "InputChecks", "SUPPORTED_DTYPES"]
 

@@ -8,6 +8,8 @@ modules before it in its own row (docs/semantics.md, "Where things live").
 
 from __future__ import annotations
 
+from typing import Any, Callable, Protocol
+
 import torch
 
 from dpx import counts as C
@@ -16,10 +18,21 @@ from dpx.layout import DpLayout
 from dpx.plan import DpPlan
 from dpx_torch.checks import InputChecks
 from dpx_torch.collectives import all_gather_single
+from dpx_torch.flags import OverflowFlags
 from dpx_torch.groups import DpGroups
-from dpx_torch.runner import Runner
 
-__all__ = ["check_reports", "CountsExchange"]
+__all__ = ["check_reports", "CountsExchange", "ExchangeRunner"]
+
+
+class ExchangeRunner(Protocol):
+    """What the exchange uses of its communicator's runner
+    (:class:`dpx_torch.runner.Runner`): the peer transport (None: collectives; opened
+    after the exchange is made, so read per call), the overflow flags and each device's
+    passes."""
+
+    peer: Any
+    flags: OverflowFlags
+    passes_for: Callable[[torch.device], Any]
 
 
 def check_reports(label: str, layout: DpLayout, reports: torch.Tensor, picked: torch.Tensor,
@@ -43,7 +56,7 @@ class CountsExchange:
     """The count exchange of one communicator: its source index per (shards, device), a
     fixed handful."""
 
-    def __init__(self, layout: DpLayout, rank: int, groups: DpGroups, runner: Runner,
+    def __init__(self, layout: DpLayout, rank: int, groups: DpGroups, runner: ExchangeRunner,
                  checks: InputChecks) -> None:
         self.layout, self.rank, self.groups = layout, rank, groups
         self.runner, self.checks = runner, checks

@@ -11,10 +11,20 @@ communicator validates, autograd calls, ``*_async`` calls and several-tensor gat
 Checks raise before any collective (docs/errors.md, "Before any collective"). With
 ``validate=True`` every rank first exchanges what it is about to do -- every op takes
 part, scatter included -- and all raise the same error (:meth:`FullPath.checked`).
+
+Autograd (:class:`OpFunction`): the backward of an op is the schedule of its adjoint op
+(``dpx.Op.adjoint``): gather (partial or replicated) -> reduce_scatter; reduce_scatter ->
+gather_sum (the partial gather whose sums span every rank of a replica, CP ranks too);
+scatter <-> scatter's adjoint. For a replicated gather every attn-tp copy receives the
+whole slot's gradient, which is what the backward of a replicated activation expects. A
+graph keeps its communicator's full path weakly and no prepared program: a graph held
+past ``DpComm.destroy()`` holds no process group, and its backward raises that the
+communicator was destroyed.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -28,20 +38,39 @@ from dpx.modes import Op, Wire
 from dpx.plan import DpPlan
 from dpx.schedule import check_ride
 from dpx_torch.agreement import Agreement
-from dpx_torch.autograd import OpFunction
 from dpx_torch.checks import InputChecks
 from dpx_torch.exchange import check_reports
+from dpx_torch.lifecycle import destroyed
 from dpx_torch.padrows import mask_pad_rows
 from dpx_torch.prepared import CallKey, PreparedOp, PreparedOps, call_key
 from dpx_torch.program import flat_counts
-from dpx_torch.rows import overlaps
+from dpx_torch.tensors import overlaps
 from dpx_torch.runner import Call, Runner
 from dpx_torch.wire import split_wire
 
-__all__ = ["FullPath", "gather_label", "in_place", "own_counts"]
+__all__ = ["FullPath", "gather_label", "in_place", "OpFunction", "own_counts"]
 
 _compiling = torch.compiler.is_compiling
 Tensors = tuple[torch.Tensor, ...]
+
+
+class OpFunction(torch.autograd.Function):
+    """``apply(x, full, call)``: the call's schedule forward (``full.execute``), its
+    adjoint's backward (``full.adjoint``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, full: "FullPath", call: Call) -> torch.Tensor:
+        ctx.full, ctx.call = weakref.ref(full), call._replace(prep=None)
+        return full.execute(call, x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        full = ctx.full()
+        if full is None:
+            raise destroyed()
+        grad = grad.contiguous()
+        adj = full.adjoint(ctx.call, grad)
+        return full.execute(adj, grad), None, None
 
 
 class FullPath:

@@ -49,7 +49,7 @@ from dpx_torch.lifecycle import Lifecycle
 from dpx.lru import LRU
 from dpx_torch.binders import CallContext, RunnerView
 from dpx_torch.program import PreparedCall, flat_counts
-from dpx_torch.rows import inside
+from dpx_torch.tensors import inside
 from dpx_torch.wire import split_wire
 
 __all__ = ["call_key", "CallKey", "ClassKey", "plain", "PreparedClass", "PreparedOp",

@@ -5,6 +5,7 @@ imports."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,7 +55,6 @@ def test_planner_modules_import_only_the_ones_before_them():
     only modules listed before it (an earlier row, or earlier in its row), every module
     is listed, and none imports torch, jax or triton."""
     import ast
-    import re
 
     text = (ROOT / "docs" / "semantics.md").read_text()
     table = text[text.index("## Where things live"):text.index("Each rule is defined once")]
@@ -84,7 +84,6 @@ def test_frontend_modules_import_only_their_layer_or_below():
     modules of lower layers or before it in its own row (function-level and TYPE_CHECKING
     imports included), and names its layer in its docstring."""
     import ast
-    import re
 
     text = (ROOT / "docs" / "semantics.md").read_text()
     table = text[text.index("The torch frontend (`dpx_torch/`) is six layers"):
@@ -135,3 +134,43 @@ def test_frontend_modules_import_only_their_layer_or_below():
                      and not (name == "shims" and d.startswith("shims."))]
     assert not late, late
     assert not unnamed, f"no 'Layer: <layer>.' line in the docstrings of {unnamed}"
+
+
+def _longest_chain(package: str, folder: Path) -> list[str]:
+    """The longest chain of imports among ``package``'s own modules (every import:
+    function-level and TYPE_CHECKING ones too; the package's ``__init__`` left out)."""
+    import ast
+    from functools import lru_cache
+
+    def name(p: Path) -> str:
+        parts = [package, *p.relative_to(folder).with_suffix("").parts]
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    files = {name(p): p for p in folder.rglob("*.py")}
+    deps: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    found.add(full if full in files else node.module)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        deps[mod] = {d for d in found if d in files and d not in (mod, package)}
+
+    @lru_cache(maxsize=None)
+    def chain(mod: str) -> tuple[str, ...]:
+        return (mod,) + max((chain(d) for d in deps[mod]), key=len, default=())
+
+    return list(max((chain(m) for m in files if m != package), key=len))
+
+
+def test_import_chains_stay_short():
+    """The longest import chain of each package is at most what docs/semantics.md's
+    "Where things live" says (a newcomer reads one layer a module)."""
+    text = " ".join((ROOT / "docs" / "semantics.md").read_text().split())
+    for package, folder in (("dpx", "dpx"), ("dpx_torch", "dpx_torch"), ("dpx_jax", "dpx_jax")):
+        limit = int(re.search(rf"in `{package}/` (?:it )?is (\d+) modules", text).group(1))
+        longest = _longest_chain(package, ROOT / folder)
+        assert len(longest) <= limit, (package, len(longest), " -> ".join(longest))

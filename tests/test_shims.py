@@ -44,7 +44,7 @@ def test_first_use_propagates_later_failures():
 
 # ---------------------------------------------------------------- the raw stream
 def test_raw_stream_falls_back_without_the_private_function(monkeypatch):
-    from dpx_torch.shims import stream
+    from dpx_torch.shims import triton_launch as stream
 
     monkeypatch.setattr(stream, "public_raw_stream", lambda index: 1000 + index)
     monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream", raising=False)

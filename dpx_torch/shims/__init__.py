@@ -8,8 +8,6 @@ module                    private                                     public fal
 :mod:`.first_use`         (the rule itself: a private callable,       --
                           replaced by its public one for good when
                           its first call fails)
-:mod:`.stream`            ``torch._C._cuda_getCurrentRawStream``      ``torch.cuda.current_stream
-                                                                      (i).cuda_stream``
 :mod:`.pg_methods`        ``ProcessGroup._allgather_base`` /          ``all_gather_into_tensor``,
                           ``_reduce_scatter_base`` / ``allreduce``    ``reduce_scatter_tensor``,
                           with options made once                      ``all_reduce``
@@ -21,7 +19,9 @@ module                    private                                     public fal
 :mod:`.triton_launch`     ``JITFunction.run(warmup=True)``'s          ``kernel[grid](...)``
                           compiled kernel's ``run`` / ``function`` /
                           ``packed_metadata``; ``knobs.runtime``'s
-                          launch hooks
+                          launch hooks; the raw stream:
+                          ``torch._C._cuda_getCurrentRawStream``      ``torch.cuda.current_stream
+                                                                      (i).cuda_stream``
 :mod:`.interpreter`       ``triton.runtime.interpreter.               ``TRITON_INTERPRET=1`` set
                           InterpretedFunction`` and its rewrite, for  before Triton is imported
                           kernels that call other ``@triton.jit``     (then every kernel is
@@ -41,5 +41,5 @@ module it needs.
 
 #: the submodules (``from dpx_torch.shims import *`` imports them; importing the package
 #: alone imports none)
-__all__ = ["backends", "coalescing", "first_use", "interpreter", "ipc", "pg_methods", "stream",
+__all__ = ["backends", "coalescing", "first_use", "interpreter", "ipc", "pg_methods",
            "triton_launch"]

@@ -18,13 +18,19 @@ kernel; its ``run(grid0, grid1, grid2, stream, function, packed_metadata,
 launch_metadata, enter_hook, exit_hook, *args)``, every argument of the kernel's signature
 in order, constexprs included; ``function`` and ``packed_metadata``) and the launch hooks
 of ``triton.knobs.runtime``, the ones Triton's own ``JITFunction`` uses, checked on Triton
-3.6 (CUDA, H200) and 3.9; the raw stream is :mod:`dpx_torch.shims.stream`'s. Public
+3.6 (CUDA, H200) and 3.9. Public
 fallback: the ordinary launch ``kernel[grid](...)`` -- for a specialisation whose handle
 cannot be made, for every launch where ``triton.knobs`` is missing (hooks cannot be
 checked), and for good for a specialisation whose handle's first launch raises
 ``TypeError`` / ``AttributeError`` (a changed signature). A launcher holds at most
 ``max_entries`` handles (least recently used first out; the dpx kernels have a few dozen
 specialisations in use).
+
+The current stream, which a direct launch passes as a raw handle (an int): private
+``torch._C._cuda_getCurrentRawStream(device_index)``, checked on torch 2.11 (CUDA) and
+2.13; public fallback ``torch.cuda.current_stream(device_index).cuda_stream`` (the same
+int, with a ``Stream`` object made per call) when the private function is missing or its
+first call fails (:class:`~dpx_torch.shims.first_use.FirstUse`).
 
 :data:`JIT` launches through ``kernel[grid]`` every time (the path of calls outside a
 communicator, and of Triton's interpreter on CPU tensors in the kernel tests:
@@ -41,10 +47,23 @@ import torch
 
 from dpx.errors import DpxValueError
 from dpx.lru import LRU
+from dpx_torch.shims.first_use import FirstUse
 from dpx_torch.shims.interpreter import Interpreter
-from dpx_torch.shims.stream import raw_stream
 
-__all__ = ["BoundKernel", "JIT", "JitLauncher", "Launcher", "kernel_for"]
+__all__ = ["BoundKernel", "JIT", "JitLauncher", "Launcher", "kernel_for", "public_raw_stream",
+           "raw_stream"]
+
+
+def public_raw_stream(index: int) -> int:
+    """The current stream of CUDA device ``index`` through the public API."""
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def raw_stream() -> FirstUse:
+    """``raw_stream().fn(index) -> int``: the current stream's handle (one per launcher:
+    the choice is made on its first call)."""
+    private = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return FirstUse(private if callable(private) else None, public_raw_stream)
 
 
 class JitLauncher:
@@ -111,7 +130,7 @@ class Launcher:
         knobs = getattr(triton, "knobs", None)
         #: the launch hooks' home; None: hooks cannot be checked (every launch ordinary)
         self._runtime = getattr(knobs, "runtime", None)
-        #: ``stream.fn(device_index) -> int`` (:mod:`dpx_torch.shims.stream`)
+        #: ``stream.fn(device_index) -> int`` (:func:`raw_stream`)
         self.stream = raw_stream()
 
     def __len__(self) -> int:
