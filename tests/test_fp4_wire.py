@@ -123,7 +123,7 @@ def test_every_fp4_block_count_gives_the_same_bytes(device):
     use, and those are the reference's; rows of 96 elements make wire rows of an odd size,
     which the kernels read and write byte by byte."""
     from dpx.kernels import fp4 as K
-    from dpx.kernels.launch import fp4_scale
+    from dpx.kernels.launch import fp4_factors, fp4_scale
     from dpx_torch.shims.triton_launch import kernel_for
 
     h, rows = 96, 13
@@ -149,8 +149,10 @@ def test_every_fp4_block_count_gives_the_same_bytes(device):
             assert np.array_equal(bits_of(y_want[:rows].cpu().numpy()),
                                   bits_of(dequantize_fp4(p.numpy(), sc.numpy(), wire.value, g)))
             y = torch.full_like(y_want, 7.0)
+            fac = (want if g is None else
+                   torch.tensor(fp4_factors(g), dtype=torch.float32, device=device))
             kernel_for(K.dequantize_fp4_kernel, out.device)[(-(-(rows + 2) * nb // bb),)](
-                want, rows + 2, fp4_scale(g), y, H=h, ROW_BYTES=rb,
+                want, rows + 2, fac, y, H=h, ROW_BYTES=rb,
                 NV=wire is Wire.NVFP4, OUT_KIND=0, BLOCK_B=bb,
                 COMPILED=out.device.type == "cuda", WIDE=False)
             assert torch.equal(y.view(torch.int32), y_want.view(torch.int32)), (wire, bb)
