@@ -332,3 +332,28 @@ def test_the_nvfp4_scale_the_format_implies():
         with pytest.raises(dpx.DpxTypeError, match="amax must be a number"):
             nvfp4_scale(bad)
     assert nvfp4_scale(torch.tensor(4.0)) == nvfp4_scale(np.float32(4.0)) == g
+
+
+def test_the_nvfp4_block_factors_are_correctly_rounded_quotients():
+    """``dpx.kernels.launch.fp4_factors(g)``, the table the nvfp4 dequantizing kernels
+    read: for every scale code, ``RN(s / g) * 2**14`` and ``RN(1.5 s / g) * 2**14`` bit for
+    bit as NumPy's float32 division gives them (IEEE, correctly rounded), NaN for the NaN
+    code, over random global scales and both ends of nvfp4's scale range."""
+    import ml_dtypes
+
+    from dpx.kernels.launch import fp4_factors
+    from dpx.wire import FP4_NAN_SCALE, SCALE_RANGE
+
+    s = np.arange(128, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    rng = np.random.default_rng(5)
+    gs = [*SCALE_RANGE, 1.0, 3.0, 2688.0 / 7.0,
+          *np.float32(2.0) ** rng.uniform(-64, 64, 400).astype(np.float32)]
+    nan = FP4_NAN_SCALE[Wire.NVFP4]
+    for g in gs:
+        g32 = np.float32(g)
+        got = np.array(fp4_factors(float(g32)), np.float32)
+        for half, part in ((np.float32(1.0), got[:128]), (np.float32(1.5), got[128:])):
+            want = (s * half) / g32 * np.float32(16384)
+            assert np.isnan(part[nan]) and np.isfinite(np.delete(part, nan)).all(), g
+            assert np.array_equal(np.delete(part, nan).view(np.uint32),
+                                  np.delete(want, nan).view(np.uint32)), (g, half)
