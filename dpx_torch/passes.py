@@ -129,7 +129,8 @@ class Fp4Factors:
     """nvfp4's block factors on a device (:func:`dpx.kernels.launch.fp4_factors`: float32
     ``[256]``, the table its dequantizing kernels read), one per global scale ``g`` and
     device, made when a pass is bound -- before a CUDA-graph capture: a warm-up call binds
-    -- and held by the bound pass: at most ``max_entries`` here (least recently used out)."""
+    -- and held by the bound pass: at most ``max_entries`` here (least recently used out;
+    0: a table a bind, kept by nothing else)."""
 
     def __init__(self, *, max_entries: int = 16) -> None:
         self._tables = LRU(max_entries)
@@ -170,7 +171,8 @@ class TritonPasses(Passes):
         #: most ``max_launches``; 0 keeps none)
         self._launches = LRU(max_launches)
         self.max_launches = max_launches
-        self.factors = Fp4Factors()
+        #: nvfp4's block factors (kept as the launches are: none when ``max_launches`` is 0)
+        self.factors = Fp4Factors(max_entries=16 if max_launches else 0)
 
     def _launch_of(self, key: tuple, make: Callable[[], tuple]) -> tuple:
         if not self.max_launches:
