@@ -297,6 +297,8 @@ class Runner:
         self.schedules.clear()
         self.tables.clear()
         self.launcher.clear()
+        for passes in self.passes.values():
+            passes.clear()
         self.pool.clear()
 
 

@@ -604,3 +604,44 @@ def test_peer_kernels_in_the_interpreter_give_the_host_passes_bytes(monkeypatch,
         assert same(*outs), (case, W, me, wire, dtype)
         sums += 1
     assert puts == 4 * 36 and takes == 2 * 36 and sums > 20, (puts, takes, sums)
+
+
+def test_the_cuda_pull_sum_binds_every_wire_as_the_combine_sums():
+    """:class:`dpx_torch.peer_passes.CudaPeerPasses`' wire pull-sum as it binds it (the
+    launch, its pointers' dtypes, nvfp4's factor table), run by Triton's interpreter on
+    workspaces in host memory: every rank's wire rows, offset by ``firsts[me]``, summed as
+    the combine's summing pass sums the same rows, bit for bit, zeros past ``lens[me]``."""
+    pytest.importorskip("triton")
+    from types import SimpleNamespace
+
+    import torch
+
+    from dpx.wire import wire_row_bytes
+    from dpx_torch.passes import TritonPasses
+    from dpx_torch.peer_passes import CudaPeerPasses
+    from dpx_torch.shims.triton_launch import JIT
+
+    W, n, H, first = 3, 5, 128, 2
+    torch.manual_seed(0)
+    for wire, g in ((dpx.Wire.FP8, None), (dpx.Wire.NVFP4, 0.37), (dpx.Wire.MXFP4, None)):
+        rb = wire_row_bytes(H, wire)
+        lay = dpx.PeerLayout(W, (first + n) * rb)
+        bufs = [torch.zeros(lay.total_bytes, dtype=torch.uint8) for _ in range(W)]
+        err = torch.zeros(1, dtype=torch.int64)
+        table = torch.tensor([b.data_ptr() for b in bufs] + [err.data_ptr()], dtype=torch.int64)
+        mem = SimpleNamespace(layout=lay, device=torch.device("cpu"), table=table, rank=1)
+        passes = TritonPasses()
+        x = torch.randn(W * n, H) * 3
+        wbuf = torch.empty(W * n, rb, dtype=torch.uint8)
+        passes.quantize(x, 0, W * n, wbuf, wire, g)
+        for p, b in enumerate(bufs):   # rank p's rows at rows first.., in the phase read
+            b[lay.data + first * rb:lay.data + (first + n) * rb].copy_(
+                wbuf[p * n:(p + 1) * n].reshape(-1))
+        firsts = torch.tensor([0, first, 0], dtype=torch.int32)
+        lens = torch.tensor([0, n - 1, 0], dtype=torch.int32)
+        out = torch.full((n, H), 7.0, dtype=torch.bfloat16)
+        CudaPeerPasses(mem, 1.0, JIT).bind_sum(n, H, torch.bfloat16, wire, g)(out, firsts, lens)
+        want = torch.empty(n, H, dtype=torch.bfloat16)
+        passes.dequantize_sum(wbuf, want, W, wire, g)
+        assert torch.equal(out[:n - 1].view(torch.int16), want[:n - 1].view(torch.int16)), wire
+        assert not out[n - 1:].any(), wire
