@@ -27,8 +27,8 @@ from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToA
                        SplitColumns, Step, Unpack, Zero, moved_buffer)
 
 __all__ = [
-    "ALL_MODES", "compare_modes", "estimate", "mode_estimates", "estimate_op", "group_size", "ModeEstimate", "OpEstimate", "peer_bytes",
-    "price", "PRICERS", "split_costs"
+    "ALL_MODES", "compare_modes", "estimate", "estimate_op", "group_size", "mode_estimates",
+    "ModeEstimate", "OpEstimate", "peer_bytes", "price", "PRICERS", "split_costs"
 ]
 
 
