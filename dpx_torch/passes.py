@@ -73,9 +73,6 @@ class Passes:
     """The interface; its ``bind_*`` forms close over the call forms (an implementation
     with nothing to resolve ahead of a call keeps them)."""
 
-    def clear(self) -> None:
-        """Empty what the passes keep (nothing here)."""
-
     def bind_move(self, src_rows: int, out_rows: int, width: int, dtype: torch.dtype,
                   device: torch.device, ss: int | None, ds: int | None, n: int | None,
                   tile: _tiles.Tile | None = None) -> Callable[..., None]:

@@ -65,7 +65,9 @@ class CacheLimits:
     template; ``programs``: compiled programs (one per variant in use); ``batches``:
     lockstep programs of several-tensor gathers; ``tables``: device copies of host index
     tables; ``kernels``: compiled Triton kernels launched directly (one per kernel
-    specialisation in use)."""
+    specialisation in use). The CUDA passes also keep their 256 most recent bound launches
+    and 16 nvfp4 factor tables (``launches`` and ``fp4_factors`` in ``cache_sizes()``;
+    fixed bounds)."""
 
     calls: int = 64
     templates: int = 64
@@ -117,8 +119,9 @@ class Runner:
         self.flags = OverflowFlags()
         self.overlap = Overlap(self.pool)
         self.launcher = Launcher(max_entries=limits.kernels)
-        self.passes: dict[str, Passes] = {"cuda": TritonPasses(self.launcher),
-                                          "cpu": TorchPasses()}
+        #: the CUDA passes (their bound launches and nvfp4 factor tables are cached)
+        self.triton = TritonPasses(self.launcher)
+        self.passes: dict[str, Passes] = {"cuda": self.triton, "cpu": TorchPasses()}
         self._collectives: dict[tuple, Any] = {}
         #: grouped launches (:mod:`dpx_torch.shims.coalescing`)
         self.coalescing = Coalescing()
@@ -245,7 +248,8 @@ class Runner:
         return {"templates": len(self.schedules),
                 "variants": self.schedules.variants(), "programs": len(self._programs),
                 "batches": len(self._batches), "tables": len(self.tables),
-                "kernels": len(self.launcher), "pool_buffers": len(self.pool),
+                "kernels": len(self.launcher), "launches": len(self.triton),
+                "fp4_factors": len(self.triton.factors), "pool_buffers": len(self.pool),
                 "events": len(self.overlap.events)}
 
     def host_bytes(self, *extra: Any) -> int:
@@ -297,8 +301,7 @@ class Runner:
         self.schedules.clear()
         self.tables.clear()
         self.launcher.clear()
-        for passes in self.passes.values():
-            passes.clear()
+        self.triton.clear()
         self.pool.clear()
 
 
