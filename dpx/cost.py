@@ -269,5 +269,5 @@ def compare_modes(num_tokens: Sequence[int], layout: DpLayout, *, row_bytes: int
     shards = check_shards(cp_shards, counts, layout)
     check_int("row_bytes", row_bytes, minimum=1)
     return tuple(mode_estimates(counts, layout, [PaddingMode.parse(c) for c in candidates],
-                            row_bytes=row_bytes, cost_model=cost_model,
-                            transport=Transport.parse(transport), cp_shards=shards))
+                                row_bytes=row_bytes, cost_model=cost_model,
+                                transport=Transport.parse(transport), cp_shards=shards))

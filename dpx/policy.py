@@ -21,8 +21,7 @@ from dpx.plan import DpPlan, check_counts, check_shards, make_plan
 from dpx.pricing import cheapest, cheapest_index
 from dpx.schedule import ScheduleCache
 
-__all__ = ["cost_mode", "fits_one_allreduce", "plan_step",
-           "sglang_mode", "sglang_step_mode"]
+__all__ = ["cost_mode", "fits_one_allreduce", "plan_step", "sglang_mode", "sglang_step_mode"]
 
 #: The cost model of ``policy="cost"`` when none is given (immutable).
 DEFAULT_COST_MODEL = CostModel()
