@@ -47,10 +47,10 @@ from dpx_torch.shims.triton_launch import Launcher
 from peer import _LocalMemory
 
 
-@triton.jit(do_not_specialize=["me", "out_rows", "ws_rows", "data", "stride"])
-def variant_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows, data, stride,
-                   factors_ptr, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
-                   FP4: tl.constexpr, NV: tl.constexpr, W: tl.constexpr, OUT_KIND: tl.constexpr,
+@triton.jit(do_not_specialize=["me", "out_rows", "ws_rows", "data", "stride", "g"])
+def variant_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows, data, stride, g,
+                   out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr, FP4: tl.constexpr,
+                   NV: tl.constexpr, W: tl.constexpr, OUT_KIND: tl.constexpr,
                    EPOCH: tl.constexpr, BLOCK_B: tl.constexpr, COMPILED: tl.constexpr,
                    WIDE: tl.constexpr, SELECT: tl.constexpr, ALIGNED: tl.constexpr):
     """:func:`dpx.kernels.peer.peer_wire_sum_kernel` with its choices as switches."""
@@ -69,8 +69,7 @@ def variant_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows, data,
             base = row_starts(peer_base(table_ptr, p) + off, src.to(tl.int64), ROW_BYTES)
         else:
             base = peer_base(table_ptr, p) + off + src.to(tl.int64) * ROW_BYTES
-        v = wire_block_values(base, grp, real, factors_ptr, H, ROW_BYTES, FP4, NV, BLOCK_B,
-                              COMPILED)
+        v = wire_block_values(base, grp, real, g, H, ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
         if SELECT:
             v = tl.where(real[:, None], v, 0.0)
         acc = add_rn(acc, v, COMPILED)
@@ -112,9 +111,7 @@ def main(interpret: bool) -> list[dict]:
                 ws_rows = lay.phase_bytes // wrb
                 lt = L.peer_wire_sum_launch(wire, n, H, "bfloat16", W, lay.epoch,
                                             ws_rows=ws_rows, compiled=not interpret)
-                fac = local.factors.get(wire, g, torch.device(dev))
-                fac = mem.table if fac is None else fac   # (read for nvfp4 only)
-                ints = (0, n, ws_rows, lay.data, lay.stride, fac)
+                ints = (0, n, ws_rows, lay.data, lay.stride, L.fp4_scale(g))
                 ref = torch.empty(n, H, dtype=bf, device=dev)
 
                 def dpx_sum():
@@ -127,7 +124,7 @@ def main(interpret: bool) -> list[dict]:
                 outd = torch.empty(n, H, dtype=bf, device=dev)
 
                 def combine_sum():
-                    dequantize_sum_kernel[dl.grid](wbuf, n, fac, outd,
+                    dequantize_sum_kernel[dl.grid](wbuf, n, L.fp4_scale(g), outd,
                                                    num_warps=dl.warps, **dl.consts)
                 combine_sum()
                 row["combine_sum"] = (cu / time_it(combine_sum)

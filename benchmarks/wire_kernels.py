@@ -102,7 +102,6 @@ def main() -> None:
             wbuf = torch.empty(8 * n, rb, device="cuda", dtype=torch.uint8)
             passes.quantize(x, 0, 8 * n, wbuf, wire, g)
             y = torch.empty(n, h, device="cuda", dtype=torch.bfloat16)
-            fac = "*fp32" if wire is Wire.NVFP4 else "*u8"   # (the pointer the passes bind)
             cases = {
                 "quantize": (lambda: passes.quantize(x, 0, n, wbuf[:n], wire, g),
                              n * h * 2 + n * rb,
@@ -112,7 +111,7 @@ def main() -> None:
                 "dequantize": (lambda: passes.dequantize(wbuf[:n], y, wire, g),
                                n * rb + n * h * 2,
                                L.dequantize_launch(wire, n, h, "bfloat16", compiled=True),
-                               {"src_ptr": "*u8", "factors_ptr": fac, "out_ptr": "*bf16"}),
+                               {"src_ptr": "*u8", "out_ptr": "*bf16"}),
             }
             for parts in (2, 8):
                 cases[f"sum x{parts}"] = (
@@ -120,7 +119,7 @@ def main() -> None:
                                                               wire, g),
                     parts * n * rb + n * h * 2,
                     L.dequantize_sum_launch(wire, n, parts, h, "bfloat16", compiled=True),
-                    {"src_ptr": "*u8", "factors_ptr": fac, "out_ptr": "*bf16"})
+                    {"src_ptr": "*u8", "out_ptr": "*bf16"})
             for kind, (fn, moved, lt, ptrs) in cases.items():
                 t = cuda_time_us(fn)
                 key = (wire, kind)

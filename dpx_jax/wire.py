@@ -190,7 +190,7 @@ def dequantize_sum(src, parts: int, dtype, impl: Impl, wire: Wire = Wire.FP8,
 
         return _triton(launch.dequantize_sum_launch(wire, rows, parts, h,
                                                     jnp.dtype(dtype).name, compiled=True),
-                       (rows, h), dtype, src, rows, _factors(src, wire, g))
+                       (rows, h), dtype, src, rows, np.float32(launch.fp4_scale(g)))
     acc = jnp.zeros((rows, h), jnp.int32)
     for p in range(parts):
         v = dequantize(src[p * rows:(p + 1) * rows], jnp.float32, Impl.XLA, wire, g)
@@ -355,18 +355,7 @@ def _dequantize_fp4(src, dtype, impl: Impl, wire: Wire, g):
 
     return _triton(launch.dequantize_launch(wire, rows, h, jnp.dtype(dtype).name,
                                             compiled=True), (rows, h), dtype, src, rows,
-                   _factors(src, wire, g))
-
-
-def _factors(src, wire: Wire, g):
-    """The dequantizing kernels' table argument: nvfp4's block factors for ``g``
-    (:func:`dpx.kernels.launch.fp4_factors`, a float32 constant varying like ``src``),
-    else ``src`` standing in (unread)."""
-    if wire is not Wire.NVFP4:
-        return src
-    from dpx.kernels import launch
-
-    return vary_like(jnp.asarray(np.array(launch.fp4_factors(g), np.float32)), src)
+                   np.float32(launch.fp4_scale(g)))
 
 
 def _triton(lt, shape: tuple, dtype, *args):

@@ -49,8 +49,8 @@ from dpx_torch.shims.triton_launch import JIT, BoundKernel, JitLauncher, Launche
 from dpx.lru import LRU
 from dpx_torch.wire import dequantize_rows, dequantize_sum_rows, quantize_rows
 
-__all__ = ["DEVICE", "Fp4Factors", "Index", "Passes", "passes_for", "rows_width",
-           "TorchPasses", "TritonPasses"]
+__all__ = ["DEVICE", "Index", "Passes", "passes_for", "rows_width", "TorchPasses",
+           "TritonPasses"]
 
 Index = Union[int, torch.Tensor]  # a tensor: one element, int32, on the data's device
 
@@ -125,40 +125,6 @@ class Passes:
         return lambda src, out: self.dequantize_sum(src, out, parts, wire, g)
 
 
-class Fp4Factors:
-    """nvfp4's block factors on a device (:func:`dpx.kernels.launch.fp4_factors`: float32
-    ``[256]``, the table its dequantizing kernels read), one per global scale ``g`` and
-    device, made when a pass is bound -- before a CUDA-graph capture: a warm-up call binds
-    -- and held by the bound pass: at most ``max_entries`` here (least recently used out;
-    0: a table a bind, kept by nothing else)."""
-
-    def __init__(self, *, max_entries: int = 16) -> None:
-        self._tables = LRU(max_entries)
-
-    def get(self, wire: Wire, g: float | None, device: torch.device) -> torch.Tensor | None:
-        """The table of ``g`` on ``device`` for an nvfp4 pass; None for another wire."""
-        if wire is not Wire.NVFP4:
-            return None
-        key = (float(g), device)
-        t = self._tables.hit(key)
-        if t is None:
-            t = self._tables.put(key, torch.tensor(_tiles.fp4_factors(g), dtype=torch.float32,
-                                                   device=device))
-        return t
-
-    def __len__(self) -> int:
-        return len(self._tables)
-
-    def clear(self) -> None:
-        self._tables.clear()
-
-
-def _ptr_dtype(factors: torch.Tensor | None) -> torch.dtype:
-    """The dtype of the factors' pointer slot: the table's, or the wire source's that stands
-    in for it (a pass that reads none)."""
-    return torch.uint8 if factors is None else factors.dtype
-
-
 class TritonPasses(Passes):
     """The passes as ``dpx.kernels`` launches through ``launcher`` (a
     :class:`~dpx_torch.shims.triton_launch.Launcher`, or
@@ -171,8 +137,6 @@ class TritonPasses(Passes):
         #: most ``max_launches``; 0 keeps none)
         self._launches = LRU(max_launches)
         self.max_launches = max_launches
-        #: nvfp4's block factors (kept as the launches are: none when ``max_launches`` is 0)
-        self.factors = Fp4Factors(max_entries=16 if max_launches else 0)
 
     def _launch_of(self, key: tuple, make: Callable[[], tuple]) -> tuple:
         if not self.max_launches:
@@ -185,7 +149,6 @@ class TritonPasses(Passes):
 
     def clear(self) -> None:
         self._launches.clear()
-        self.factors.clear()
 
     # ---------------------------------------------------------------- binders
     def _bind(self, lt: _tiles.Launch, device: torch.device,
@@ -288,13 +251,11 @@ class TritonPasses(Passes):
             return _nothing
         lt = _tiles.dequantize_launch(wire, rows, hidden, _dtype_name(dtype),
                                       compiled=device.type == "cuda")
+        go_t, grid = self._bind(lt, device, (torch.uint8, dtype)).tensors, lt.grid
         if wire is Wire.FP8:
-            go_t, grid = self._bind(lt, device, (torch.uint8, dtype)).tensors, lt.grid
             return lambda src, out: go_t(grid, (src, rows, out))
-        fac = self.factors.get(wire, g, device)
-        go_t = self._bind(lt, device, (torch.uint8, _ptr_dtype(fac), dtype)).tensors
-        grid = lt.grid
-        return lambda src, out: go_t(grid, (src, rows, src if fac is None else fac, out))
+        gv = _tiles.fp4_scale(g)
+        return lambda src, out: go_t(grid, (src, rows, gv, out))
 
     def bind_dequantize_sum(self, rows, parts, hidden, dtype, device=None, wire=Wire.FP8,
                             g=None):
@@ -302,10 +263,9 @@ class TritonPasses(Passes):
             return _nothing
         lt = _tiles.dequantize_sum_launch(wire, rows, parts, hidden, _dtype_name(dtype),
                                           compiled=device.type == "cuda")
-        fac = self.factors.get(wire, g, device)
-        go_t = self._bind(lt, device, (torch.uint8, _ptr_dtype(fac), dtype)).tensors
-        grid = lt.grid
-        return lambda src, out: go_t(grid, (src, rows, src if fac is None else fac, out))
+        go_t, grid, gv = self._bind(lt, device, (torch.uint8, dtype)).tensors, lt.grid, \
+            _tiles.fp4_scale(g)
+        return lambda src, out: go_t(grid, (src, rows, gv, out))
 
     # ---------------------------------------------------------------- calls
     def move(self, src, ss: Index, ds: Index, n: Index, out,

@@ -27,7 +27,6 @@ from dpx.kernels import launch as L
 from dpx.modes import Wire
 from dpx.wire import wire_row_bytes
 from dpx.workspace import LEFT
-from dpx_torch.passes import Fp4Factors
 from dpx_torch.peer_memory import PeerMemory
 from dpx_torch.shims.triton_launch import Launcher
 from dpx_torch.wire import dequantize_sum_rows, write_rounded
@@ -97,8 +96,6 @@ class CudaPeerPasses(PeerPasses):
     def __init__(self, mem: PeerMemory, timeout: float, launcher: Launcher) -> None:
         super().__init__(mem, timeout)
         self.launcher, self.device = launcher, mem.device
-        #: nvfp4's block factors for the wire pull-sums
-        self.factors = Fp4Factors()
         lay = mem.layout
         self.ints = (lay.data, lay.stride, lay.header)
         self.dummy = torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -159,11 +156,8 @@ class CudaPeerPasses(PeerPasses):
             lt = L.peer_wire_sum_launch(wire, out_rows, width, _name(dtype), self.world,
                                         lay.epoch, ws_rows=ws_rows,
                                         compiled=self.device.type == "cuda")
-            fac = self.factors.get(wire, g, self.device)
-            k = self._bind(lt, (torch.int64, i32, i32, torch.int64 if fac is None else fac.dtype,
-                                dtype)).tensors
-            ints = (self.me, out_rows, ws_rows, lay.data, lay.stride,
-                    table if fac is None else fac)   # (the table stands in: read for nvfp4 only)
+            k = self._bind(lt, (torch.int64, i32, i32, dtype)).tensors
+            ints = (self.me, out_rows, ws_rows, lay.data, lay.stride, L.fp4_scale(g))
         grid = lt.grid
 
         def pull_sum(out, firsts, lens):

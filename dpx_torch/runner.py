@@ -66,8 +66,7 @@ class CacheLimits:
     lockstep programs of several-tensor gathers; ``tables``: device copies of host index
     tables; ``kernels``: compiled Triton kernels launched directly (one per kernel
     specialisation in use). The CUDA passes also keep their 256 most recent bound launches
-    and 16 nvfp4 factor tables (``launches`` and ``fp4_factors`` in ``cache_sizes()``;
-    fixed bounds)."""
+    (``launches`` in ``cache_sizes()``; a fixed bound)."""
 
     calls: int = 64
     templates: int = 64
@@ -119,7 +118,7 @@ class Runner:
         self.flags = OverflowFlags()
         self.overlap = Overlap(self.pool)
         self.launcher = Launcher(max_entries=limits.kernels)
-        #: the CUDA passes (their bound launches and nvfp4 factor tables are cached)
+        #: the CUDA passes (their bound launches are cached)
         self.triton = TritonPasses(self.launcher)
         self.passes: dict[str, Passes] = {"cuda": self.triton, "cpu": TorchPasses()}
         self._collectives: dict[tuple, Any] = {}
@@ -249,7 +248,7 @@ class Runner:
                 "variants": self.schedules.variants(), "programs": len(self._programs),
                 "batches": len(self._batches), "tables": len(self.tables),
                 "kernels": len(self.launcher), "launches": len(self.triton),
-                "fp4_factors": len(self.triton.factors), "pool_buffers": len(self.pool),
+                "pool_buffers": len(self.pool),
                 "events": len(self.overlap.events)}
 
     def host_bytes(self, *extra: Any) -> int:

@@ -31,17 +31,16 @@ __all__ = ["add_rn", "dequantize_sum_kernel", "store_sum", "wire_block_values"]
 
 
 @triton.jit
-def wire_block_values(base, grp, ok, factors, H: tl.constexpr, ROW_BYTES: tl.constexpr,
+def wire_block_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr,
                       FP4: tl.constexpr, NV: tl.constexpr, BLOCK_B: tl.constexpr,
                       COMPILED: tl.constexpr):
     """The float32 values ``[BLOCK_B, GS]`` of block ``grp`` of the wire rows at ``base``
     (uint8 pointers ``[BLOCK_B]``, one per row; ``ok``: rows to read): fp8 (``e4m3 *
-    scale``) unless ``FP4`` (nvfp4 with its block factors at ``factors`` when ``NV``, else
-    mxfp4: :func:`~dpx.kernels.fp4.fp4_values`); a NaN
+    scale``) unless ``FP4`` (nvfp4 with global scale ``g`` when ``NV``, else mxfp4); a NaN
     code or a NaN block gives NaN. What the dequantize kernels compute before their rounding
     to the output dtype."""
     if FP4:
-        v = fp4_values(base, grp, ok, factors, H, ROW_BYTES, NV, BLOCK_B)
+        v = fp4_values(base, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED)
     else:
         v = fp8_block_values(base, grp, ok, H, COMPILED)
     return v
@@ -70,16 +69,15 @@ def store_sum(acc, out_ptr, offs, mask, OUT_KIND: tl.constexpr, COMPILED: tl.con
     store_rounded(acc, out_ptr, offs, mask, OUT_KIND, COMPILED)
 
 
-@triton.jit(do_not_specialize=["rows_n"])
-def dequantize_sum_kernel(src_ptr, rows_n, factors_ptr, out_ptr, H: tl.constexpr,
+@triton.jit(do_not_specialize=["rows_n", "g"])
+def dequantize_sum_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
                           ROW_BYTES: tl.constexpr, FP4: tl.constexpr, NV: tl.constexpr,
                           PARTS: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK_B: tl.constexpr,
                           COMPILED: tl.constexpr, WIDE: tl.constexpr):
     """``out[j] = round(sum_p dequantize(src[p * rows_n + j]))`` for ``j < rows_n``: uint8
-    ``[PARTS * rows_n, ROW_BYTES]`` wire rows (fp8 unless ``FP4``; nvfp4 with its block
-    factors at ``factors_ptr`` when ``NV``, else mxfp4) -> ``[rows_n, H]`` of ``OUT_KIND``
-    (0: float32, 1: bfloat16, 2: float16), the float32 sum over ``p = 0 .. PARTS-1`` in that
-    order.
+    ``[PARTS * rows_n, ROW_BYTES]`` wire rows (fp8 unless ``FP4``; nvfp4 with global scale
+    ``g`` when ``NV``, else mxfp4) -> ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1:
+    bfloat16, 2: float16), the float32 sum over ``p = 0 .. PARTS-1`` in that order.
     ``WIDE``: index math in int64, else int32."""
     GS: tl.constexpr = (NV_BLOCK if NV else MX_BLOCK) if FP4 else GROUP
     NB: tl.constexpr = H // GS
@@ -89,7 +87,7 @@ def dequantize_sum_kernel(src_ptr, rows_n, factors_ptr, out_ptr, H: tl.constexpr
     ok = row < rows_n
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
     for p in tl.static_range(PARTS):
-        v = wire_block_values(src_ptr + (row + p * rows_n) * ROW_BYTES, grp, ok, factors_ptr, H,
+        v = wire_block_values(src_ptr + (row + p * rows_n) * ROW_BYTES, grp, ok, g, H,
                               ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
         acc = add_rn(acc, v, COMPILED)
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]

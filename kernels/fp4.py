@@ -18,7 +18,8 @@ and JAX's XLA path give the same bits:
 - nvfp4: ``s`` and the quotients correctly rounded (``div_rn``; on a GPU (``COMPILED``) a
   product with the reciprocal and fused corrections, Markstein's correctly rounded
   quotient: one correction where the divisor is 6 or an e4m3 scale, whose significands
-  have four bits at most (:func:`~dpx.kernels.blocks.div_by_short`)), e4m3 by bits;
+  have four bits at most (:func:`~dpx.kernels.blocks.div_by_short`), two for the global
+  scale ``g``), e4m3 by bits;
 - mxfp4: ``x * 2**-E`` on the float pipe, one multiplication (PTX ``mul.f32`` keeps
   subnormal operands and results: ``2**-127``, the scale of a block holding an infinity,
   is one), exact wherever the e2m1 code depends on it;
@@ -26,8 +27,8 @@ and JAX's XLA path give the same bits:
   e2m1's step (:func:`~dpx.kernels.blocks.e2m1_code`), at most 7 (NaN saturates);
 - dequantize: each code's bits placed in a float16 (:func:`e2m1_halves`), then mxfp4 two
   exact multiplications by factors making ``2**(E + 14)``, nvfp4 the element's power of two
-  times one of two correctly rounded quotients per block, ``s / g`` and ``1.5 s / g``, read
-  from the launch's table of them (:func:`fp4_values`); then the rounding to the output dtype of
+  times one of two correctly rounded quotients per block, ``s / g`` and ``1.5 s / g``
+  (:func:`fp4_values`); then the rounding to the output dtype of
   :func:`~dpx.kernels.blocks.store_rounded`.
 
 Like every dpx kernel they read ``start`` / ``count`` from device memory or plain ints and
@@ -40,8 +41,8 @@ Grid of both: ``(cdiv(rows * H / GS, BLOCK_B),)``.
 import triton
 import triton.language as tl
 
-from dpx.kernels.blocks import (block_index, div_by_short, e2m1_code, e4m3_code, e4m3_value,
-                                load_index, store_rounded)
+from dpx.kernels.blocks import (block_index, div_by_short, div_corrected, e2m1_code, e4m3_code,
+                                e4m3_value, load_index, store_rounded)
 from dpx.kernels.constants import (E2M1_MAX, E2M1_RECIP, FP8_MAX, MX_BLOCK, MX_NAN_SCALE,
                                    NV_BLOCK, NV_NAN_SCALE)
 
@@ -196,13 +197,12 @@ def fp4_scaled(f, c1, c2, NV: tl.constexpr):
 
 
 @triton.jit
-def fp4_values(base, grp, ok, factors, H: tl.constexpr, ROW_BYTES: tl.constexpr,
-               NV: tl.constexpr, BLOCK_B: tl.constexpr):
+def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: tl.constexpr,
+               BLOCK_B: tl.constexpr, COMPILED: tl.constexpr):
     """The float32 values ``[BLOCK_B, GS]`` of block ``grp`` of the fp4 wire rows at ``base``
-    (uint8 pointers ``[BLOCK_B]``, one per row; ``ok``: rows to read; nvfp4 when ``NV``,
-    with its block factors at ``factors``, else mxfp4), NaN (bits unspecified) in a block
-    whose scale byte is the NaN code: the dequantized values before the rounding to an
-    output dtype.
+    (uint8 pointers ``[BLOCK_B]``, one per row; ``ok``: rows to read; nvfp4 with global
+    scale ``g`` when ``NV``, else mxfp4), NaN (bits unspecified) in a block whose scale byte
+    is the NaN code: the dequantized values before the rounding to an output dtype.
 
     Each element is ``f = e2m1 * 2**-14`` (:func:`e2m1_halves`) times per-block factors
     (:func:`fp4_scaled`; a NaN block's are NaN), exact where the definition is:
@@ -213,10 +213,7 @@ def fp4_values(base, grp, ok, factors, H: tl.constexpr, ROW_BYTES: tl.constexpr,
     - nvfp4: ``e2m1 * s / g`` correctly rounded is ``2**j * RN(s / g)`` or ``2**j *
       RN(1.5 s / g)`` (``e2m1 = 2**j`` or ``1.5 * 2**j``; 1.5s is exact, and in the global
       scale's range every such value is a normal float, so scaling by ``2**j`` is exact):
-      the two quotients times ``2**14`` per block, ``f``'s power of two per element. The
-      quotients depend on the block's scale byte and ``g`` alone: float32 ``[256]`` at
-      ``factors`` holds them for every scale code, made once per ``g`` on the host
-      (:func:`dpx.kernels.launch.fp4_factors`), so a block reads two of them.
+      the two quotients times ``2**14`` per block, ``f``'s power of two per element.
     """
     GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
     HALF: tl.constexpr = GS // 2
@@ -232,9 +229,17 @@ def fp4_values(base, grp, ok, factors, H: tl.constexpr, ROW_BYTES: tl.constexpr,
         words = tl.sum(tl.reshape(byte, [BLOCK_B, WB, 4])
                        << (tl.arange(0, 4) * 8)[None, None, :], 2)
     if NV:
-        code = sb & 0x7F   # (always inside the table: no mask)
-        c1 = tl.load(factors + code)[:, None]
-        c2 = tl.load(factors + 128 + code)[:, None]
+        s = e4m3_value(sb & 0x7F)
+        if COMPILED:
+            r = tl.math.div_rn(1.0, g)
+            q1 = div_corrected(s, g, r)
+            q15 = div_corrected(s * 1.5, g, r)
+        else:
+            q1 = tl.math.div_rn(s, g)
+            q15 = tl.math.div_rn(s * 1.5, g)
+        nan = (sb & NV_NAN_SCALE) == NV_NAN_SCALE
+        c1 = tl.where(nan, float("nan"), q1 * 16384.0)[:, None]
+        c2 = tl.where(nan, float("nan"), q15 * 16384.0)[:, None]
     else:
         E = sb - 127
         # 2**(E + 14) = c1 * c2, both powers of two in float32's normal range
@@ -254,20 +259,19 @@ def fp4_values(base, grp, ok, factors, H: tl.constexpr, ROW_BYTES: tl.constexpr,
     return tl.reshape(v, [BLOCK_B, GS])
 
 
-@triton.jit(do_not_specialize=["rows_n"])
-def dequantize_fp4_kernel(src_ptr, rows_n, factors_ptr, out_ptr, H: tl.constexpr,
+@triton.jit(do_not_specialize=["rows_n", "g"])
+def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
                           ROW_BYTES: tl.constexpr, NV: tl.constexpr, OUT_KIND: tl.constexpr,
                           BLOCK_B: tl.constexpr, COMPILED: tl.constexpr, WIDE: tl.constexpr):
     """``out[:rows_n] = dequantize(src[:rows_n])``: uint8 ``[rows_n, ROW_BYTES]`` wire rows ->
     ``[rows_n, H]`` of ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16); a block whose
-    scale byte is the NaN code gives the output's canonical quiet NaN. ``factors_ptr``:
-    nvfp4's block factors (:func:`fp4_values`; unread for mxfp4)."""
+    scale byte is the NaN code gives the output's canonical quiet NaN."""
     GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
     NB: tl.constexpr = H // GS
     f = block_index(0, BLOCK_B, WIDE)
     row = f // NB
     grp = f % NB
     ok = row < rows_n
-    v = fp4_values(src_ptr + row * ROW_BYTES, grp, ok, factors_ptr, H, ROW_BYTES, NV, BLOCK_B)
+    v = fp4_values(src_ptr + row * ROW_BYTES, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED)
     store_rounded(v, out_ptr, (f * GS)[:, None] + tl.arange(0, GS)[None, :], ok[:, None],
                   OUT_KIND, COMPILED)

@@ -8,8 +8,6 @@ the description's constexprs by name."""
 
 from __future__ import annotations
 
-import math
-import struct
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -26,7 +24,7 @@ from dpx.modes import Wire
 __all__ = [
     "block_grid", "block_shape", "BLOCK_SHAPES", "BlockShape", "check_launch",
     "chunks_launch", "DEFAULT_TILE", "dequantize_launch", "dequantize_sum_launch",
-    "fp4_factors", "fp4_scale", "grid", "Launch", "mask_launch", "move_launch", "OUT_KIND",
+    "fp4_scale", "grid", "Launch", "mask_launch", "move_launch", "OUT_KIND",
     "peer_barrier_launch", "peer_move_tile", "peer_put_launch", "PEER_SUM_TILE",
     "peer_sum_launch", "peer_take_launch", "peer_wire_sum_launch", "QUANTIZE_BY_BYTES",
     "quantize_grid", "quantize_launch", "quantize_shape", "QuantizeShape", "row_blocks",
@@ -155,33 +153,9 @@ def block_grid(rows: int, hidden: int, block: int, shape: BlockShape) -> tuple[i
 
 
 def fp4_scale(g: float | None) -> float:
-    """The quantize kernels' global-scale argument: nvfp4's ``g``, else 0.0 (mxfp4 reads
-    none; not 1.0, which jax-triton would compile as a constant, other PTX than torch's
-    launch)."""
+    """The kernels' global-scale argument: nvfp4's ``g``, else 0.0 (mxfp4 reads none; not
+    1.0, which jax-triton would compile as a constant, other PTX than torch's launch)."""
     return 0.0 if g is None else g
-
-
-def _f32(x: float) -> float:
-    return struct.unpack("f", struct.pack("f", x))[0]
-
-
-def fp4_factors(g: float) -> tuple[float, ...]:
-    """The table the nvfp4 dequantizing kernels read (float32 ``[256]``,
-    :func:`~dpx.kernels.fp4.fp4_values`): for each scale byte's magnitude code ``c``
-    (0..127; e4m3 value ``s``), entry ``c`` is ``RN(s / g) * 2**14`` and entry ``128 + c``
-    is ``RN(1.5 s / g) * 2**14``, each quotient of float32 operands rounded to float32
-    (computed in float64 and rounded once more: both roundings give the correctly rounded
-    float32 quotient, since 53 >= 2 * 24 + 2), and NaN for the NaN code. ``g`` in nvfp4's
-    scale range (:data:`dpx.wire.SCALE_RANGE`) keeps every entry a normal float32.
-    Both frontends pass it as a device array, made once per ``g``."""
-    g32, nan = _f32(g), W.FP4_NAN_SCALE[Wire.NVFP4]
-    out = []
-    for factor in (1.0, 1.5):
-        for c in range(128):
-            e, m = c >> 3, c & 7
-            s = m * 2.0 ** -9 if e == 0 else (8 + m) * 2.0 ** (e - 10)
-            out.append(math.nan if c == nan else _f32(factor * s / g32) * 16384.0)
-    return tuple(out)
 
 
 def wide(*elements: int) -> bool:
@@ -297,8 +271,8 @@ def dequantize_launch(wire: Wire, rows: int, hidden: int, out_dtype: str, *,
                       compiled: bool) -> Launch:
     """The dequantize kernel of ``wire`` (fp8: :func:`~dpx.kernels.wire.
     dequantize_rows_kernel`; fp4: :func:`~dpx.kernels.fp4.dequantize_fp4_kernel`, whose
-    runtime arguments include a pointer to :func:`fp4_factors`, read for nvfp4 only) of
-    ``rows`` wire rows into ``[rows, hidden]`` of ``out_dtype`` (a name: ``"bfloat16"``)."""
+    runtime arguments include :func:`fp4_scale`) of ``rows`` wire rows into ``[rows,
+    hidden]`` of ``out_dtype`` (a name: ``"bfloat16"``)."""
     rb = W.wire_row_bytes(hidden, wire)
     big = wide(rows * rb, rows * hidden)
     if wire is Wire.FP8:
@@ -310,14 +284,14 @@ def dequantize_launch(wire: Wire, rows: int, hidden: int, out_dtype: str, *,
     return Launch(_fp4.dequantize_fp4_kernel, block_grid(rows, hidden, W.block(wire), f),
                   f.warps, dict(H=hidden, ROW_BYTES=rb, NV=wire is Wire.NVFP4,
                                 OUT_KIND=OUT_KIND[out_dtype], BLOCK_B=f.block_b,
-                                COMPILED=compiled, WIDE=big), (0, 2, 3))
+                                COMPILED=compiled, WIDE=big), (0, 3))
 
 
 def dequantize_sum_launch(wire: Wire, rows: int, parts: int, hidden: int, out_dtype: str, *,
                           compiled: bool) -> Launch:
     """:func:`~dpx.kernels.combine.dequantize_sum_kernel` of ``parts * rows`` wire rows
-    into ``[rows, hidden]`` of ``out_dtype`` (runtime arguments: the source, ``rows``, a
-    pointer to :func:`fp4_factors` (read for nvfp4 only), the output)."""
+    into ``[rows, hidden]`` of ``out_dtype`` (runtime arguments: the source, ``rows``,
+    :func:`fp4_scale`, the output)."""
     rb = W.wire_row_bytes(hidden, wire)
     gs = W.block(wire)
     f = block_shape("sum", gs)
@@ -325,7 +299,7 @@ def dequantize_sum_launch(wire: Wire, rows: int, parts: int, hidden: int, out_dt
                   dict(H=hidden, ROW_BYTES=rb, FP4=wire is not Wire.FP8,
                        NV=wire is Wire.NVFP4, PARTS=parts, OUT_KIND=OUT_KIND[out_dtype],
                        BLOCK_B=f.block_b, COMPILED=compiled,
-                       WIDE=wide(parts * rows * rb, rows * hidden)), (0, 2, 3))
+                       WIDE=wide(parts * rows * rb, rows * hidden)), (0, 3))
 
 
 # ---------------------------------------------------------------- the peer transport
@@ -394,8 +368,7 @@ def peer_wire_sum_launch(wire: Wire, out_rows: int, hidden: int, out_dtype: str,
                          epoch: int, *, ws_rows: int, compiled: bool) -> Launch:
     """:func:`~dpx.kernels.peer.peer_wire_sum_kernel` of ``wire`` rows into ``[out_rows,
     hidden]`` of ``out_dtype`` (the combine's summing pass's shapes), from phases of
-    ``ws_rows`` wire rows (a pointer to :func:`fp4_factors` before the output, read for
-    nvfp4 only)."""
+    ``ws_rows`` wire rows."""
     gs = W.block(wire)
     f = block_shape("sum", gs)
     return Launch(_peer.peer_wire_sum_kernel, block_grid(out_rows, hidden, gs, f), f.warps,
@@ -403,7 +376,7 @@ def peer_wire_sum_launch(wire: Wire, out_rows: int, hidden: int, out_dtype: str,
                        FP4=wire is not Wire.FP8, NV=wire is Wire.NVFP4, W=world,
                        OUT_KIND=OUT_KIND[out_dtype], EPOCH=epoch, BLOCK_B=f.block_b,
                        COMPILED=compiled, WIDE=wide(out_rows * hidden, ws_rows)),
-                  (0, 1, 2, 8, 9))
+                  (0, 1, 2, 9))
 
 
 def peer_barrier_launch(world: int, epoch: int, *, clock: bool = True) -> Launch:

@@ -290,20 +290,20 @@ def peer_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows, data
         store_sum(acc, out_ptr, out_offs, keep, KIND, COMPILED)
 
 
-@triton.jit(do_not_specialize=["me", "out_rows", "ws_rows", "data", "stride"])
+@triton.jit(do_not_specialize=["me", "out_rows", "ws_rows", "data", "stride", "g"])
 def peer_wire_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows, data,
-                         stride, factors_ptr, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
+                         stride, g, out_ptr, H: tl.constexpr, ROW_BYTES: tl.constexpr,
                          FP4: tl.constexpr, NV: tl.constexpr, W: tl.constexpr,
                          OUT_KIND: tl.constexpr, EPOCH: tl.constexpr, BLOCK_B: tl.constexpr,
                          COMPILED: tl.constexpr, WIDE: tl.constexpr):
     """The quantized combine's pull: ``out[j]`` the float32 sum over ranks in order of the
-    dequantized wire row ``firsts[me] + j`` of each (fp8 unless ``FP4``; nvfp4 with its
-    block factors at ``factors_ptr`` when ``NV``, else mxfp4), rounded to ``OUT_KIND`` (0-2:
-    float32 / bfloat16 / float16); 0 from ``lens[me]`` to ``out_rows``. ``WIDE``: index math in
+    dequantized wire row ``firsts[me] + j`` of each (fp8 unless ``FP4``; nvfp4 with global
+    scale ``g`` when ``NV``, else mxfp4), rounded to ``OUT_KIND`` (0-2: float32 /
+    bfloat16 / float16); 0 from ``lens[me]`` to ``out_rows``. ``WIDE``: index math in
     int64, else int32 (the launch's choice: int32 when the output's elements and the
     phase's rows fit; a row's byte offset in a workspace is int64 either way). A row that
-    is not read adds the masked loads' zero bytes: +0.0 on every wire (nvfp4's factors of
-    the zero scale are +0.0)."""
+    is not read adds the masked loads' zero bytes: +0.0 on every wire (nvfp4's global
+    scale is positive)."""
     GS: tl.constexpr = (NV_BLOCK if NV else MX_BLOCK) if FP4 else GROUP
     NB: tl.constexpr = H // GS
     f = block_index(0, BLOCK_B, WIDE)
@@ -316,8 +316,7 @@ def peer_wire_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows,
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
     for p in tl.static_range(W):
         base = row_starts(peer_base(table_ptr, p) + off, src.to(tl.int64), ROW_BYTES)
-        v = wire_block_values(base, grp, real, factors_ptr, H, ROW_BYTES, FP4, NV, BLOCK_B,
-                              COMPILED)
+        v = wire_block_values(base, grp, real, g, H, ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
         acc = add_rn(acc, v, COMPILED)
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
     store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND, COMPILED)

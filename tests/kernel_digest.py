@@ -84,8 +84,7 @@ def _cases() -> list[tuple]:
                               BLOCK_B=bb, COMPILED=True, WIDE=False), w))
         for kind, dtype in enumerate(("*fp32", "*bf16", "*fp16")):
             out.append(_case(f"{tag} dequantize {dtype}", fp4.dequantize_fp4_kernel,
-                             dict(src_ptr=u8, factors_ptr="*fp32" if nv else u8,
-                                  out_ptr=dtype),
+                             dict(src_ptr=u8, out_ptr=dtype),
                              dict(H=7168, ROW_BYTES=rb, NV=nv, OUT_KIND=kind, BLOCK_B=bb,
                                   COMPILED=True, WIDE=False), w))
     for tag, fp4_, nv, bb, w in (("fp8", False, False, 16, 4), ("nvfp4", True, True, 64, 2),
@@ -93,8 +92,7 @@ def _cases() -> list[tuple]:
         rb = 7168 + 56 * 4 if not fp4_ else 7168 // 2 + 7168 // (16 if nv else 32)
         for kind, dtype in enumerate(("*fp32", "*bf16", "*fp16")):
             out.append(_case(f"{tag} dequantize_sum x8 {dtype}", combine.dequantize_sum_kernel,
-                             dict(src_ptr=u8, factors_ptr="*fp32" if nv else u8,
-                                  out_ptr=dtype),
+                             dict(src_ptr=u8, out_ptr=dtype),
                              dict(H=7168, ROW_BYTES=rb, FP4=fp4_, NV=nv, PARTS=8,
                                   OUT_KIND=kind, BLOCK_B=bb, COMPILED=True, WIDE=False), w))
     out.extend(peer_cases())
@@ -134,9 +132,8 @@ int32)."""
     for w in (Wire.FP8, Wire.NVFP4, Wire.MXFP4):
         lt = L.peer_wire_sum_launch(w, 64, H, "bfloat16", world, ep, ws_rows=4096,
                                     compiled=True)
-        out.append(_case(f"peer sum {w.value}", lt.kernel,
-                         dict(tab, factors_ptr="*fp32" if w is Wire.NVFP4 else "*i64",
-                              out_ptr="*bf16"), lt.consts, lt.warps))
+        out.append(_case(f"peer sum {w.value}", lt.kernel, dict(tab, out_ptr="*bf16"),
+                         lt.consts, lt.warps))
     # wire rows as bytes: a quantized gather's chunk put and take, a combine's stage
     rb = wire_row_bytes(H, Wire.FP8)
     for mode, name in ((L.PEER_CHUNK, "chunk"), (L.PEER_STAGE, "stage")):

@@ -123,7 +123,7 @@ def test_every_fp4_block_count_gives_the_same_bytes(device):
     use, and those are the reference's; rows of 96 elements make wire rows of an odd size,
     which the kernels read and write byte by byte."""
     from dpx.kernels import fp4 as K
-    from dpx.kernels.launch import fp4_factors, fp4_scale
+    from dpx.kernels.launch import fp4_scale
     from dpx_torch.shims.triton_launch import kernel_for
 
     h, rows = 96, 13
@@ -149,10 +149,8 @@ def test_every_fp4_block_count_gives_the_same_bytes(device):
             assert np.array_equal(bits_of(y_want[:rows].cpu().numpy()),
                                   bits_of(dequantize_fp4(p.numpy(), sc.numpy(), wire.value, g)))
             y = torch.full_like(y_want, 7.0)
-            fac = (want if g is None else
-                   torch.tensor(fp4_factors(g), dtype=torch.float32, device=device))
             kernel_for(K.dequantize_fp4_kernel, out.device)[(-(-(rows + 2) * nb // bb),)](
-                want, rows + 2, fac, y, H=h, ROW_BYTES=rb,
+                want, rows + 2, fp4_scale(g), y, H=h, ROW_BYTES=rb,
                 NV=wire is Wire.NVFP4, OUT_KIND=0, BLOCK_B=bb,
                 COMPILED=out.device.type == "cuda", WIDE=False)
             assert torch.equal(y.view(torch.int32), y_want.view(torch.int32)), (wire, bb)
@@ -332,28 +330,3 @@ def test_the_nvfp4_scale_the_format_implies():
         with pytest.raises(dpx.DpxTypeError, match="amax must be a number"):
             nvfp4_scale(bad)
     assert nvfp4_scale(torch.tensor(4.0)) == nvfp4_scale(np.float32(4.0)) == g
-
-
-def test_the_nvfp4_block_factors_are_correctly_rounded_quotients():
-    """``dpx.kernels.launch.fp4_factors(g)``, the table the nvfp4 dequantizing kernels
-    read: for every scale code, ``RN(s / g) * 2**14`` and ``RN(1.5 s / g) * 2**14`` bit for
-    bit as NumPy's float32 division gives them (IEEE, correctly rounded), NaN for the NaN
-    code, over random global scales and both ends of nvfp4's scale range."""
-    import ml_dtypes
-
-    from dpx.kernels.launch import fp4_factors
-    from dpx.wire import FP4_NAN_SCALE, SCALE_RANGE
-
-    s = np.arange(128, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-    rng = np.random.default_rng(5)
-    gs = [*SCALE_RANGE, 1.0, 3.0, 2688.0 / 7.0,
-          *np.float32(2.0) ** rng.uniform(-64, 64, 400).astype(np.float32)]
-    nan = FP4_NAN_SCALE[Wire.NVFP4]
-    for g in gs:
-        g32 = np.float32(g)
-        got = np.array(fp4_factors(float(g32)), np.float32)
-        for half, part in ((np.float32(1.0), got[:128]), (np.float32(1.5), got[128:])):
-            want = (s * half) / g32 * np.float32(16384)
-            assert np.isnan(part[nan]) and np.isfinite(np.delete(part, nan)).all(), g
-            assert np.array_equal(np.delete(part, nan).view(np.uint32),
-                                  np.delete(want, nan).view(np.uint32)), (g, half)

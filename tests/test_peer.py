@@ -392,16 +392,14 @@ def test_peer_kernels_compile_for_sm90():
         assert ".local" not in ptx and "ld.local" not in ptx, name
         if name != "peer barrier":
             # scalar accesses: none of bytes or halves but the fp4 sums' scale bytes (one a
-            # block and source); of words, only the count loads, the fp8 sum's scales (one a
-            # source) and the nvfp4 sum's block factors (two a block and source)
+            # block and source); of words, only the count loads and the fp8 sum's scales
             small = re.findall(r"(?:ld|st)\.global\.b(?:8|16)\b", ptx)
             words = re.findall(r"(?:ld|st)\.global\.b32\b", ptx)
             vector = re.findall(r"(?:ld|st)\.global\.v[24]\.b32", ptx)
             fp4 = name in ("peer sum nvfp4", "peer sum mxfp4")
             assert vector and len(small) <= (8 if fp4 else 0), (name, small, vector)
             if name.startswith("peer sum") and name != "peer sum bf16":
-                extra = {"peer sum fp8": 8, "peer sum nvfp4": 2 * 8}.get(name, 0)
-                assert len(words) <= 2 + extra, (name, words)
+                assert len(words) <= (2 if fp4 else 2 + 8), (name, words)
             if name.startswith(("peer put", "peer take")):
                 # the row moves, byte rows too, move 16 bytes an access (a tile of elements
                 # gave byte rows 8: launch.tile_for's byte tiles, peer_move_tile)
@@ -608,7 +606,7 @@ def test_peer_kernels_in_the_interpreter_give_the_host_passes_bytes(monkeypatch,
 
 def test_the_cuda_pull_sum_binds_every_wire_as_the_combine_sums():
     """:class:`dpx_torch.peer_passes.CudaPeerPasses`' wire pull-sum as it binds it (the
-    launch, its pointers' dtypes, nvfp4's factor table), run by Triton's interpreter on
+    launch, its pointers' dtypes, nvfp4's global scale), run by Triton's interpreter on
     workspaces in host memory: every rank's wire rows, offset by ``firsts[me]``, summed as
     the combine's summing pass sums the same rows, bit for bit, zeros past ``lens[me]``."""
     pytest.importorskip("triton")

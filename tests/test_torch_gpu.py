@@ -473,9 +473,7 @@ def test_fp4_kernels_compile_to_the_same_ptx_under_torch_and_jax(tmp_path, monke
         ld = launch.dequantize_launch(w, rows, h, "bfloat16", compiled=True)
         q = lq.kernel[lq.grid](x, cnt, cnt, 0, 0, rows, rows, gv, out, **lq.consts,
                                num_warps=lq.warps)
-        fac = (out if g is None else
-               torch.tensor(launch.fp4_factors(g), dtype=torch.float32, device="cuda"))
-        d = ld.kernel[ld.grid](out, rows, fac, y, **ld.consts, num_warps=ld.warps)
+        d = ld.kernel[ld.grid](out, rows, gv, y, **ld.consts, num_warps=ld.warps)
         for name, compiled in (("quantize_fp4_kernel", q), ("dequantize_fp4_kernel", d)):
             jax_ptx = {open(p).read() for p in glob.glob(f"{tmp_path}/*/{name}.ptx")}
             mine = compiled.asm["ptx"]
