@@ -81,7 +81,7 @@ class InputChecks:
             return
         rest = tuple(ref.shape[1:]) if rest is None else rest
         if not (isinstance(out, torch.Tensor) and out.dtype is ref.dtype
-                and out.get_device() == ref.get_device() and out.is_contiguous()
+                and out.device == ref.device and out.is_contiguous()
                 and out.shape[0] == rows and out.dim() == len(rest) + 1
                 and (out.shape[1] == rest[0] if out.dim() == 2 else out.shape[1:] == rest)):
             check_out(out, (rows, *rest), ref.dtype, ref.device)

@@ -114,7 +114,7 @@ class PreparedOp:
 
     __slots__ = ("prep", "full", "life", "shape", "dtype", "device", "counts_shape",
                  "out_shape", "in_place", "split", "out_rows", "_xbytes", "_obytes", "_index",
-                 "_cuda", "__weakref__")
+                 "_cuda", "_one", "__weakref__")
 
     def __init__(self, prep: PreparedCall, full: tuple, life: Lifecycle, x: torch.Tensor, *,
                  counts: torch.Tensor | None, out: torch.Tensor | None, in_place: bool,
@@ -123,7 +123,8 @@ class PreparedOp:
         self.prep: PreparedCall | None = prep
         self.full, self.life = full, life
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
-        self._index = x.get_device()   # the device's index (-1: CPU), cheaper to compare
+        #: a CUDA device's index, cheaper to compare than the device (CUDA tensors only)
+        self._index = x.get_device()
         self._cuda = x.is_cuda
         self.counts_shape = None if counts is None else counts.shape
         self.out_shape = None if out is None else out.shape
@@ -133,14 +134,19 @@ class PreparedOp:
         #: an in-place gather's input lies this many bytes into ``out`` (None: not one)
         self.in_place = (x.data_ptr() - out.data_ptr()) if in_place else None
         self.split = split
+        #: the one step that is the whole run of an ``out=`` call on host counts (the
+        #: output needs no making, no splitting; see :meth:`PreparedCall.one_step`)
+        self._one = prep.one_step() if out is not None and counts is None and not split \
+            else None
 
     def admits(self, x: Any, counts: Any, out: Any) -> bool:
         """Whether a call with these arguments runs the prepared steps: the guard of every
         call form (:func:`plain`'s rule, ``x``'s shape, dtype and device, contiguity,
         autograd state, ``counts`` and ``out``, and where ``out`` lies against ``x``)."""
+        cuda, index = self._cuda, self._index
         if type(x) is not _Tensor or x.shape != self.shape or x.dtype is not self.dtype \
-                or x.get_device() != self._index \
-                or not (x.is_cuda if self._cuda else x.device == self.device) \
+                or not (x.is_cuda and x.get_device() == index if cuda
+                        else x.device == self.device) \
                 or not x.is_contiguous() or (x.requires_grad and _grad()) or _compiling():
             return False
         if counts is not None:
@@ -153,8 +159,9 @@ class PreparedOp:
         if out is None:
             return self.out_shape is None
         if type(out) is not _Tensor or out.shape != self.out_shape \
-                or out.dtype is not self.dtype or out.get_device() != self._index \
-                or not out.is_contiguous():
+                or out.dtype is not self.dtype \
+                or not (out.is_cuda and out.get_device() == index if cuda
+                        else out.device == self.device) or not out.is_contiguous():
             return False
         xp, op = x.data_ptr(), out.data_ptr()
         if self.in_place is not None:
@@ -166,6 +173,10 @@ class PreparedOp:
     def run(self, x: torch.Tensor, counts: torch.Tensor | None,
             out: torch.Tensor | None) -> Any:
         """The bound steps (the caller checked :meth:`admits` and the lifecycle)."""
+        one = self._one
+        if one is not None:
+            one(x, out, None)
+            return out
         prep = self.prep
         res = prep.run(x, prep.new_out(x) if out is None else out,
                        counts if counts is None else flat_counts(counts))
@@ -370,7 +381,7 @@ class PreparedOps:
         """Drop every op's program, held ones too (``destroy()``): after this, every op
         takes the full path, which raises that the communicator was destroyed."""
         for op in list(self._held):
-            op.prep = None
+            op.prep = op._one = None
         self._held = weakref.WeakSet()
         self.clear()
         self.runner = self._in_place = None   # type: ignore[assignment]

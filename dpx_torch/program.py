@@ -30,7 +30,7 @@ from dpx.errors import DpxValueError
 from dpx.lru import LRU
 from dpx.schedule import Variant
 from dpx.steps import AllGather, AllReduce, ReduceScatter
-from dpx_torch.binders import BINDERS, Bind, CallContext, RunnerView
+from dpx_torch.binders import BINDERS, Bind, CallContext, RunnerView, StepFn
 
 __all__ = ["BatchProgram", "DeviceTables", "DeviceValues", "flat_counts", "FreshTables",
            "PreparedCall", "Program", "tables_for_call"]
@@ -257,6 +257,11 @@ class PreparedCall:
         if counts is None:
             return None
         return DeviceValues(counts, self.context.tables, self.params)
+
+    def one_step(self) -> StepFn | None:
+        """The bound step ``step(x, out, None)`` that is the whole of a host-counts run,
+        when there is one (one step and no pooled scratch to refresh), else None."""
+        return self.steps[0] if len(self.steps) == 1 and not self._pool_keys else None
 
     def run(self, x: torch.Tensor, out: torch.Tensor,
             counts: torch.Tensor | None) -> torch.Tensor:

@@ -5,7 +5,9 @@ of prepared calls admitting only the tensors the full path admits. (Exits: test_
 
 from __future__ import annotations
 
+import gc
 import itertools
+import weakref
 
 import pytest
 import torch
@@ -105,16 +107,18 @@ def test_every_cache_refreshes_its_hits():
 
 def test_a_class_of_calls_admits_only_what_the_full_path_admits(world1):
     """A new plan of a known structure is prepared from its class; an ``out=`` whose rows
-    are not the new plan's is refused there too (the full path's error, not a torch
-    error or rows written past the plan)."""
+    are not the new plan's, or on another device (``meta``, whose device index a CPU
+    tensor's equals), is refused there too (the full path's error, not a torch error,
+    rows written past the plan or a result that holds no rows)."""
     comm = DpComm(L1)
     for n in (5, 6):
         p = dpx.plan_step([n], L1, mode="sum_len")
         comm.gather(torch.ones(n, 4), p, partial=True, out=torch.empty(p.global_rows, 4))
     p = dpx.plan_step([7], L1, mode="sum_len")
-    for rows, width in ((9, 4), (6, 4), (7, 5)):
+    for rows, width, device in ((9, 4, "cpu"), (6, 4, "cpu"), (7, 5, "cpu"), (7, 4, "meta")):
         with pytest.raises(dpx.DpxValueError, match=r"out has shape .*; it must be \(7, 4\)"):
-            comm.gather(torch.ones(7, 4), p, partial=True, out=torch.empty(rows, width))
+            comm.gather(torch.ones(7, 4), p, partial=True,
+                        out=torch.empty(rows, width, device=device))
     assert torch.equal(comm.gather(torch.ones(7, 4), p, partial=True,
                                    out=torch.empty(7, 4)), torch.ones(7, 4))
     comm.destroy()
@@ -164,7 +168,7 @@ def test_a_repeated_call_admits_only_what_the_full_path_admits(world1, op):
     """A call repeating the last fast call's plan and flags (the same objects) is matched
     without its key, then its tensors are guarded: after a hot call, every other input --
     another dtype, shape or layout, a tensor subclass, several tensors, an ``out`` of
-    other rows, an ``out`` the input overlaps, an input that requires grad -- gets what a
+    other rows or on another device, an ``out`` the input overlaps, an input that requires grad -- gets what a
     first call on a fresh communicator gets (its result, its error, its autograd
     graph)."""
     comm = DpComm(L1)
@@ -192,6 +196,7 @@ def test_a_repeated_call_admits_only_what_the_full_path_admits(world1, op):
         "out strided": lambda: (x, torch.empty(8, 5).t()),
         "out rows": lambda: (x, torch.empty(6, 8)),
         "out dtype": lambda: (x, torch.empty(5, 8, dtype=torch.float64)),
+        "out meta": lambda: (x, torch.empty(5, 8, device="meta")),
         "overlap": overlap,
         "subclass": lambda: (x.as_subclass(Sub), torch.empty(5, 8)),
         "several": lambda: ([x], None),
@@ -238,23 +243,29 @@ def test_a_scalar_gets_the_row_rule_on_every_path(world1):
     comm.destroy()
 
 
+@pytest.mark.parametrize("with_out", [False, True])
 @pytest.mark.parametrize("form", ["gather", "scatter", "reduce_scatter", "scatter_columns"])
-def test_prepared_ops_refuse_work_after_destroy(world1, form):
+def test_prepared_ops_refuse_work_after_destroy(world1, form, with_out):
     """An op from ``prepare_*`` runs until ``destroy()``; then it raises what every call
-    of a destroyed communicator raises, and holds no program (no process group)."""
+    of a destroyed communicator raises, and holds no program (no process group): no
+    bound step of it stays alive, that of an ``out=`` op (which it calls directly)
+    included."""
     comm = DpComm(L1)
     plan = dpx.plan_step([3], L1)
     x = torch.ones(3, 4)
-    op = (comm.prepare_gather(x, plan, partial=True) if form == "gather" else
-          getattr(comm, f"prepare_{form}")(x, plan))
-    want = op(x)
-    assert torch.equal(op(x), want)
+    kw = {"partial": True} if form == "gather" else {}
+    out = torch.empty_like(getattr(comm, form)(x, plan, **kw)) if with_out else None
+    op = getattr(comm, f"prepare_{form}")(x, plan, out=out, **kw)
+    want = op(x, out=out).clone()
+    assert torch.equal(op(x, out=out), want)
+    steps = [weakref.ref(step) for step in op.prep.steps]
     comm.destroy()
-    assert op.prep is None
+    gc.collect()
+    assert op.prep is None and all(step() is None for step in steps)
     with pytest.raises(dpx.DpxValueError, match="this DpComm was destroyed"):
-        op(x)
+        op(x, out=out)
     with pytest.raises(dpx.DpxValueError, match="this DpComm was destroyed"):
-        getattr(comm, form)(x, plan, **({"partial": True} if form == "gather" else {}))
+        getattr(comm, form)(x, plan, **kw)
 
 
 def test_every_call_form_refuses_work_after_destroy(world1):
