@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from dpx.errors import DpxValueError, check_int
@@ -31,6 +31,10 @@ class DpLayout:
     world_size: int
     dp_size: int
     cp_size: int = 1
+    #: ranks in one attention tensor-parallel group (derived, set once)
+    attn_tp_size: int = field(init=False, repr=False, compare=False)
+    #: ranks serving one DP replica, ``cp_size * attn_tp_size`` (derived, set once)
+    replica_size: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("world_size", "dp_size", "cp_size"):  # stored as plain ints
@@ -41,24 +45,8 @@ class DpLayout:
                 f"{self.dp_size}*{self.cp_size}={self.dp_size * self.cp_size}"
             )
         tp = self.world_size // (self.dp_size * self.cp_size)
-        object.__setattr__(self, "_sizes", (tp, self.cp_size * tp))
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_sizes"}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self.__post_init__()
-
-    @property
-    def attn_tp_size(self) -> int:
-        """Ranks in one attention tensor-parallel group."""
-        return self._sizes[0]
-
-    @property
-    def replica_size(self) -> int:
-        """Ranks serving one DP replica (``cp_size * attn_tp_size``)."""
-        return self._sizes[1]
+        object.__setattr__(self, "attn_tp_size", tp)
+        object.__setattr__(self, "replica_size", self.cp_size * tp)
 
     def coords(self, rank: int) -> RankCoords:
         """``(attn_dp_rank, attn_cp_rank, attn_tp_rank)`` of ``rank``."""
@@ -66,7 +54,7 @@ class DpLayout:
             check_int("rank", rank, minimum=0)
             if rank >= self.world_size:
                 raise DpxValueError(f"rank={rank} must be < world_size={self.world_size}")
-        tp, m = self._sizes
+        tp, m = self.attn_tp_size, self.replica_size
         return RankCoords(rank // m, (rank // tp) % self.cp_size, rank % tp)
 
     def rank_of(self, dp: int, cp: int = 0, tp: int = 0) -> int:
