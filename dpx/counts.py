@@ -28,9 +28,7 @@ class CountRule(NamedTuple):
     max_sum: int | None
 
     def per_replica(self, counts: Sequence[int]) -> list[int]:
-        g = self.group
-        return list(counts) if g == 1 else [sum(counts[i:i + g])
-                                            for i in range(0, len(counts), g)]
+        return list(INTS.group_sum(tuple(counts), self.group))
 
     def aligned_sum(self, counts: Sequence[int]) -> int:
         return sum(INTS.ceil_align(tuple(max(x, 0) for x in self.per_replica(counts)),
@@ -87,9 +85,8 @@ def disagreements(layout: DpLayout, reports: tuple[int, ...], *,
                   shards: bool) -> list[str]:
     """For every world rank's report (rank order), the groups whose ranks must report the
     same count and do not, described for an error message."""
-    tp, per = layout.attn_tp_size, layout.replica_size
     out = []
-    size = tp if shards else per
+    size = layout.attn_tp_size if shards else layout.replica_size
     for first in range(0, layout.world_size, size):
         group = reports[first:first + size]
         if len(set(group)) > 1:

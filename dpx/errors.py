@@ -81,8 +81,6 @@ def mismatch_error(kinds: list[str | None]) -> type[DpxMismatchError]:
     :class:`DpxCapacityError` when every rejection was one), so ``except ValueError``
     catches with validate what it catches without; the same class on every rank."""
     got = {k for k in kinds if k is not None}
-    if not got:
-        return DpxMismatchError
     if got == {"capacity"}:
         return DpxMismatchCapacityError
     value, typ = bool(got & {"capacity", "value"}), "type" in got
