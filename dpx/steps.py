@@ -63,9 +63,10 @@ class Step:
 
     def alone(self) -> tuple[Step, ...]:
         """What the step does where its group is this rank alone, as local steps (none:
-        it leaves its buffers as they are); a local step, or a step no backend collective
-        carries (the ragged and peer transports' variable steps), is itself."""
-        return (self,)
+        it leaves its buffers as they are, as an in-place collective -- one on a ``buf``
+        -- does); a local step, or a step no backend collective carries (the ragged and
+        peer transports' variable steps), is itself."""
+        return () if self.collective and hasattr(self, "buf") else (self,)
 
     def __str__(self) -> str:
         shown = {k: v.value if isinstance(v, Group) else v if isinstance(v, Ref) else _v(v)
@@ -288,9 +289,6 @@ class AllReduce(Step):
     collective = True
     text = "all_reduce     {group}: {buf}[{rows}] in place"
 
-    def alone(self) -> tuple[Step, ...]:
-        return ()
-
 
 @dataclass(eq=False, slots=True)
 class AllToAll(_Blocks):
@@ -338,9 +336,6 @@ class BroadcastV(_Variable):
     buf: Ref = Ref(OUT)
     text = "broadcast_v    {group}: {buf}[{rows}] per root, chunks firsts={firsts} lens={lens}"
 
-    def alone(self) -> tuple[Step, ...]:
-        return ()
-
 
 @dataclass(eq=False, slots=True)
 class ReduceV(_Variable):
@@ -348,9 +343,6 @@ class ReduceV(_Variable):
 
     buf: Ref = Ref(OUT)
     text = "reduce_v       {group}: {buf}[{rows}] per root, chunks firsts={firsts} lens={lens}"
-
-    def alone(self) -> tuple[Step, ...]:
-        return ()
 
 
 @dataclass(eq=False, slots=True)
@@ -381,19 +373,16 @@ STEP_KINDS: tuple[type[Step], ...] = (
     ReduceV, AllGatherV, ReduceScatterV, AllToAllV)
 
 #: Collectives of variable sizes, each in the schedules of the transports that have it.
-VARIABLE_KINDS: tuple[type[Step], ...] = (BroadcastV, ReduceV, AllGatherV, ReduceScatterV,
-                                          AllToAllV)
-
 _TRANSPORT_VARIABLE = {Transport.PER_ROOT: (BroadcastV, ReduceV, AllToAllV),
                        Transport.RAGGED: (AllGatherV, ReduceScatterV),
                        Transport.EQUAL: (),
                        Transport.PEER: (AllGatherV, ReduceScatterV)}
+VARIABLE_KINDS = frozenset(k for kinds in _TRANSPORT_VARIABLE.values() for k in kinds)
 
 
 def kinds_for(transport: Transport) -> frozenset[type[Step]]:
     """The step kinds a schedule for ``transport`` can hold."""
-    fixed = [k for k in STEP_KINDS if k not in VARIABLE_KINDS]
-    return frozenset(fixed + list(_TRANSPORT_VARIABLE[transport]))
+    return frozenset(STEP_KINDS) - VARIABLE_KINDS | set(_TRANSPORT_VARIABLE[transport])
 
 
 def moved_buffer(step: Step) -> str:
