@@ -279,18 +279,15 @@ class Emitter:
         self.finish_gather(dst)
 
     def gather_ragged(self, real: bool = False) -> None:
-        """A variable all-gather of every rank's chunk (``real``: its real rows only)."""
+        """A variable all-gather of every rank's chunk (``real``: its real rows only). The
+        peer route, in every mode, is this with ``real``: every rank's chunk, its real rows
+        only, put into every rank's workspace and taken into the output with zeros
+        elsewhere (the real-row chunk table; sizes may be device data)."""
         g = self.geo
         chunk, dst = self.produce_chunk(None, g.block), self.gathered_out()
         self.steps.append(AllGatherV(Group.WORLD, g.global_rows, *g.chunk_table(real=real),
                                      g.block, chunk, dst))
         self.finish_gather(dst)
-
-    def gather_peer(self) -> None:
-        """Every rank's chunk, its real rows only, put into every rank's workspace and
-        taken into the output with zeros elsewhere: a variable all-gather of the real rows
-        (the real-row chunk table; sizes may be device data), in every mode."""
-        self.gather_ragged(real=True)
 
     def gather_per_root(self) -> None:
         g, r = self.geo, self.rank
@@ -367,7 +364,10 @@ class Emitter:
         a quantized wire's input quantized once first), then the slot
         (:meth:`finish_slot`) -- or straight into ``out`` where the chunk is the slot: no
         other rank holds its rows, ``out`` is one block, and the chunk holds only rows the
-        slot keeps (real rows, or a GATHERV slot), the collective zeroing past them."""
+        slot keeps (real rows, or a GATHERV slot), the collective zeroing past them. The
+        peer route is this with ``real``: each rank's chunk, its real rows only, pulled
+        from every rank and summed in float32 in rank order (the input rows -- on a
+        quantized wire, the input quantized once -- staged where peers read them)."""
         g, R = self.geo, self.out_rows
         G, B = g.global_rows, g.block
         src = Ref(IN)
@@ -381,12 +381,6 @@ class Emitter:
                                          chunk))
         if not direct:
             self.finish_slot(chunk, B)
-
-    def rs_peer(self) -> None:
-        """Each rank's chunk, its real rows only, pulled from every rank and summed in
-        float32 in rank order (the input rows -- on a quantized wire, the input quantized
-        once -- staged where peers read them), then the slot (:meth:`rs_ragged`)."""
-        self.rs_ragged(real=True)
 
     def rs_all_to_all(self) -> None:
         """The quantized combine where its chunks cannot travel as they lie (every case
@@ -507,10 +501,10 @@ class Emitter:
 _E, _R = Emitter, Route
 _GATHERS = {_R.SUM_SLOTS: _E.gather_sum_slots, _R.EQUAL_BLOCKS: _E.gather_equal_blocks,
             _R.BLOCKS_UNPACK: _E.gather_blocks_unpack, _R.RAGGED: _E.gather_ragged,
-            _R.PEER: _E.gather_peer, _R.PER_ROOT: _E.gather_per_root}
+            _R.PEER: lambda e: e.gather_ragged(real=True), _R.PER_ROOT: _E.gather_per_root}
 _COMBINES = {_R.SUM_SLOTS: _E.rs_sum_slots, _R.EQUAL_BLOCKS: _E.rs_equal_blocks,
              _R.BLOCKS_UNPACK: _E.rs_blocks_unpack, _R.RAGGED: _E.rs_ragged,
-             _R.PEER: _E.rs_peer, _R.PER_ROOT: _E.rs_per_root,
+             _R.PEER: lambda e: e.rs_ragged(real=True), _R.PER_ROOT: _E.rs_per_root,
              _R.ALL_TO_ALL: _E.rs_all_to_all, _R.ALL_TO_ALL_V: _E.rs_all_to_all_v}
 #: each op's emitter by route: every (op, route) :func:`dpx.routes.choose_route` returns
 #: (gather_sum is emitted as gather, its partial flag set)
