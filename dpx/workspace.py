@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpx.errors import check_int
+from dpx.ints import INTS
 
 __all__ = ["ALIGN", "LEFT", "PeerLayout", "peer_phase_bytes"]
 
@@ -35,10 +36,6 @@ __all__ = ["ALIGN", "LEFT", "PeerLayout", "peer_phase_bytes"]
 ALIGN = 256
 #: A flag at or above this value says its rank left after ``flag - LEFT`` barriers.
 LEFT = 1 << 62
-
-
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 @dataclass(frozen=True)
@@ -64,17 +61,17 @@ class PeerLayout:
     @property
     def ctrl(self) -> int:
         """First byte of phase 0."""
-        return _align(8 * self.world_size + 8)
+        return INTS.ceil_align(8 * self.world_size + 8, ALIGN)
 
     @property
     def header(self) -> int:
         """Bytes of a phase's header (the reports)."""
-        return _align(4 * self.world_size)
+        return INTS.ceil_align(4 * self.world_size, ALIGN)
 
     @property
     def stride(self) -> int:
         """Bytes from one phase to the next."""
-        return self.header + _align(self.phase_bytes)
+        return self.header + INTS.ceil_align(self.phase_bytes, ALIGN)
 
     @property
     def data(self) -> int:
