@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from dpx import expr as X
+from dpx.counts import own_entry
 from dpx.errors import DpxValueError
 from dpx.geometry import geometry
 from dpx.ints import INTS
@@ -44,10 +45,8 @@ def held_rows(plan: DpPlan, rank: int, counts: tuple[int, ...] | None = None) ->
     the plan's host counts or ``counts`` (a step's device counts read back: per replica,
     or the shard table row by row)."""
     c = plan.layout.coords(rank)
-    if plan.cp_shards is None:
-        return (plan.num_tokens if counts is None else counts)[c.attn_dp_rank]
-    leaf = plan.leaf_counts if counts is None else counts
-    return leaf[c.attn_dp_rank * plan.layout.cp_size + c.attn_cp_rank]
+    return (plan.leaf_counts if counts is None else counts)[
+        own_entry(c.attn_dp_rank, c.attn_cp_rank, plan.layout.cp_size, shards=plan.sharded)]
 
 
 def first_copy(layout: DpLayout, op: Op, *, partial: bool, sharded: bool,
@@ -72,23 +71,16 @@ def first_copy(layout: DpLayout, op: Op, *, partial: bool, sharded: bool,
 def op_rows(plan: DpPlan, op: Op, rank: int | None, *, device_counts: bool) -> OpRows:
     """The input and output rows of ``op`` on ``rank`` (``None``: the largest over the
     ranks, for one program serving them all)."""
-    if op in (Op.GATHER, Op.GATHER_SUM):
-        if rank is None:
-            if plan.capacity is not None:
-                need = plan.max_slot_rows
-            elif plan.cp_shards is not None:
-                need = max((x for row in plan.cp_shards for x in row), default=0)
-            else:
-                need = max(plan.num_tokens, default=0)
-        elif device_counts:
-            need = plan.slot_rows[plan.layout.coords(rank).attn_dp_rank]
-        else:
-            need = held_rows(plan, rank)
-        return OpRows(need, False, plan.global_rows)
+    gather = op in (Op.GATHER, Op.GATHER_SUM)
+    if gather and rank is not None and not device_counts:
+        return OpRows(held_rows(plan, rank), False, plan.global_rows)
+    if gather and rank is None and plan.capacity is None:  # the most rows a rank holds
+        return OpRows(max(plan.leaf_counts, default=0), False, plan.global_rows)
     slot = (plan.max_slot_rows if rank is None
             else plan.slot_rows[plan.layout.coords(rank).attn_dp_rank])
-    if op in (Op.SCATTER_ADJOINT, Op.SCATTER_COLUMNS_ADJOINT):
-        return OpRows(slot, True, plan.global_rows)
+    # a slot: at least a gather's input (its counts unknown), exactly an adjoint's
+    if gather or op in (Op.SCATTER_ADJOINT, Op.SCATTER_COLUMNS_ADJOINT):
+        return OpRows(slot, not gather, plan.global_rows)
     return OpRows(plan.global_rows, True, slot)
 
 
@@ -97,8 +89,7 @@ def local_rows(plan: DpPlan, rank: int, *, device_counts: bool) -> tuple[int, in
     replica's slot (real and pad rows), or its CP shard -- the view an in-place gather
     reads. A dpx error when that place is device data (a SUM_LEN / GATHERV capacity plan,
     or CP shards, with device counts)."""
-    lay = plan.layout
-    c = lay.coords(rank)
+    c = plan.layout.coords(rank)
     d = c.attn_dp_rank
     if device_counts and (plan.mode is not PaddingMode.MAX_LEN or plan.cp_shards is not None):
         raise DpxValueError(
@@ -108,9 +99,8 @@ def local_rows(plan: DpPlan, rank: int, *, device_counts: bool) -> tuple[int, in
               "separate input (in-place gathers need MAX_LEN, or host counts)")
     first = plan.offsets[d]  # of the plan's host counts (static for MAX_LEN)
     if plan.cp_shards is None:
-        rows = (plan.slot_rows[d] if plan.mode is PaddingMode.MAX_LEN
-                else plan.aligned_tokens[d])
-        return first, rows
+        return first, (plan.slot_rows[d] if plan.mode is PaddingMode.MAX_LEN
+                       else plan.aligned_tokens[d])
     shards = plan.cp_shards[d]
     return first + sum(shards[:c.attn_cp_rank]), shards[c.attn_cp_rank]
 
