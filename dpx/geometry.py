@@ -81,30 +81,24 @@ class Geometry:
     def count(self, d: Any) -> Any:
         return self.ops.index(self.n, d)
 
-    def offset(self, d: Any) -> Any:
-        return self.ops.index(self.offsets, d)
-
-    def slot(self, d: Any) -> Any:
-        return self.ops.index(self.slots, d)
-
     def shard(self, d: Any, c: Any) -> Any:
         """Rows CP rank ``c`` of replica ``d`` holds (sharded plans)."""
         X = self.ops
         return X.index(self.shards, X.add(X.mul(d, self.cp), c))
-
-    def shard_start(self, d: Any, c: Any) -> Any:
-        """First row of that shard inside its replica's slot."""
-        X = self.ops
-        return X.index(X.group_cumsum_excl(self.shards, self.cp), X.add(X.mul(d, self.cp), c))
 
     def held(self, d: Any, c: Any) -> Any:
         """Real rows of the rank's input: its shard, or all of its replica's rows."""
         return self.shard(d, c) if self.sharded else self.count(d)
 
     def rows_start(self, d: Any, c: Any) -> Any:
-        """First global row of the rank's rows (its shard's, or its replica's slot)."""
-        return self.ops.add(self.offset(d), self.shard_start(d, c)) if self.sharded \
-            else self.offset(d)
+        """First global row of the rank's rows: its replica's slot's, or its shard's (the
+        shards lie back to back from the slot's start)."""
+        X = self.ops
+        slot = X.index(self.offsets, d)
+        if not self.sharded:
+            return slot
+        return X.add(slot, X.index(X.group_cumsum_excl(self.shards, self.cp),
+                                   X.add(X.mul(d, self.cp), c)))
 
     def group_base(self, c: Any) -> Any:
         """Index of the first block of the rank's attn-tp group: ``c*tp`` when CP ranks
@@ -171,7 +165,7 @@ class Geometry:
         :meth:`chunk_table`, without building the table)."""
         X = self.ops
         q_b = X.mul(self.block_index(c, t), self.block)
-        held = self.shard(d, c) if self.sharded else self.slot(d)
+        held = self.shard(d, c) if self.sharded else X.index(self.slots, d)
         return (X.add(self.rows_start(d, c), X.minimum(q_b, held)),
                 X.clip(X.sub(held, q_b), 0, self.block))
 
