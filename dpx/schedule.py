@@ -272,10 +272,19 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
     op = op if type(op) is Op else Op.parse(op)
     transport = transport if type(transport) is Transport else Transport.parse(transport)
     wire = wire if type(wire) is Wire else Wire.parse(wire)
-    if device_counts or in_place or counts_ride or (rank is not None
-                                                    and type(rank) is not int):
-        check_call(plan, op, rank=rank, device_counts=device_counts, wire=wire,
-                   in_place=in_place, in_rows=in_rows, counts_ride=counts_ride)
+    # the rules of the request that do not depend on tensors
+    if device_counts and plan.capacity is None:
+        raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
+    if counts_ride:
+        check_ride(plan, op, device_counts=device_counts, in_place=in_place)
+    if in_place:
+        if op is not Op.GATHER or rank is None:
+            raise DpxValueError("in_place applies to a gather on a known rank")
+        if wire is not Wire.NATIVE:
+            raise DpxValueError("in_place gathers move the rows in the input's dtype: "
+                                f"wire='{wire.value}' gathers from a separate input")
+    if rank is not None and type(rank) is not int:
+        check_int("rank", rank)
     if out_rows is None:
         out_rows = op_rows(plan, op, rank, device_counts=device_counts).out
     if in_rows is None and op is Op.SCATTER_COLUMNS_ADJOINT:  # its input is exactly a slot
@@ -290,23 +299,6 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
         key, counts, in_rows, out_rows, compiled=not one_off)
     return variant.concretize(plan, values, None if device_counts else counts, in_rows,
                               out_rows)
-
-
-def check_call(plan: DpPlan, op: Op, *, rank: int | None, device_counts: bool, wire: Wire,
-               in_place: bool, in_rows: int | None, counts_ride: bool = False) -> None:
-    """The rules of a schedule request that do not depend on tensors."""
-    if device_counts and plan.capacity is None:
-        raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
-    if counts_ride:
-        check_ride(plan, op, device_counts=device_counts, in_place=in_place)
-    if in_place:
-        if op is not Op.GATHER or rank is None:
-            raise DpxValueError("in_place applies to a gather on a known rank")
-        if wire is not Wire.NATIVE:
-            raise DpxValueError("in_place gathers move the rows in the input's dtype: "
-                                f"wire='{wire.value}' gathers from a separate input")
-    if rank is not None:
-        check_int("rank", rank)
 
 
 def check_ride(plan: DpPlan, op: Op, *, device_counts: bool = True, in_place: bool = False,
