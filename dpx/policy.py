@@ -145,14 +145,11 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
     if sum_len_allreduce_bytes is not None:
         check_int("sum_len_allreduce_bytes", sum_len_allreduce_bytes)
         check_int("row_bytes", row_bytes, minimum=1)
-    if capacity is not None:
-        chosen = forced or PaddingMode.MAX_LEN
-        why = (f"forced mode={chosen.value}" if forced else
-               "capacity plan: MAX_LEN (static slots) unless mode= is given")
-        return make_plan(counts, layout, chosen, is_extend=is_extend, capacity=capacity,
-                         cp_shards=shards, why=why)
     if forced is not None:
         chosen, why = forced, f"forced mode={forced.value}"
+    elif capacity is not None:
+        chosen, why = PaddingMode.MAX_LEN, ("capacity plan: MAX_LEN (static slots) unless "
+                                            "mode= is given")
     elif policy is Policy.SGLANG:
         chosen, why = sglang_mode(INTS.ceil_align(counts, layout.replica_size),
                                   layout.dp_size, is_extend,
@@ -160,16 +157,13 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
                                   allreduce_bytes=sum_len_allreduce_bytes,
                                   row_bytes=row_bytes)
     else:
-        if type(row_bytes) is not int or row_bytes <= 0:
-            check_int("row_bytes", row_bytes, minimum=1)
+        check_int("row_bytes", row_bytes, minimum=1)
         cands = candidates if candidates is ALL_MODES else tuple(
             PaddingMode.parse(c) for c in candidates)
         if not cands:
             raise DpxValueError("candidates must name at least one PaddingMode")
         chosen, why = cost_mode(counts, layout, cost_model=cost_model or DEFAULT_COST_MODEL,
-                                row_bytes=row_bytes,
-                                transport=transport if type(transport) is Transport
-                                else Transport.parse(transport),
+                                row_bytes=row_bytes, transport=Transport.parse(transport),
                                 candidates=cands, cp_shards=shards, cache=cache)
-    return make_plan(counts, layout, chosen, is_extend=is_extend, capacity=None,
+    return make_plan(counts, layout, chosen, is_extend=is_extend, capacity=capacity,
                      cp_shards=shards, why=why)
