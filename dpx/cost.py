@@ -28,7 +28,7 @@ from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToA
 
 __all__ = [
     "ALL_MODES", "compare_modes", "estimate", "estimate_op", "group_size", "mode_estimates",
-    "ModeEstimate", "OpEstimate", "peer_bytes", "price", "PRICERS", "split_costs"
+    "ModeEstimate", "op_estimate", "OpEstimate", "peer_bytes", "price", "PRICERS"
 ]
 
 
@@ -198,8 +198,12 @@ class ModeEstimate:
         return sum(o.moved for o in self.ops)
 
 
-def split_costs(costs: tuple[StepCost, ...]) -> tuple[float, int, int]:
-    """``(collective seconds, local bytes, moved bytes)`` of one rank's priced steps."""
+def op_estimate(schedule: Schedule, *, row_bytes: int, cost_model: CostModel,
+                wire_row_bytes: int | None = None) -> OpEstimate:
+    """A known rank's ``schedule`` priced (:func:`price`): its collectives' seconds, its
+    local bytes and the bytes it sends; its seconds, both together."""
+    costs = price(schedule, row_bytes=row_bytes, cost_model=cost_model,
+                  wire_row_bytes=wire_row_bytes)
     coll, local, moved = 0.0, 0, 0
     for c in costs:
         if c.collective:
@@ -207,27 +211,24 @@ def split_costs(costs: tuple[StepCost, ...]) -> tuple[float, int, int]:
             moved += c.moved
         else:
             local += c.size
-    return coll, local, moved
+    return OpEstimate(schedule.op, schedule.rank.rank, coll, local, moved,
+                      coll + local / cost_model.memory_bandwidth, costs)
 
 
 def estimate_op(plan: DpPlan, op: Op, *, row_bytes: int, cost_model: CostModel,
                 transport: Transport = Transport.PER_ROOT, partial: bool = True,
                 device_counts: bool = False,
                 cache: ScheduleCache | None = None) -> OpEstimate:
-    """``op``'s schedule priced on every rank; the slowest rank's local bytes kept."""
-    best: OpEstimate | None = None
+    """``op``'s schedule priced on every rank (inputs as large as the plan needs); the
+    slowest rank's kept (the first with the most local bytes)."""
+    estimates = []
     for rank in range(plan.layout.world_size):
         in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
         sched = build_schedule(plan, op, rank=rank, partial=partial,
                                device_counts=device_counts, transport=transport,
                                in_rows=in_rows, cache=cache)
-        costs = price(sched, row_bytes=row_bytes, cost_model=cost_model)
-        coll, local, moved = split_costs(costs)
-        if best is None or local > best.local_bytes:
-            best = OpEstimate(op, rank, coll, local, moved,
-                              coll + local / cost_model.memory_bandwidth, costs)
-    assert best is not None
-    return best
+        estimates.append(op_estimate(sched, row_bytes=row_bytes, cost_model=cost_model))
+    return max(estimates, key=lambda e: e.local_bytes)
 
 
 def estimate(plan: DpPlan, *, row_bytes: int, cost_model: CostModel,

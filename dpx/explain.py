@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpx.cost import compare_modes, estimate_op, peer_bytes, price, split_costs
+from dpx.cost import compare_modes, estimate_op, op_estimate, peer_bytes
 from dpx.cost_model import CostModel
 from dpx.extents import op_rows
 from dpx.errors import DpxValueError, check_int
@@ -65,13 +65,12 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
         except DpxValueError as exc:
             out.append(f"  rank {rank} {title}: {exc}")
             continue
-        costs = price(sched, row_bytes=row_bytes, cost_model=cost_model,
-                      wire_row_bytes=None if wire is Wire.NATIVE else wire_row_bytes(hidden, wire))
-        coll, local, _ = split_costs(costs)
-        total = coll + local / cost_model.memory_bandwidth
+        est = op_estimate(sched, row_bytes=row_bytes, cost_model=cost_model,
+                          wire_row_bytes=None if wire is Wire.NATIVE
+                          else wire_row_bytes(hidden, wire))
         out.append(f"  rank {rank} {title}: {len(sched.steps)} steps, est "
-                   f"{total * 1e6:.1f} us")
-        for step, cost in zip(sched.steps, costs):
+                   f"{est.seconds * 1e6:.1f} us")
+        for step, cost in zip(sched.steps, est.steps):
             moved = f"sends {fmt_bytes(cost.moved)}" if cost.moved else (
                 "no peers" if cost.collective else "local")
             out.append(f"    {str(step):<78} {moved:>18} {cost.seconds * 1e6:8.1f} us")
@@ -152,11 +151,9 @@ def peer_lines(plan: DpPlan, hidden: int, itemsize: int, wire: Wire,
            f"{max(rb, wrb)} B; PeerOptions(phase_bytes=)), {fmt_bytes(lay.total_bytes)} a "
            f"rank in all (two phases, flags)"]
     for r in range(plan.layout.world_size) if ranks is None else ranks:
-        g = peer_bytes(build_schedule(plan, Op.GATHER, rank=r, transport=Transport.PEER,
-                                      wire=wire), row_bytes=rb, wire_row_bytes=wrb)
-        c = peer_bytes(build_schedule(plan, Op.REDUCE_SCATTER, rank=r,
-                                      transport=Transport.PEER, wire=wire),
-                       row_bytes=rb, wire_row_bytes=wrb)
+        g, c = (peer_bytes(build_schedule(plan, op, rank=r, transport=Transport.PEER, wire=wire),
+                           row_bytes=rb, wire_row_bytes=wrb)
+                for op in (Op.GATHER, Op.REDUCE_SCATTER))
         out.append(f"  rank {r}: gather puts {fmt_bytes(g[0])}, reduce_scatter pulls "
                    f"{fmt_bytes(c[1])} (real rows only)")
     return out
