@@ -27,19 +27,21 @@ __all__ = ["cheaper", "cheapest", "cheapest_index", "MODE_ORDER"]
 MODE_ORDER = {PaddingMode.MAX_LEN: 0, PaddingMode.SUM_LEN: 1, PaddingMode.GATHERV: 2}
 
 
+def _order(seconds: float, mode: PaddingMode) -> tuple[float, int]:
+    """The policy's one tie-break, as a sort key: the seconds, then a tie to the earlier of
+    MAX_LEN, SUM_LEN, GATHERV."""
+    return seconds, MODE_ORDER[mode]
+
+
 def cheaper(seconds: float, mode: PaddingMode, than: float, than_mode: PaddingMode) -> bool:
-    """Whether ``mode`` at ``seconds`` beats ``than_mode`` at ``than``: a tie goes to the
-    earlier of MAX_LEN, SUM_LEN, GATHERV. The policy's one tie-break."""
-    return seconds < than or (seconds == than and MODE_ORDER[mode] < MODE_ORDER[than_mode])
+    """Whether ``mode`` at ``seconds`` beats ``than_mode`` at ``than`` (:func:`_order`)."""
+    return _order(seconds, mode) < _order(than, than_mode)
 
 
 def cheapest_index(modes: Sequence[PaddingMode], seconds: Sequence[float]) -> int:
-    """The index of the cheapest of ``modes`` (priced ``seconds``, :func:`cheaper`)."""
-    best = 0
-    for i in range(1, len(modes)):
-        if cheaper(seconds[i], modes[i], seconds[best], modes[best]):
-            best = i
-    return best
+    """The index of the cheapest of ``modes`` priced ``seconds`` (:func:`_order`; the first
+    of equals)."""
+    return min(range(len(modes)), key=lambda i: _order(seconds[i], modes[i]))
 
 
 #: :func:`dpx.routes.route_of` by transport and whether every chunk is a full block, then by
