@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from dpx.errors import DpxError
+from dpx.errors import DpxError, DpxValueError
 from dpx.explain import explain
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Wire
@@ -47,20 +47,19 @@ def _rank(text: str) -> str | int:
     return text if text == "all" else int(text)
 
 
-def _check(args: argparse.Namespace) -> str | None:
-    """What is wrong with the arguments that dpx itself does not check (``None``: fine)."""
+def _check(args: argparse.Namespace) -> None:
+    """The rules of the arguments that dpx itself does not check (a dpx error if broken)."""
     if args.hidden <= 0:
-        return f"--hidden {args.hidden}: must be > 0"
+        raise DpxValueError(f"--hidden {args.hidden}: must be > 0")
     if args.device_counts and args.capacity is None:
-        return ("--device-counts prints a capacity plan's schedules for device counts: give "
-                "--capacity N too")
+        raise DpxValueError("--device-counts prints a capacity plan's schedules for device "
+                            "counts: give --capacity N too")
     wire = Wire.parse(args.wire)
     if wire is not Wire.NATIVE:
         # the frontends' rule of a quantized gather's rows: float, [rows, H], H a multiple
         # of the wire's block (a plan of another mode says so in its own line)
         check_wire(wire, PaddingMode.MAX_LEN, (1, args.hidden), args.dtype,
                    name="the rows (--dtype, --hidden)")
-    return None
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -147,9 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(args_list)
     try:
-        problem = _check(args)
-        if problem is None:
-            return args.func(args)
+        _check(args)
+        return args.func(args)
     except DpxError as exc:
-        problem = str(exc)
-    parser.exit(2, f"dpx: error: {problem}\n")
+        parser.exit(2, f"dpx: error: {exc}\n")
