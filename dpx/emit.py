@@ -297,31 +297,22 @@ class Emitter:
         # the chunks tile [0, end), then a capacity plan's tail of zeros; shards leave gaps
         # (each slot's pad past its shards) unless every shard table fills its slot
         end = X.vsum(g.aligned)
-        if g.sharded:
-            gaps = not self.known(X.land(X.vall(X.eq(g.n, g.aligned)), self.eq(end, G)))
-            tail = False
-        else:
-            gaps, tail = False, not self.known(self.eq(end, G))
-        mine = Ref(dst.buf, first, length)
-        if self.in_place:
-            if self.sums_partials():  # the input is read (into a scratch) before any write
-                self.produce_chunk(mine, length)
-                if gaps:
-                    self.steps.append(Zero(Ref(OUT), G, first, length))
-            else:  # the caller's real rows are the chunk's: zero the rest
-                _, real = g.own_block(r.dp, r.cp, r.tp)
-                if gaps:
-                    self.steps.append(Zero(Ref(OUT), G, first, real))
-                elif not self.known(self.eq(real, length)):
-                    self.steps.append(Zero(mine, length, 0, real))
-            if tail:
-                self.steps.append(Zero(Ref(OUT), G, 0, end))
-        else:  # the input is read before any write (it may be a view of out)
+        gaps = g.sharded and not self.known(X.land(X.vall(X.eq(g.n, g.aligned)),
+                                                   self.eq(end, G)))
+        tail = not g.sharded and not self.known(self.eq(end, G))
+        mine = Ref(dst.buf, first, length)  # (dst is out in place: no wire in place)
+        if self.in_place and not self.sums_partials():
+            _, real = g.own_block(r.dp, r.cp, r.tp)  # the chunk's real rows: zero the rest
+            if gaps:
+                self.steps.append(Zero(dst, G, first, real))
+            elif not self.known(self.eq(real, length)):
+                self.steps.append(Zero(mine, length, 0, real))
+        else:  # the input, maybe a view of out, is read (in place: into a scratch) first
             self.produce_chunk(mine, length)
             if gaps:
                 self.steps.append(Zero(dst, G, first, length))
-            elif tail:
-                self.steps.append(Zero(dst, G, 0, end))
+        if tail:
+            self.steps.append(Zero(dst, G, 0, end))
         self.steps.append(BroadcastV(Group.WORLD, G, *g.chunk_table(), B, dst))
         self.finish_gather(dst)
 
