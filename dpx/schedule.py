@@ -186,23 +186,6 @@ def _named(params: tuple) -> dict[str, int]:
     return {k: v for k, v in zip(X.PARAMS, params) if v is not None}
 
 
-def _emit(key: TemplateKey, counts: tuple, in_rows: int | None, out_rows: int, *,
-          compiled: bool = True) -> Variant:
-    structure = key.structure
-    geo = symbolic_geometry(structure)
-    rank = symbolic_rank() if key.rank is None else concrete_rank(geo.layout, key.rank)
-    e = Emitter(geo, Op(key.op), partial=key.partial, rank=rank,
-                device_counts=key.device_counts,
-                transport=route_transport(Transport(key.transport), ride=key.ride),
-                wire=Wire(key.wire), dequantize=key.dequantize,
-                in_place=key.in_place, in_rows_known=key.in_rows_known, ride=key.ride,
-                rule=count_rule(structure) if key.device_counts else None,
-                example=V.HostOps(() if key.device_counts else counts,
-                                  params=_named((in_rows, out_rows))))
-    e.emit()
-    return Variant(key, e, compiled=compiled)
-
-
 class ScheduleCache:
     """Templates by :class:`TemplateKey`, least recently used first out: at most
     ``max_templates`` of at most ``max_variants`` variants each (new counts of a known
@@ -240,7 +223,20 @@ class ScheduleCache:
                     return v, values
         else:
             found = self._templates.put(key, [])
-        v = _emit(key, counts, in_rows, out_rows, compiled=compiled)
+        # a miss: the template's steps for these counts and sizes, a new variant
+        structure = key.structure
+        geo = symbolic_geometry(structure)
+        rank = symbolic_rank() if key.rank is None else concrete_rank(geo.layout, key.rank)
+        e = Emitter(geo, Op(key.op), partial=key.partial, rank=rank,
+                    device_counts=key.device_counts,
+                    transport=route_transport(Transport(key.transport), ride=key.ride),
+                    wire=Wire(key.wire), dequantize=key.dequantize,
+                    in_place=key.in_place, in_rows_known=key.in_rows_known, ride=key.ride,
+                    rule=count_rule(structure) if key.device_counts else None,
+                    example=V.HostOps(() if key.device_counts else counts,
+                                      params=_named(params)))
+        e.emit()
+        v = Variant(key, e, compiled=compiled)
         self.builds += 1
         found.insert(0, v)
         del found[self.max_variants:]
