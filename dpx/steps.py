@@ -95,12 +95,18 @@ class CheckCounts(Step):
 
 
 @dataclass(eq=False, slots=True)
-class Move(Step):
-    """``dst[:rows] = 0`` except ``dst[dst_start + j] = src[src_start + j]``, ``j < count``
-    (a *place* when ``src_start == 0``, a *take* when ``dst_start == 0``)."""
+class _Pass(Step):
+    """A local pass reading rows of ``src`` and writing rows of ``dst``."""
 
     src: Ref
     dst: Ref
+
+
+@dataclass(eq=False, slots=True)
+class Move(_Pass):
+    """``dst[:rows] = 0`` except ``dst[dst_start + j] = src[src_start + j]``, ``j < count``
+    (a *place* when ``src_start == 0``, a *take* when ``dst_start == 0``)."""
+
     rows: Any
     src_start: Any
     dst_start: Any
@@ -145,11 +151,9 @@ class Zero(Step):
 
 
 @dataclass(eq=False, slots=True)
-class Quantize(Step):
+class Quantize(_Pass):
     """``dst[j] = wire(src[start + j])`` for ``j < count``, zero bytes to ``rows``."""
 
-    src: Ref
-    dst: Ref
     rows: Any
     start: Any
     count: Any
@@ -157,34 +161,28 @@ class Quantize(Step):
 
 
 @dataclass(eq=False, slots=True)
-class Dequantize(Step):
+class Dequantize(_Pass):
     """``dst[:rows] = dequantize(src[:rows])`` (zero wire rows give exact zeros)."""
 
-    src: Ref
-    dst: Ref
     rows: Any
     text = "dequantize {src}[{rows} wire rows] -> {dst}"
 
 
 @dataclass(eq=False, slots=True)
-class DequantizeSum(Step):
+class DequantizeSum(_Pass):
     """``dst[j]`` for ``j < rows``: the float32 sum, over ``p = 0 .. parts-1`` in that order
     from +0.0, of ``dequantize(src[p*rows + j])``, rounded to ``dst``'s dtype (the
     quantized combine, docs/semantics.md "The quantized combine")."""
 
-    src: Ref
-    dst: Ref
     rows: Any
     parts: int
     text = "dequantize_sum {src}[{parts} x {rows} wire rows] -> {dst}[{rows}], float32 in order"
 
 
 @dataclass(eq=False, slots=True)
-class _ChunkPass(Step):
+class _ChunkPass(_Pass):
     """One pass moving a chunk table's chunks between their rows and ``block``-row pieces."""
 
-    src: Ref
-    dst: Ref
     rows: Any
     firsts: Any
     lens: Any
@@ -206,12 +204,10 @@ class Pack(_ChunkPass):
 
 
 @dataclass(eq=False, slots=True)
-class JoinColumns(Step):
+class JoinColumns(_Pass):
     """``dst[:rows] = 0`` except row ``j < count`` of wide ``dst`` is ``src[p*block + j]``
     for ``p < parts`` side by side (``parts`` narrow blocks of ``src`` become columns)."""
 
-    src: Ref
-    dst: Ref
     rows: Any
     count: Any
     block: Any
@@ -220,12 +216,10 @@ class JoinColumns(Step):
 
 
 @dataclass(eq=False, slots=True)
-class SplitColumns(Step):
+class SplitColumns(_Pass):
     """``dst[p*block + j]`` is the ``p``-th column part of wide ``src[j]`` for ``j <
     count``, zeros to ``block``: the adjoint of :class:`JoinColumns`."""
 
-    src: Ref
-    dst: Ref
     count: Any
     block: Any
     parts: int
@@ -238,15 +232,21 @@ def len_of(v: Any) -> int:
 
 # ---------------------------------------------------------------- collectives
 @dataclass(eq=False, slots=True)
-class _Blocks(Step):
+class _Collective(Step):
+    """A collective over ``group``: every rank of the group issues it."""
+
+    group: Group
+    collective = True
+
+
+@dataclass(eq=False, slots=True)
+class _Blocks(_Collective):
     """A collective of ``rows``-row blocks over ``group`` from ``src`` into ``dst``; alone,
     a copy of the block."""
 
-    group: Group
     src: Ref
     dst: Ref
     rows: Any
-    collective = True
 
     def alone(self) -> tuple[Step, ...]:
         return (Move(self.src, self.dst, self.rows, 0, 0, self.rows),)
@@ -280,13 +280,11 @@ class ReduceScatter(_Blocks):
 
 
 @dataclass(eq=False, slots=True)
-class AllReduce(Step):
+class AllReduce(_Collective):
     """In-place sum over ``group`` of ``buf`` (``rows``)."""
 
-    group: Group
     buf: Ref
     rows: Any
-    collective = True
     text = "all_reduce     {group}: {buf}[{rows}] in place"
 
 
@@ -299,34 +297,28 @@ class AllToAll(_Blocks):
 
 
 @dataclass(eq=False, slots=True)
-class AllToAllV(Step):
+class AllToAllV(_Collective):
     """Variable all-to-all over ``group``, host sizes: rows ``[lens[0] + ... + lens[k-1],
     +lens[k])`` of ``src`` go to the group's rank ``k``; ``dst`` receives ``rows`` rows
     from every rank in rank order (every rank sends rank ``k`` the same ``lens[k]``, and
     ``rows`` is this rank's)."""
 
-    group: Group
     src: Ref
     dst: Ref
     lens: Any
     rows: Any
-    collective = True
     text = "all_to_all_v   {group}: {src} -> {dst}[{n} x {rows}], lens={lens}"
-
-    def alone(self) -> tuple[Step, ...]:
-        return (Move(self.src, self.dst, self.rows, 0, 0, self.rows),)
+    alone = _Blocks.alone   # alone, a copy of its rows
 
 
 @dataclass(eq=False, slots=True)
-class _Variable(Step):
+class _Variable(_Collective):
     """Rank ``r``'s chunk: rows ``[firsts[r], +lens[r])`` of ``rows``; ``lens <= block``."""
 
-    group: Group
     rows: Any
     firsts: Any
     lens: Any
     block: Any
-    collective = True
 
 
 @dataclass(eq=False, slots=True)
