@@ -147,7 +147,8 @@ class Emitter:
         g, r = self.geo, self.rank
         if self.sum_replica:
             return Group.REPLICA, g.m, 0, 0, g.count(r.dp)
-        start, count = g.group_span(r.dp, r.cp)
+        # the real rows of the blocks of the rank's attn-tp group
+        start, count = g.local_range(g.held(r.dp, r.cp), X.mul(g.group_base(r.cp), g.block), g.tp)
         return Group.ATTN_TP, g.tp, g.group_base(r.cp), start, count
 
     def produce_chunk(self, dst: Ref | None, dst_rows: Any) -> Ref:
@@ -297,8 +298,7 @@ class Emitter:
         # the chunks tile [0, end), then a capacity plan's tail of zeros; shards leave gaps
         # (each slot's pad past its shards) unless every shard table fills its slot
         end = X.vsum(g.aligned)
-        gaps = g.sharded and not self.known(X.land(X.vall(X.eq(g.n, g.aligned)),
-                                                   self.eq(end, G)))
+        gaps = g.sharded and not self.known(X.land(X.vall(X.eq(g.n, g.aligned)), self.eq(end, G)))
         tail = not g.sharded and not self.known(self.eq(end, G))
         mine = Ref(dst.buf, first, length)  # (dst is out in place: no wire in place)
         if self.in_place and not self.sums_partials():

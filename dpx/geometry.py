@@ -131,12 +131,6 @@ class Geometry:
         start = self.ops.mul(self.block_index(c, t), self.block)
         return self.local_range(self.held(d, c), start, 1)
 
-    def group_span(self, d: Any, c: Any) -> tuple[Any, Any]:
-        """``(first local row, rows)`` of the real rows the rank's attn-tp group covers:
-        what it reduce-scatters when it holds partial sums."""
-        start = self.ops.mul(self.group_base(c), self.block)
-        return self.local_range(self.held(d, c), start, self.tp)
-
     def rows_table(self, *, slots: bool = False) -> tuple[Any, Any]:
         """``(firsts, lens)``: every rank's real rows (its replica's, or its CP shard's),
         vectors of ``world_size`` in rank order (``slots``: a replica's whole slot)."""
