@@ -221,13 +221,13 @@ def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *,
     """The plan of checked ``counts`` in ``mode`` (a capacity plan's obey its
     :class:`CountRule`, else :class:`~dpx.DpxCapacityError`)."""
     m, dp = layout.replica_size, layout.dp_size
-    if capacity is None:  # slots and offsets follow the per-replica counts
-        _, slot_rows, offsets, global_rows = slots(INTS, mode, dp, m, counts, None)
+    cap_rows = None if capacity is None else capacity_rows(check_int("capacity", capacity),
+                                                           mode, dp, m)
+    aligned, slot_rows, offsets, global_rows = slots(INTS, mode, dp, m, counts, cap_rows)
+    if cap_rows is None:  # slots and offsets follow the per-replica counts
         return DpPlan(layout, mode, counts, slot_rows, offsets, global_rows, None,
                       is_extend, cp_shards, why)
-    cap_rows = capacity_rows(check_int("capacity", capacity), mode, dp, m)
-    capacity, global_rows, slot = cap_rows
-    aligned, _, offsets, _ = slots(INTS, mode, dp, m, counts, cap_rows)
+    capacity, _, slot = cap_rows  # every replica's buffer: a slot of the capacity
     plan = DpPlan(layout, mode, counts, (slot,) * dp, offsets, global_rows, capacity,
                   is_extend, cp_shards, why)
     rule = plan.count_rule
