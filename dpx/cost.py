@@ -79,10 +79,9 @@ def _pricing(schedule: Schedule, row_bytes: int, wire_row_bytes: int | None,
     """The context pricing ``schedule`` for ``counts`` (default: the plan's); quantized
     wire buffers count ``wire_row_bytes`` a row (default ``row_bytes``)."""
     c = schedule.plan.leaf_counts if counts is None else tuple(counts)
-    r = schedule.rank
-    coords = dict.fromkeys((X.Coord.RANK, X.Coord.DP, X.Coord.CP, X.Coord.TP), 0) \
-        if r.is_symbolic else {X.Coord.RANK: r.rank, X.Coord.DP: r.dp, X.Coord.CP: r.cp,
-                               X.Coord.TP: r.tp}
+    r = schedule.rank  # a symbolic rank priced at rank 0's coordinates
+    known = (0, 0, 0, 0) if r.is_symbolic else (r.rank, r.dp, r.cp, r.tp)
+    coords = dict(zip((X.Coord.RANK, X.Coord.DP, X.Coord.CP, X.Coord.TP), known))
     return _Pricing(schedule, row_bytes,
                     row_bytes if wire_row_bytes is None else wire_row_bytes, model,
                     V.HostOps(c, coords))
@@ -154,14 +153,10 @@ def peer_bytes(schedule: Schedule, *, row_bytes: int, wire_row_bytes: int | None
         if not s.collective or s.group is not Group.WORLD:
             continue
         rb = p.rb(moved_buffer(s))
-        if isinstance(s, (AllGatherV, ReduceScatterV)):
-            rows = p.val(s.lens)[r.rank] * rb * others
-            if isinstance(s, AllGatherV):
-                put += rows
-            else:
-                pulled += rows
-        else:   # a whole block to every other rank
-            put += p.val(s.rows) * rb * others
+        if type(s) is ReduceScatterV:   # this rank's chunk's real rows from every other
+            pulled += p.val(s.lens)[r.rank] * rb * others
+        else:   # its chunk's real rows, or a whole block, to every other rank
+            put += (p.val(s.lens)[r.rank] if type(s) is AllGatherV else p.val(s.rows)) * rb * others
     return put, pulled
 
 

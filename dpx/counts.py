@@ -68,11 +68,8 @@ def sources(layout: DpLayout, rank: int, *, shards: bool) -> tuple[int, ...]:
     """World ranks whose reports make rank ``rank``'s result, in result order (``[dp]``, or
     ``[dp, cp]`` row by row)."""
     me = layout.coords(rank)
-    if shards:
-        return tuple(layout.rank_of(d, c, me.attn_tp_rank)
-                     for d in range(layout.dp_size) for c in range(layout.cp_size))
-    return tuple(layout.rank_of(d, me.attn_cp_rank, me.attn_tp_rank)
-                 for d in range(layout.dp_size))
+    cps = range(layout.cp_size) if shards else (me.attn_cp_rank,)
+    return tuple(layout.rank_of(d, c, me.attn_tp_rank) for d in range(layout.dp_size) for c in cps)
 
 
 def own_entry(dp: Any, cp: Any, cp_size: int, *, shards: bool) -> Any:
