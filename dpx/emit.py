@@ -14,9 +14,10 @@ from dpx import values as V
 from dpx.counts import CountRule
 from dpx.extents import first_copy
 from dpx.fold import fold_copies
-from dpx.geometry import Geometry
 from dpx.modes import Group, Op, PaddingMode, Transport, Wire
-from dpx.routes import RankRef, Route, choose_route
+from dpx.plan import count_rule
+from dpx.routes import (Route, TemplateKey, choose_route, concrete_rank, route_transport,
+                        symbolic_geometry, symbolic_rank)
 from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
                        AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
                        Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV, Ref,
@@ -27,24 +28,26 @@ __all__ = ["EMITTERS", "Emitter"]
 
 
 class Emitter:
-    """Writes one rank's steps for one op (:meth:`emit`); ``example`` (host counts and the
-    call's sizes) answers :meth:`known`, and every answer becomes a guard."""
+    """Writes one rank's steps for the op of a template ``key`` (:meth:`emit`); ``example``
+    (host counts and the call's sizes) answers :meth:`known`, and every answer becomes a
+    guard."""
 
-    def __init__(self, geo: Geometry, op: Op, *, partial: bool, rank: RankRef,
-                 device_counts: bool, transport: Transport, wire: Wire, dequantize: bool,
-                 in_place: bool, in_rows_known: bool, rule: CountRule | None,
-                 example: V.HostOps, ride: bool = False) -> None:
-        self.geo, self.op, self.rank = geo, op, rank
+    def __init__(self, key: TemplateKey, example: V.HostOps) -> None:
+        self.geo = geo = symbolic_geometry(key.structure)
+        self.op = op = Op(key.op)
+        self.rank = symbolic_rank() if key.rank is None else concrete_rank(geo.layout, key.rank)
         #: the counts ride the world collective (the route chosen on the transport
         #: :func:`dpx.routes.route_transport` gives), the count check after it
-        self.ride = ride
-        self.partial = partial or op is Op.GATHER_SUM
-        self.device_counts, self.transport = device_counts, transport
-        self.wire, self.dequantize, self.in_place = wire, dequantize, in_place
+        self.ride, self.device_counts = key.ride, key.device_counts
+        self.partial = key.partial or op is Op.GATHER_SUM
+        self.transport = transport = route_transport(Transport(key.transport), ride=key.ride)
+        self.wire, self.dequantize, self.in_place = Wire(key.wire), key.dequantize, key.in_place
         #: whether the rows travel quantized (a wire other than the input's dtype)
-        self.quantized = wire is not Wire.NATIVE
-        self.rule, self.example = rule, example
-        self.in_rows: Any = X.param("in_rows") if in_rows_known else None
+        self.quantized = self.wire is not Wire.NATIVE
+        #: the plan's count rule, checked on device counts
+        self.rule: CountRule | None = count_rule(key.structure) if key.device_counts else None
+        self.example = example
+        self.in_rows: Any = X.param("in_rows") if key.in_rows_known else None
         self.out_rows: Any = X.param("out_rows")
         # gather_sum over CP copies: every rank of a replica adds its rows
         self.sum_replica = (op is Op.GATHER_SUM and geo.cp > 1 and not geo.sharded)
@@ -54,8 +57,8 @@ class Emitter:
         self.wide_bufs: set[str] = set()  # buffers holding wide rows
         self.notes: list[str] = []
         self.guards: dict[tuple, tuple[Any, int]] = {}
-        self.route = choose_route(geo, op, transport, device_counts=device_counts,
-                                  rank_known=not rank.is_symbolic, known=self.known,
+        self.route = choose_route(geo, op, transport, device_counts=key.device_counts,
+                                  rank_known=not self.rank.is_symbolic, known=self.known,
                                   quantized=self.quantized)
 
     # ------------------------------------------------------------ decisions

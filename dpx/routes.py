@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from dpx import expr as X
 from dpx.geometry import Geometry, Structure, geometry
@@ -14,7 +14,7 @@ from dpx.layout import DpLayout
 from dpx.modes import Op, PaddingMode, Transport
 
 __all__ = ["choose_route", "concrete_rank", "host_sizes", "RankRef", "Route", "route_of",
-           "route_transport", "symbolic_geometry", "symbolic_rank"]
+           "route_transport", "symbolic_geometry", "symbolic_rank", "TemplateKey"]
 
 
 class Route(enum.Enum):
@@ -44,6 +44,23 @@ class RankRef:
     @property
     def is_symbolic(self) -> bool:
         return isinstance(self.rank, X.Expr)
+
+
+class TemplateKey(NamedTuple):
+    """What a template depends on besides the counts and the call's sizes (plain values)."""
+
+    structure: Structure
+    op: str  # an Op's value
+    partial: bool
+    rank: int | None
+    device_counts: bool
+    transport: str  # a Transport's value
+    wire: str  # a Wire's value
+    dequantize: bool
+    in_place: bool
+    in_rows_known: bool
+    #: the counts ride the gather's world collective (:class:`~dpx.steps.AllGatherCounts`)
+    ride: bool = False
 
 
 def concrete_rank(layout: DpLayout, rank: int) -> RankRef:

@@ -12,19 +12,17 @@ keeps templates; without one every call builds afresh without generating code.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from dpx import expr as X
 from dpx import values as V
 from dpx.emit import Emitter
 from dpx.errors import DpxValueError, check_int
 from dpx.extents import op_rows
-from dpx.geometry import Structure
 from dpx.lru import LRU
 from dpx.modes import Op, PaddingMode, Transport, Wire
-from dpx.plan import DpPlan, count_rule
-from dpx.routes import (RankRef, Route, concrete_rank, route_transport, symbolic_geometry,
-                        symbolic_rank)
+from dpx.plan import DpPlan
+from dpx.routes import RankRef, Route, TemplateKey
 from dpx.steps import IN, OUT, AllToAllV, Ref, Step, moved_buffer
 from dpx.steps import _Variable as _VariableStep
 from dpx.wire import dequantized
@@ -74,23 +72,6 @@ class Schedule:
     def is_wide(self, buf: str) -> bool:
         """Whether buffer ``buf``'s rows are ``world_size`` narrow rows side by side."""
         return buf in self.wide_bufs
-
-
-class TemplateKey(NamedTuple):
-    """What a template depends on besides the counts and the call's sizes (plain values)."""
-
-    structure: Structure
-    op: str  # an Op's value
-    partial: bool
-    rank: int | None
-    device_counts: bool
-    transport: str  # a Transport's value
-    wire: str  # a Wire's value
-    dequantize: bool
-    in_place: bool
-    in_rows_known: bool
-    #: the counts ride the gather's world collective (:class:`~dpx.steps.AllGatherCounts`)
-    ride: bool = False
 
 
 class Variant:
@@ -224,17 +205,7 @@ class ScheduleCache:
         else:
             found = self._templates.put(key, [])
         # a miss: the template's steps for these counts and sizes, a new variant
-        structure = key.structure
-        geo = symbolic_geometry(structure)
-        rank = symbolic_rank() if key.rank is None else concrete_rank(geo.layout, key.rank)
-        e = Emitter(geo, Op(key.op), partial=key.partial, rank=rank,
-                    device_counts=key.device_counts,
-                    transport=route_transport(Transport(key.transport), ride=key.ride),
-                    wire=Wire(key.wire), dequantize=key.dequantize,
-                    in_place=key.in_place, in_rows_known=key.in_rows_known, ride=key.ride,
-                    rule=count_rule(structure) if key.device_counts else None,
-                    example=V.HostOps(() if key.device_counts else counts,
-                                      params=_named(params)))
+        e = Emitter(key, V.HostOps(() if key.device_counts else counts, params=_named(params)))
         e.emit()
         v = Variant(key, e, compiled=compiled)
         self.builds += 1
