@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from dpx import expr as X
 from dpx.steps import (Dequantize, DequantizeSum, JoinColumns, Move, Pack, Quantize,
-                       Ref, SplitColumns, Step, Unpack, Zero, len_of)
+                       Ref, SplitColumns, Step, Unpack, Zero)
 
 __all__ = ["fold_copies", "read", "written"]
 
@@ -39,7 +39,7 @@ def written(s: Step) -> Any:
     if kind in (Move, Quantize, Dequantize, DequantizeSum, Unpack, JoinColumns):
         return s.rows  # type: ignore[attr-defined]
     if kind in (Pack, SplitColumns):
-        n = len_of(s.lens) if kind is Pack else s.parts  # type: ignore[attr-defined]
+        n = X.size_of(s.lens) if kind is Pack else s.parts  # type: ignore[attr-defined]
         return X.mul(n, s.block)  # type: ignore[attr-defined]
     return None
 
@@ -57,7 +57,7 @@ def read(s: Step) -> Any:
     if kind in (DequantizeSum, JoinColumns):
         return X.mul(s.parts, s.rows if kind is DequantizeSum else s.block)
     if kind is Unpack:
-        return X.mul(len_of(s.lens), s.block)
+        return X.mul(X.size_of(s.lens), s.block)
     if kind is SplitColumns:
         return s.count
     return None

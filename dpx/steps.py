@@ -22,7 +22,7 @@ from dpx.modes import Group, Transport
 __all__ = [
     "AllGather", "AllGatherCounts", "AllGatherV", "AllReduce", "AllToAll", "AllToAllV",
     "BroadcastV", "CheckCounts", "Dequantize", "DequantizeSum", "JoinColumns", "kinds_for",
-    "SplitColumns", "len_of", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter",
+    "SplitColumns", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter",
     "ReduceScatterV", "ReduceV", "Ref", "Step", "STEP_KINDS", "Unpack", "VARIABLE_KINDS", "Zero",
 ]
 
@@ -72,7 +72,7 @@ class Step:
         shown = {k: v.value if isinstance(v, Group) else v if isinstance(v, Ref) else _v(v)
                  for k, v in self.fields().items()}
         if "lens" in shown:
-            shown["n"] = len_of(self.lens)  # type: ignore[attr-defined]
+            shown["n"] = X.size_of(self.lens)  # type: ignore[attr-defined]
         return self.text.format(**shown)
 
 
@@ -224,10 +224,6 @@ class SplitColumns(_Pass):
     block: Any
     parts: int
     text = "split   {src}[:{count}] -> {dst}[{parts} x {block}], column parts as blocks"
-
-
-def len_of(v: Any) -> int:
-    return len(v) if isinstance(v, tuple) else v.size
 
 
 # ---------------------------------------------------------------- collectives

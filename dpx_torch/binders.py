@@ -20,12 +20,13 @@ import torch.distributed as dist
 
 from dpx.counts import sources
 from dpx.errors import DpxValueError
+from dpx.expr import size_of
 from dpx.modes import Group, Wire
 from dpx.schedule import Variant
 from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
                        AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum,
                        JoinColumns, Move, Pack, Quantize, ReduceScatter, ReduceScatterV,
-                       ReduceV, Ref, SplitColumns, Step, Unpack, Zero, len_of)
+                       ReduceV, Ref, SplitColumns, Step, Unpack, Zero)
 from dpx.wire import wire_row_bytes
 from dpx_torch import collectives as C
 from dpx_torch.passes import DEVICE, Passes
@@ -268,7 +269,7 @@ def _chunks(pack: bool) -> Callable[[Pack | Unpack, Bind], StepFn]:
         dst, rows = b.buffer(s.dst, s.rows)
         firsts, lens, block = b.table(s.firsts), b.table(s.lens), b.value(s.block)
         cx = b.context
-        n = len_of(s.firsts)
+        n = size_of(s.firsts)
         binder = cx.passes.bind_pack if pack else cx.passes.bind_unpack
         dtype, width = b.elem(s.dst.buf)
         go = binder(src_rows, rows, width, n, dtype, block, cx.device)
