@@ -8,6 +8,8 @@ from it. ``//`` floors by a positive constant; comparisons give 0 or 1.
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
 from typing import Any, Callable, NamedTuple, Sequence
 
 from dpx.ints import INTS
@@ -89,10 +91,7 @@ def _node(op: str, *args: Any, size: Any = "vec") -> Expr:
         if len(sizes) > 1:
             raise ValueError(f"vector lengths differ: {sorted(sizes)}")
         size = sizes.pop() if sizes else None
-    deps = 0
-    for a in args:
-        deps |= deps_of(a)
-    return Expr(op, args, size, deps)
+    return Expr(op, args, size, reduce(operator.or_, map(deps_of, args), 0))
 
 
 def _const(*args: Any) -> bool:
@@ -302,5 +301,4 @@ def render(value: Any) -> str:
     if (isinstance(inner, Expr) and inner.op == "add" and type(a[1]) is int
             and div.args[1] == a[1] and inner.args[1] == a[1] - 1):
         return f"align({render(inner.args[0])}, {a[1]})"  # ceil_align(x, m)
-    return OPS[op].text.format(*(render(x) if isinstance(x, Expr) else
-                                 str(list(x)) if isinstance(x, tuple) else str(x) for x in a))
+    return OPS[op].text.format(*map(render, a))
