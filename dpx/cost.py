@@ -236,8 +236,7 @@ def estimate(plan: DpPlan, *, row_bytes: int, cost_model: CostModel,
     return ModeEstimate(plan.mode, plan.global_rows, ops)
 
 
-ALL_MODES: tuple[PaddingMode, ...] = (PaddingMode.MAX_LEN, PaddingMode.SUM_LEN,
-                                      PaddingMode.GATHERV)
+ALL_MODES: tuple[PaddingMode, ...] = tuple(PaddingMode)   # MAX_LEN, SUM_LEN, GATHERV
 
 
 def mode_estimates(counts: tuple[int, ...], layout: DpLayout, modes: Sequence[PaddingMode], *,

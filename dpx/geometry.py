@@ -184,12 +184,11 @@ def slots(ops: Any, mode: PaddingMode, dp: int, m: int, n: Any,
     ``ops``."""
     X = ops
     a = X.ceil_align(n, m)
-    if mode is PaddingMode.MAX_LEN:
-        slot = cap_rows[2] if cap_rows is not None else X.vmax(a)
-        offsets = X.mul(tuple(range(dp)), slot)
-        return a, X.repeat(slot, dp), offsets, (
-            cap_rows[1] if cap_rows is not None else X.mul(dp, slot))
-    return a, a, X.exclusive_cumsum(a), (cap_rows[1] if cap_rows is not None else X.vsum(a))
+    if mode is not PaddingMode.MAX_LEN:
+        return a, a, X.exclusive_cumsum(a), (cap_rows[1] if cap_rows is not None else X.vsum(a))
+    slot = cap_rows[2] if cap_rows is not None else X.vmax(a)
+    return a, X.repeat(slot, dp), X.mul(tuple(range(dp)), slot), (
+        cap_rows[1] if cap_rows is not None else X.mul(dp, slot))
 
 
 def capacity_rows(capacity: int, mode: PaddingMode, dp: int, m: int) -> tuple[int, int, int]:

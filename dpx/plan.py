@@ -172,12 +172,7 @@ class DpPlan:
 
     def __getstate__(self) -> dict:
         """The fields, the reason as text; nothing derived (a hash is per process)."""
-        state = {k: self.__dict__[k] for k in self.__dataclass_fields__}
-        state["why"] = self.reason
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+        return {k: self.__dict__[k] for k in self.__dataclass_fields__} | {"why": self.reason}
 
     def key(self) -> tuple:
         """The canonical content of the plan (what :meth:`fingerprint` hashes)."""
