@@ -21,27 +21,27 @@ from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Transport
 from dpx.routes import Route, host_sizes, route_of
 
-__all__ = ["cheaper", "cheapest", "cheapest_index", "MODE_ORDER"]
+__all__ = ["cheaper", "cheapest", "cheapest_index", "MODE_ORDER", "price_key"]
 
 #: Tie-break order of the modes (an earlier mode wins an exact tie).
 MODE_ORDER = {PaddingMode.MAX_LEN: 0, PaddingMode.SUM_LEN: 1, PaddingMode.GATHERV: 2}
 
 
-def _order(seconds: float, mode: PaddingMode) -> tuple[float, int]:
+def price_key(seconds: float, mode: PaddingMode) -> tuple[float, int]:
     """The policy's one tie-break, as a sort key: the seconds, then a tie to the earlier of
     MAX_LEN, SUM_LEN, GATHERV."""
     return seconds, MODE_ORDER[mode]
 
 
 def cheaper(seconds: float, mode: PaddingMode, than: float, than_mode: PaddingMode) -> bool:
-    """Whether ``mode`` at ``seconds`` beats ``than_mode`` at ``than`` (:func:`_order`)."""
-    return _order(seconds, mode) < _order(than, than_mode)
+    """Whether ``mode`` at ``seconds`` beats ``than_mode`` at ``than`` (:func:`price_key`)."""
+    return price_key(seconds, mode) < price_key(than, than_mode)
 
 
 def cheapest_index(modes: Sequence[PaddingMode], seconds: Sequence[float]) -> int:
-    """The index of the cheapest of ``modes`` priced ``seconds`` (:func:`_order`; the first
+    """The index of the cheapest of ``modes`` priced ``seconds`` (:func:`price_key`; the first
     of equals)."""
-    return min(range(len(modes)), key=lambda i: _order(seconds[i], modes[i]))
+    return min(range(len(modes)), key=lambda i: price_key(seconds[i], modes[i]))
 
 
 #: :func:`dpx.routes.route_of` by transport and whether every chunk is a full block, then by
