@@ -92,16 +92,6 @@ def _zero(s: Zero, p: _Pricing) -> StepCost:
     return p.local(s, rows - max(min(first + n, rows) - max(first, 0), 0), s.buf.buf)
 
 
-def _blocks(s: Any, p: _Pricing) -> StepCost:
-    """A collective of ``rows``-row blocks: an all-gather, reduce-scatter or all-to-all."""
-    return p.collective(s, s.rows, moved_buffer(s), 1)
-
-
-def _chunks(s: Any, p: _Pricing) -> StepCost:
-    """A variable collective: the rows of its chunks ``lens``."""
-    return p.collective(s, None, moved_buffer(s), 1, s.lens)
-
-
 #: The cost model's handler of every step kind.
 PRICERS: dict[type[Step], Callable[[Any, _Pricing], StepCost]] = {
     CheckCounts: lambda s, p: p.model.local_pass(s, 0),
@@ -115,10 +105,13 @@ PRICERS: dict[type[Step], Callable[[Any, _Pricing], StepCost]] = {
         s, p.val(s.rows) * (s.parts * p.wire_row_bytes + p.row_bytes)),
     Pack: lambda s, p: p.local(s, p.val(s.rows) + sum(p.val(s.lens)), s.dst.buf),
     Unpack: lambda s, p: p.local(s, p.val(s.rows) + sum(p.val(s.lens)), s.dst.buf),
-    # (AllGatherCounts: the counts add 4 bytes a rank to the same launch)
-    **dict.fromkeys((AllGather, AllGatherCounts, ReduceScatter, AllToAll), _blocks),
+    # collectives of rows-row blocks (AllGatherCounts: its counts add 4 bytes a rank to the
+    # same launch), then variable ones: the rows of their chunks ``lens``
+    **dict.fromkeys((AllGather, AllGatherCounts, ReduceScatter, AllToAll),
+                    lambda s, p: p.collective(s, s.rows, moved_buffer(s), 1)),
     AllReduce: lambda s, p: p.collective(s, s.rows, s.buf.buf, 2),
-    **dict.fromkeys((AllToAllV, BroadcastV, ReduceV, AllGatherV, ReduceScatterV), _chunks),
+    **dict.fromkeys((AllToAllV, BroadcastV, ReduceV, AllGatherV, ReduceScatterV),
+                    lambda s, p: p.collective(s, None, moved_buffer(s), 1, s.lens)),
     JoinColumns: lambda s, p: p.model.local_pass(
         s, (p.val(s.count) * s.parts + p.val(s.rows) * s.parts) * p.row_bytes),
     SplitColumns: lambda s, p: p.model.local_pass(
