@@ -303,19 +303,20 @@ class Emitter:
         end = X.vsum(g.aligned)
         gaps = g.sharded and not self.known(X.land(X.vall(X.eq(g.n, g.aligned)), self.eq(end, G)))
         tail = not g.sharded and not self.known(self.eq(end, G))
-        mine = Ref(dst.buf, first, length)  # (dst is out in place: no wire in place)
+        mine = Ref(dst.buf, first, length)
+        zeros = Ref(OUT) if self.in_place else dst  # where the gaps and the tail are zeroed
         if self.in_place and not self.sums_partials():
             _, real = g.own_block(r.dp, r.cp, r.tp)  # the chunk's real rows: zero the rest
             if gaps:
-                self.steps.append(Zero(dst, G, first, real))
+                self.steps.append(Zero(zeros, G, first, real))
             elif not self.known(self.eq(real, length)):
                 self.steps.append(Zero(mine, length, 0, real))
         else:  # the input, maybe a view of out, is read (in place: into a scratch) first
             self.produce_chunk(mine, length)
             if gaps:
-                self.steps.append(Zero(dst, G, first, length))
+                self.steps.append(Zero(zeros, G, first, length))
         if tail:
-            self.steps.append(Zero(dst, G, 0, end))
+            self.steps.append(Zero(zeros, G, 0, end))
         self.steps.append(BroadcastV(Group.WORLD, G, *g.chunk_table(), B, dst))
         self.finish_gather(dst)
 
@@ -331,17 +332,20 @@ class Emitter:
         self.steps.append(AllReduce(Group.WORLD, staged, self.geo.global_rows))
         self.scatter_local(staged)
 
-    def rs_equal_blocks(self) -> None:
+    def rs_equal_blocks(self, src: Ref = Ref(IN)) -> None:
+        """A world reduce-scatter of the equal blocks of ``src`` (the input, or its chunks
+        packed into blocks), then the slot -- or, from the input, straight into ``out``
+        where ``out`` is the one block of a rank that shares its rows with no other."""
         g, r, R = self.geo, self.rank, self.out_rows
         B = g.block
-        if g.m == 1 and self.known(self.eq(R, B)):
+        if src.buf == IN and g.m == 1 and self.known(self.eq(R, B)):
             held = g.held(r.dp, r.cp)
             self.steps.append(ReduceScatter(Group.WORLD, Ref(IN), Ref(OUT), B))
             if not self.known(self.eq(held, R)):
                 self.steps.append(Zero(Ref(OUT), R, 0, held))
             return
         chunk = self.buffer("chunk", B)
-        self.steps.append(ReduceScatter(Group.WORLD, Ref(IN), chunk, B))
+        self.steps.append(ReduceScatter(Group.WORLD, src, chunk, B))
         self.finish_slot(chunk, B)
 
     def rs_blocks_unpack(self) -> None:
@@ -349,9 +353,7 @@ class Emitter:
         span = X.mul(g.layout.world_size, g.block)
         packed = self.buffer("packed", span)
         self.steps.append(Pack(Ref(IN), packed, span, *g.chunk_table(), g.block))
-        chunk = self.buffer("chunk", g.block)
-        self.steps.append(ReduceScatter(Group.WORLD, packed, chunk, g.block))
-        self.finish_slot(chunk, g.block)
+        self.rs_equal_blocks(packed)
 
     def rs_ragged(self, real: bool = False) -> None:
         """A variable reduce-scatter of every rank's chunk (``real``: its real rows only;
