@@ -55,17 +55,14 @@ def lockstep(schedules: Sequence[Schedule]) -> tuple[Stage, ...]:
     stages: list[Stage] = []
     for level in range(depth):
         local: list[tuple[int, Step]] = []
-        colls: list[tuple[int, Step]] = []
+        batches: dict[tuple, list[tuple[int, Step]]] = {}  # by kind and group, in tensor order
         for i, (runs, cs) in enumerate(cut):
             k = level - (depth - len(runs))  # aligned on the last segment
             if k < 0:
                 continue
             local += [(i, step) for step in runs[k]]
             if cs[k] is not None:
-                colls.append((i, cs[k]))
-        batches: dict[tuple, list[tuple[int, Step]]] = {}
-        for i, step in colls:
-            batches.setdefault((step.kind, step.group), []).append((i, step))
+                batches.setdefault((cs[k].kind, cs[k].group), []).append((i, cs[k]))
         stages.append(Stage(tuple(local), tuple(Batch(k[0], tuple(v))
                                                 for k, v in batches.items())))
     return tuple(stages)

@@ -52,6 +52,7 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
     """Rank ``rank``'s priced steps for a partial gather, a replicated gather and a
     reduce_scatter, each on ``wire`` (inputs as large as the plan needs)."""
     out = []
+    wrb = None if wire is Wire.NATIVE else wire_row_bytes(hidden, wire)
     cases = ((Op.GATHER, True, "gather(partial=True)"), (Op.GATHER, False,
              "gather(partial=False)"), (Op.REDUCE_SCATTER, True, "reduce_scatter"))
     for op, partial, title in cases:
@@ -65,9 +66,7 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
         except DpxValueError as exc:
             out.append(f"  rank {rank} {title}: {exc}")
             continue
-        est = op_estimate(sched, row_bytes=row_bytes, cost_model=cost_model,
-                          wire_row_bytes=None if wire is Wire.NATIVE
-                          else wire_row_bytes(hidden, wire))
+        est = op_estimate(sched, row_bytes=row_bytes, cost_model=cost_model, wire_row_bytes=wrb)
         out.append(f"  rank {rank} {title}: {len(sched.steps)} steps, est "
                    f"{est.seconds * 1e6:.1f} us")
         for step, cost in zip(sched.steps, est.steps):

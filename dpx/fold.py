@@ -48,10 +48,8 @@ def read(s: Step) -> Any:
     """The rows ``k``: ``s`` reads nothing of ``s.src`` past ``s.src[:k]`` (None: not
     known)."""
     kind = type(s)
-    if kind is Move:
-        return X.add(s.src_start, s.count)
-    if kind is Quantize:
-        return X.add(s.start, s.count)
+    if kind in (Move, Quantize):   # rows from its start
+        return X.add(s.src_start if kind is Move else s.start, s.count)
     if kind is Dequantize:
         return s.rows
     if kind in (DequantizeSum, JoinColumns):

@@ -65,12 +65,11 @@ def check_shards(cp_shards: object, counts: tuple[int, ...],
 
 def count_rule(structure: Structure) -> CountRule:
     """The :class:`CountRule` of a capacity plan's structure."""
-    group = structure.cp_size if structure.sharded else 1
-    m = structure.layout.replica_size
     capacity, global_rows, _ = structure.capacity_rows  # type: ignore[misc]
-    if structure.mode == PaddingMode.MAX_LEN.value:
-        return CountRule(structure.counts_size, group, m, capacity, None)
-    return CountRule(structure.counts_size, group, m, None, global_rows)
+    each = structure.mode == PaddingMode.MAX_LEN.value  # a slot each, else the whole buffer
+    return CountRule(structure.counts_size, structure.cp_size if structure.sharded else 1,
+                     structure.layout.replica_size, capacity if each else None,
+                     None if each else global_rows)
 
 
 @dataclass(frozen=True)

@@ -64,13 +64,11 @@ class TemplateKey(NamedTuple):
 
 
 def concrete_rank(layout: DpLayout, rank: int) -> RankRef:
-    c = layout.coords(rank)
-    return RankRef(rank, c.attn_dp_rank, c.attn_cp_rank, c.attn_tp_rank)
+    return RankRef(rank, *layout.coords(rank))   # its (dp, cp, tp) coordinates
 
 
 def symbolic_rank() -> RankRef:
-    return RankRef(X.coord(X.Coord.RANK), X.coord(X.Coord.DP), X.coord(X.Coord.CP),
-                   X.coord(X.Coord.TP))
+    return RankRef(*map(X.coord, (X.Coord.RANK, X.Coord.DP, X.Coord.CP, X.Coord.TP)))
 
 
 def symbolic_geometry(structure: Structure) -> Geometry:
