@@ -25,7 +25,7 @@ from dpx.plan import DpPlan
 from dpx.routes import RankRef, Route, TemplateKey
 from dpx.steps import IN, OUT, AllToAllV, Ref, Step, moved_buffer
 from dpx.steps import _Variable as _VariableStep
-from dpx.wire import dequantized
+from dpx.wire import dequantized, in_place_schedule
 
 __all__ = ["IN", "OUT", "Schedule", "ScheduleCache", "Variant", "build_schedule"]
 
@@ -247,7 +247,7 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
     if in_place:
         if op is not Op.GATHER or rank is None:
             raise DpxValueError("in_place applies to a gather on a known rank")
-        if wire is not Wire.NATIVE:
+        if not in_place_schedule(wire, in_place):
             raise DpxValueError("in_place gathers move the rows in the input's dtype: "
                                 f"wire='{wire.value}' gathers from a separate input")
     if rank is not None and type(rank) is not int:

@@ -19,7 +19,7 @@ from dpx.errors import DpxTypeError, DpxValueError
 from dpx.modes import Op, PaddingMode, Wire
 
 __all__ = ["block", "CANONICAL_NAN", "check_wire", "check_wire_mode", "check_wire_scale",
-           "dequantized", "E2M1_MAX", "E2M1_VALUES", "EPS", "FLOAT_DTYPES", "FP4_NAN_SCALE",
+           "dequantized", "E2M1_MAX", "in_place_schedule", "E2M1_VALUES", "EPS", "FLOAT_DTYPES", "FP4_NAN_SCALE",
            "FP8_MAX", "GROUP", "NAN_CODE", "nvfp4_scale", "payload_bytes", "SCALE_RANGE",
            "width_of", "wire_row_bytes"]
 
@@ -57,6 +57,14 @@ def dequantized(wire: Wire, dequantize: object) -> bool:
     (nothing to dequantize), on a quantized one unless ``dequantize=False`` asks for the
     wire rows themselves."""
     return bool(dequantize) or wire is Wire.NATIVE
+
+
+def in_place_schedule(wire: Wire, in_place: bool) -> bool:
+    """Whether a gather whose input is its own slot of ``out`` (``in_place``) runs the
+    in-place schedule, which moves no row locally: on the native wire only. A quantized
+    wire's quantize pass reads the rows where they lie, before anything writes ``out``, so
+    such a gather runs the separate-input schedule (the same result)."""
+    return in_place and wire is Wire.NATIVE
 
 
 def payload_bytes(width: int, wire: Wire = Wire.FP8) -> int:

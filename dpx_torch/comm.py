@@ -177,7 +177,8 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         of ``out``, written there by the caller -- the collectives read them where they
         are and no row moves locally (pad rows of the slot may hold anything; they are
         zeroed). Under torch.compile the view cannot be recognised and the gather runs
-        from it as from a separate input (same result).
+        from it as from a separate input (same result), as it does on a quantized wire,
+        whose quantize reads the rows where they lie.
 
         Differentiable: the gradient is ``reduce_scatter`` of the output gradient.
 

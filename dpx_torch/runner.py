@@ -38,7 +38,7 @@ from dpx.transport import TransportChoice
 from dpx.plan import DpPlan
 from dpx.schedule import ScheduleCache, TemplateKey, Variant
 from dpx.steps import OUT
-from dpx.wire import dequantized
+from dpx.wire import dequantized, in_place_schedule
 from dpx_torch.flags import OverflowFlags
 from dpx_torch.groups import DpGroups
 from dpx_torch.shims.triton_launch import Launcher
@@ -192,10 +192,13 @@ class Runner:
                      wire: Wire, dequantize: bool, in_place: bool,
                      ride: bool = False, device: torch.device | None = None) -> TemplateKey:
         """The schedule template of a call of this rank on tensors of ``device`` (plain
-        values: hashed on every lookup; ``ride``: the counts ride the gather)."""
+        values: hashed on every lookup; ``ride``: the counts ride the gather; ``in_place``:
+        the input is its slot of the output, whose schedule the wire decides:
+        :func:`dpx.wire.in_place_schedule`)."""
         return TemplateKey(plan.structure, op._value_, partial, self.rank, device_counts,
                            self.transport_for(device)._value_, wire._value_,
-                           dequantized(wire, dequantize), in_place, True, ride)
+                           dequantized(wire, dequantize), in_place_schedule(wire, in_place),
+                           True, ride)
 
     def transport_for(self, device: torch.device | None) -> Transport:
         """The transport of a call on tensors of ``device``: the peer transport for its

@@ -95,13 +95,14 @@ def sync_bad(ctx) -> str:
     return raised(lambda: comm.sync_counts(2.5 if ctx.rank == 1 else 3))
 
 
-def in_place(ctx, layout_args, cases, *, rest=(4,)) -> int:
+def in_place(ctx, layout_args, cases, *, rest=(4,), transport=None) -> int:
     """Per case: the rank's rows written into local_slot(out, plan) (pad rows of the slot
-    hold garbage) and gathered in place equal, bitwise, the gather from a separate input;
-    the same through gather_async; local_slot refuses plans whose rows lie where device
-    counts decide."""
+    hold garbage) and gathered in place equal, bitwise, the gather from a separate input
+    (on the case's ``wire``, default native); the same through gather_async (which takes
+    the native wire only); local_slot refuses plans whose rows lie where device counts
+    decide. ``transport``: the communicator's (default per_root)."""
     layout = dpx.DpLayout(*layout_args)
-    comm = ctx.comm(layout)
+    comm = ctx.comm(layout) if transport is None else ctx.comm(layout, transport=transport)
     r = ctx.rank
     done = 0
     for case in cases:
@@ -113,14 +114,15 @@ def in_place(ctx, layout_args, cases, *, rest=(4,)) -> int:
         locs = local_inputs(case.get("seed", 0), plan, rest, partial=partial, eff=eff,
                             rows=plan.max_slot_rows if plan.is_static else None)
         x = _t(np.ascontiguousarray(locs[r][:rows]), dtype)
-        want = comm.gather(x, plan, partial=partial, counts=counts_t)
+        wire = dict(wire=case.get("wire", "native"), wire_scale=case.get("wire_scale"))
+        want = comm.gather(x, plan, partial=partial, counts=counts_t, **wire)
         if case.get("refused"):
             o = torch.empty_like(want)
             msg = raised(lambda: comm.local_slot_for(o, plan, counts=counts_t))
             assert "lie at a place the device counts decide" in msg, msg
             done += 1
             continue
-        for run in ("sync", "async"):
+        for run in ("sync", "async") if wire["wire"] == "native" else ("sync",):
             out = torch.full((plan.global_rows, *rest), float("nan"),
                              device=torch_jobs.DEVICE).to(dtype)
             if not dtype.is_floating_point:
@@ -129,7 +131,8 @@ def in_place(ctx, layout_args, cases, *, rest=(4,)) -> int:
             n = held(plan, r, eff)[1]
             slot[:n] = x[:n]
             if run == "sync":
-                got = comm.gather(slot, plan, partial=partial, counts=counts_t, out=out)
+                got = comm.gather(slot, plan, partial=partial, counts=counts_t, out=out,
+                                  **wire)
             else:
                 got, work = comm.gather_async(slot, plan, partial=partial, counts=counts_t,
                                               out=out, key="in-place")

@@ -4,6 +4,8 @@ that stay bounded over many distinct steps."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 pytestmark = pytest.mark.multiproc
@@ -112,6 +114,28 @@ def test_in_place_gather_equals_the_gather(gloo_worlds, layout):
     dp, cp = layout[1], (layout[2] if len(layout) > 2 else 1)
     cases = _in_place_cases(dp, cp)
     done = gloo_worlds(layout[0]).run("hotpath_jobs:in_place", layout, cases, timeout=300)
+    assert done == [len(cases)] * layout[0]
+
+
+@pytest.mark.parametrize("transport", ["per_root", "peer"])
+@pytest.mark.parametrize("layout", [(4, 4), (4, 2), (4, 1, 2)], ids=IDS)
+def test_in_place_gather_on_a_quantized_wire_equals_the_gather(gloo_worlds, layout,
+                                                               transport):
+    """A gather from its slot of ``out`` on a quantized wire runs the separate-input
+    schedule (its quantize reads the rows where they lie; ``dpx.wire.in_place_schedule``):
+    bitwise the gather from a separate input on every wire, MAX_LEN and GATHERV, partial
+    and replicated, idle replicas, a capacity plan with device counts."""
+    dp = layout[1]
+    idle = [0 if i % 2 else 3 + 2 * i for i in range(dp)]
+    cases = [dict(counts=idle, mode=mode, partial=partial, wire=wire, wire_scale=scale,
+                  seed=i)
+             for i, (mode, partial, (wire, scale)) in enumerate(itertools.product(
+                 ("max_len", "gatherv"), (True, False),
+                 (("fp8", None), ("nvfp4", 2.0), ("mxfp4", None))))]
+    cases += [dict(counts=[0] * dp, mode="max_len", capacity=6, run_counts=[2] * dp,
+                   partial=p, wire="fp8", seed=len(cases) + p) for p in (True, False)]
+    done = gloo_worlds(layout[0]).run("hotpath_jobs:in_place", layout, cases, rest=(128,),
+                                      transport=transport, timeout=300)
     assert done == [len(cases)] * layout[0]
 
 
