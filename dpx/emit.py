@@ -22,7 +22,7 @@ from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduc
                        AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
                        Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV, Ref,
                        SplitColumns, Step, Unpack, Zero)
-from dpx.wire import check_wire_mode
+from dpx.wire import check_wire_mode, in_place_schedule
 
 __all__ = ["EMITTERS", "Emitter"]
 
@@ -41,7 +41,9 @@ class Emitter:
         self.ride, self.device_counts = key.ride, key.device_counts
         self.partial = key.partial or op is Op.GATHER_SUM
         self.transport = transport = route_transport(Transport(key.transport), ride=key.ride)
-        self.wire, self.dequantize, self.in_place = Wire(key.wire), key.dequantize, key.in_place
+        self.wire, self.dequantize = Wire(key.wire), key.dequantize
+        #: the in-place schedule: a native gather's only (dpx.wire.in_place_schedule)
+        self.in_place = in_place_schedule(self.wire, key.in_place)
         #: whether the rows travel quantized (a wire other than the input's dtype)
         self.quantized = self.wire is not Wire.NATIVE
         #: the plan's count rule, checked on device counts

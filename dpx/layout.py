@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from dpx.errors import DpxValueError, check_int
@@ -31,22 +31,24 @@ class DpLayout:
     world_size: int
     dp_size: int
     cp_size: int = 1
-    #: ranks in one attention tensor-parallel group (derived, set once)
-    attn_tp_size: int = field(init=False, repr=False, compare=False)
-    #: ranks serving one DP replica, ``cp_size * attn_tp_size`` (derived, set once)
-    replica_size: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("world_size", "dp_size", "cp_size"):  # stored as plain ints
             object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=1))
         if self.world_size % (self.dp_size * self.cp_size) != 0:
-            raise DpxValueError(
-                f"world_size={self.world_size} must be divisible by dp_size*cp_size="
-                f"{self.dp_size}*{self.cp_size}={self.dp_size * self.cp_size}"
-            )
-        tp = self.world_size // (self.dp_size * self.cp_size)
-        object.__setattr__(self, "attn_tp_size", tp)
-        object.__setattr__(self, "replica_size", self.cp_size * tp)
+            raise DpxValueError(f"world_size={self.world_size} must be divisible by dp_size*"
+                                f"cp_size={self.dp_size}*{self.cp_size}="
+                                f"{self.dp_size * self.cp_size}")
+
+    @property
+    def attn_tp_size(self) -> int:
+        """Ranks in one attention tensor-parallel group."""
+        return self.world_size // (self.dp_size * self.cp_size)
+
+    @property
+    def replica_size(self) -> int:
+        """Ranks serving one DP replica (``cp_size * attn_tp_size``)."""
+        return self.world_size // self.dp_size
 
     def coords(self, rank: int) -> RankCoords:
         """``(attn_dp_rank, attn_cp_rank, attn_tp_rank)`` of ``rank``."""

@@ -1,5 +1,7 @@
 """How each op moves its rows: a closed set of routes (docs/semantics.md, "Transports and
 routes"), chosen by one function, :func:`route_of`, and written by :class:`dpx.emit.Emitter`.
+Also what a schedule template is emitted for (:class:`TemplateKey`) and the rank it is
+built for (:class:`RankRef`: a concrete rank, or symbolic for one program of every rank).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from dpx.errors import DpxTypeError, DpxValueError
 from dpx.modes import Op, PaddingMode, Wire
 
 __all__ = ["block", "CANONICAL_NAN", "check_wire", "check_wire_mode", "check_wire_scale",
-           "dequantized", "E2M1_MAX", "in_place_schedule", "E2M1_VALUES", "EPS", "FLOAT_DTYPES", "FP4_NAN_SCALE",
-           "FP8_MAX", "GROUP", "NAN_CODE", "nvfp4_scale", "payload_bytes", "SCALE_RANGE",
-           "width_of", "wire_row_bytes"]
+           "dequantized", "E2M1_MAX", "E2M1_VALUES", "EPS", "FLOAT_DTYPES", "FP4_NAN_SCALE",
+           "FP8_MAX", "GROUP", "in_place_schedule", "NAN_CODE", "nvfp4_scale",
+           "payload_bytes", "SCALE_RANGE", "width_of", "wire_row_bytes"]
 
 GROUP = 128
 #: The largest finite e4m3fn magnitude: fp8's scale maps a group's amax to it, nvfp4's

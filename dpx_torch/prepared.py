@@ -44,7 +44,7 @@ from dpx.extents import op_rows
 from dpx.geometry import Structure
 from dpx.modes import Op
 from dpx.plan import DpPlan
-from dpx.schedule import TemplateKey
+from dpx.routes import TemplateKey
 from dpx_torch.lifecycle import Lifecycle
 from dpx.lru import LRU
 from dpx_torch.binders import CallContext, RunnerView

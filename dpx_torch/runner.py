@@ -36,7 +36,8 @@ from dpx.layout import DpLayout
 from dpx.modes import Group, Op, Transport, Wire
 from dpx.transport import TransportChoice
 from dpx.plan import DpPlan
-from dpx.schedule import ScheduleCache, TemplateKey, Variant
+from dpx.routes import TemplateKey
+from dpx.schedule import ScheduleCache, Variant
 from dpx.steps import OUT
 from dpx.wire import dequantized, in_place_schedule
 from dpx_torch.flags import OverflowFlags

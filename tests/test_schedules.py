@@ -359,6 +359,36 @@ def test_dequantize_matters_only_on_a_quantized_wire():
             assert "Dequantize" in kinds[0] and "Dequantize" not in kinds[1], kinds
 
 
+def test_a_template_in_place_on_a_quantized_wire_is_the_separate_input_one():
+    """The emitter gives a key for a gather from its slot of ``out`` on a quantized wire
+    the separate-input schedule (:func:`dpx.wire.in_place_schedule`: its quantize reads
+    the rows where they lie), whoever made the key; on the native wire the in-place
+    schedule, its own. Copy modes, host counts, every rank, partial and replicated, every
+    quantized wire."""
+    from dpx.routes import TemplateKey
+
+    def steps(v):
+        return repr((v.steps, v.scratch, v.notes, v.route, v.wire_bufs))
+
+    native_differs = 0
+    for layout, mode in itertools.product([(2, 2), (4, 2), (4, 4), (4, 1, 2)],
+                                          (PaddingMode.MAX_LEN, PaddingMode.GATHERV)):
+        lay = dpx.DpLayout(*layout)
+        plan = dpx.plan_step([5, 0, 3, 1][:lay.dp_size], lay, mode=mode)
+        for rank, partial, wire in itertools.product(range(lay.world_size), (True, False),
+                                                     ("native", "fp8", "nvfp4", "mxfp4")):
+            first, rows = dpx.local_rows(plan, rank, device_counts=False)
+            got = [dpx.ScheduleCache().variant(
+                TemplateKey(plan.structure, "gather", partial, rank, False, "per_root", wire,
+                            True, in_place, True), plan.leaf_counts, rows,
+                plan.global_rows)[0] for in_place in (True, False)]
+            if wire == "native":
+                native_differs += steps(got[0]) != steps(got[1])
+            else:
+                assert steps(got[0]) == steps(got[1]), (layout, mode, rank, partial, wire)
+    assert native_differs > 0
+
+
 def test_a_world_of_one_rank_calls_no_collective():
     """World 1: every op, mode, transport, wire (kept or dequantized), in-place gather and
     kind of counts holds no backend collective -- each is a copy or nothing

@@ -168,9 +168,9 @@ def test_a_repeated_call_admits_only_what_the_full_path_admits(world1, op):
     """A call repeating the last fast call's plan and flags (the same objects) is matched
     without its key, then its tensors are guarded: after a hot call, every other input --
     another dtype, shape or layout, a tensor subclass, several tensors, an ``out`` of
-    other rows or on another device, an ``out`` the input overlaps, an input that requires grad -- gets what a
-    first call on a fresh communicator gets (its result, its error, its autograd
-    graph)."""
+    other rows or on another device, an ``out`` the input overlaps, an input that
+    requires grad -- gets what a first call on a fresh communicator gets (its result,
+    its error, its autograd graph)."""
     comm = DpComm(L1)
     plan = dpx.plan_step([5], L1, mode="max_len")
     x = torch.arange(40.0).view(5, 8)
