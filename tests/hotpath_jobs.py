@@ -98,9 +98,10 @@ def sync_bad(ctx) -> str:
 def in_place(ctx, layout_args, cases, *, rest=(4,), transport=None) -> int:
     """Per case: the rank's rows written into local_slot(out, plan) (pad rows of the slot
     hold garbage) and gathered in place equal, bitwise, the gather from a separate input
-    (on the case's ``wire``, default native); the same through gather_async (which takes
-    the native wire only); local_slot refuses plans whose rows lie where device counts
-    decide. ``transport``: the communicator's (default per_root)."""
+    (on the case's ``wire``, default native); the same through a prepared op and
+    gather_async (which takes the native wire only); local_slot refuses plans whose rows
+    lie where device counts decide. ``transport``: the communicator's (default
+    per_root)."""
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.comm(layout) if transport is None else ctx.comm(layout, transport=transport)
     r = ctx.rank
@@ -122,7 +123,7 @@ def in_place(ctx, layout_args, cases, *, rest=(4,), transport=None) -> int:
             assert "lie at a place the device counts decide" in msg, msg
             done += 1
             continue
-        for run in ("sync", "async") if wire["wire"] == "native" else ("sync",):
+        for run in ("sync", "prepared") + (("async",) if wire["wire"] == "native" else ()):
             out = torch.full((plan.global_rows, *rest), float("nan"),
                              device=torch_jobs.DEVICE).to(dtype)
             if not dtype.is_floating_point:
@@ -133,6 +134,9 @@ def in_place(ctx, layout_args, cases, *, rest=(4,), transport=None) -> int:
             if run == "sync":
                 got = comm.gather(slot, plan, partial=partial, counts=counts_t, out=out,
                                   **wire)
+            elif run == "prepared":
+                got = comm.prepare_gather(slot, plan, partial=partial, counts=counts_t,
+                                          out=out, **wire)(slot, counts=counts_t, out=out)
             else:
                 got, work = comm.gather_async(slot, plan, partial=partial, counts=counts_t,
                                               out=out, key="in-place")
