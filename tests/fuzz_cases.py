@@ -68,3 +68,31 @@ def case_for(draw, dp: int, cp: int = 1):
     if sharded:
         case["shards"] = draw(shards_for(counts, cp))
     return case
+
+
+WIRES = [("native", None), ("fp8", None), ("nvfp4", 2.0), ("mxfp4", None)]
+
+
+@st.composite
+def in_place_case_for(draw, dp: int, cp: int = 1):
+    """A case of ``hotpath_jobs.in_place`` (rows of 128 elements): a gather from this
+    rank's slot of ``out``, checked against the gather from a separate input -- counts,
+    mode, partial, a float dtype, the native or a quantized wire (MAX_LEN and GATHERV), a
+    capacity plan (MAX_LEN with device counts, the others with host counts), CP shards
+    (native wire)."""
+    seed = draw(st.integers(0, 2**16))
+    wire, scale = draw(st.sampled_from(WIRES))
+    modes = ["max_len", "gatherv"] if wire != "native" else ["max_len", "sum_len", "gatherv"]
+    mode = draw(st.sampled_from(modes))
+    case = dict(mode=mode, partial=draw(st.booleans()), seed=seed, wire=wire,
+                wire_scale=scale, dtype=draw(st.sampled_from(["float32", "bfloat16"])))
+    if draw(st.integers(0, 3)) == 0:
+        cap = draw(st.integers(1, 8))
+        run = draw(st.lists(st.integers(0, cap), min_size=dp, max_size=dp))
+        if mode == "max_len":
+            return dict(case, counts=[0] * dp, capacity=cap, run_counts=run)
+        return dict(case, counts=run, capacity=sum(run) + dp * 4 * cp)
+    counts = draw(counts_for(dp))
+    if cp > 1 and wire == "native" and draw(st.booleans()):
+        case["shards"] = draw(shards_for(counts, cp))
+    return dict(case, counts=counts)

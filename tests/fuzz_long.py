@@ -5,7 +5,9 @@
 Draws random cases (tests/fuzz_cases.py) for gloo worlds of 2, 3 and 4 ranks and every
 layout they allow, runs gather / scatter / reduce_scatter on every rank on each transport
 (``per_root``: torch.distributed's collectives; ``peer``: puts and pulls in host shared
-memory) and compares each with the NumPy reference; then runs JAX capacity plans on 8
+memory) and compares each with the NumPy reference, and a quarter as many gathers from a
+rank's slot of ``out`` (in place; native and quantized wires) with the gather from a
+separate input; then runs JAX capacity plans on 8
 simulated CPU devices with random counts. Prints the number of plans checked and any
 failure.
 
@@ -51,14 +53,14 @@ def _run(args: argparse.Namespace, seed: int) -> int:
 
     from hypothesis import strategies as st
 
-    from fuzz_cases import case_for, counts_for
+    from fuzz_cases import case_for, counts_for, in_place_case_for
     from harness import GlooWorld
 
     rng = random.Random(seed)
     layouts = [(2, 2), (2, 1), (3, 3), (3, 1), (4, 4), (4, 2), (4, 1), (2, 1, 2), (3, 1, 3),
                (4, 1, 2), (4, 2, 2), (4, 1, 4)]
     per_layout = -(-args.plans // len(layouts))
-    done, t0 = 0, time.time()
+    done, in_place, t0 = 0, 0, time.time()
     tmp = Path(tempfile.mkdtemp())
     for world in (2, 3, 4):
         w = GlooWorld(world, tmp / f"w{world}")
@@ -74,10 +76,16 @@ def _run(args: argparse.Namespace, seed: int) -> int:
                         cases = _draw(st.lists(case_for(layout[1], cp), min_size=n,
                                                max_size=n), rng)
                         w.run("torch_jobs:check_cases", layout, cases, timeout=600)
+                        slots = _draw(st.lists(in_place_case_for(layout[1], cp),
+                                               min_size=n // 4, max_size=n // 4), rng)
+                        w.run("hotpath_jobs:in_place", layout, slots, rest=(128,),
+                              timeout=600)
                         left -= n
                         done += n
+                        in_place += len(slots)
                     print(f"torch/gloo {transport} {layout}: {per_layout} plans ok "
-                          f"({done} total, {time.time() - t0:.0f} s)", flush=True)
+                          f"({done} total, {in_place} in-place gathers, "
+                          f"{time.time() - t0:.0f} s)", flush=True)
         finally:
             w.close()
 
@@ -100,18 +108,20 @@ def _run(args: argparse.Namespace, seed: int) -> int:
             jdone += 1
         print(f"jax/cpu {layout} {mode}: ok ({jdone} total, {time.time() - t0:.0f} s)",
               flush=True)
-    print(f"RESULT: {done} torch plans and {jdone} jax count vectors matched the reference "
-          f"in {time.time() - t0:.0f} s")
+    print(f"RESULT: {done} torch plans and {jdone} jax count vectors matched the reference, "
+          f"{in_place} in-place gathers the separate input's, in {time.time() - t0:.0f} s")
     return 0
 
 
 def _draw(strategy, rng):
-    """One example of a hypothesis strategy, seeded from our RNG (reproducible by --seed)."""
-    from hypothesis import HealthCheck, given, settings
+    """One random example of a hypothesis strategy, seeded from our RNG (reproducible by
+    --seed): the second one generated, since hypothesis generates the simplest example
+    first (every list of cases would be its minimal case, all MAX_LEN and zero counts)."""
+    from hypothesis import HealthCheck, Phase, given, settings
 
     box = []
 
-    @settings(max_examples=1, database=None, deadline=None,
+    @settings(max_examples=2, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(strategy)
     def grab(x):
