@@ -315,15 +315,17 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
 
     def gather_async(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
                      counts: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                     key: object = 0) -> tuple[torch.Tensor, DpWork]:
+                     key: object = 0, wire: Wire | str = Wire.NATIVE,
+                     wire_scale: float | None = None) -> tuple[torch.Tensor, DpWork]:
         """:meth:`gather` on :attr:`comm_stream` (two-batch overlap). Returns ``(out,
         work)``: ``out`` is the caller's ``out=`` or a pooled buffer keyed by ``("gather",
         key)`` (one ``key`` per micro-batch; valid until the next call with that key), and
         ``work.wait()`` makes the current stream wait for it. In place with ``local =
-        local_slot(out, plan)``. Not differentiable (a dpx error if ``local`` requires
-        grad)."""
+        local_slot(out, plan)``. ``wire`` / ``wire_scale``: as :meth:`gather`'s, the rows
+        dequantized into ``out`` (``local``'s dtype). Not differentiable (a dpx error if
+        ``local`` requires grad)."""
         self._life.check()
-        op = self.full.gather(local, plan, partial, counts, out, Wire.NATIVE, True, None,
+        op = self.full.gather(local, plan, partial, counts, out, wire, True, wire_scale,
                               form=_async_form(local), refuse_grad="gather_async")
         return self.runner.overlap.launch("gather", key, local, op.out_rows,
                                           _bound(op, local, counts), out=out)

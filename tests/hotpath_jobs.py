@@ -99,7 +99,7 @@ def in_place(ctx, layout_args, cases, *, rest=(4,), transport=None) -> int:
     """Per case: the rank's rows written into local_slot(out, plan) (pad rows of the slot
     hold garbage) and gathered in place equal, bitwise, the gather from a separate input
     (on the case's ``wire``, default native); the same through a prepared op and
-    gather_async (which takes the native wire only); local_slot refuses plans whose rows
+    gather_async; local_slot refuses plans whose rows
     lie where device counts decide. ``transport``: the communicator's (default
     per_root)."""
     layout = dpx.DpLayout(*layout_args)
@@ -123,7 +123,7 @@ def in_place(ctx, layout_args, cases, *, rest=(4,), transport=None) -> int:
             assert "lie at a place the device counts decide" in msg, msg
             done += 1
             continue
-        for run in ("sync", "prepared") + (("async",) if wire["wire"] == "native" else ()):
+        for run in ("sync", "prepared", "async"):
             out = torch.full((plan.global_rows, *rest), float("nan"),
                              device=torch_jobs.DEVICE).to(dtype)
             if not dtype.is_floating_point:
@@ -139,7 +139,7 @@ def in_place(ctx, layout_args, cases, *, rest=(4,), transport=None) -> int:
                                           out=out, **wire)(slot, counts=counts_t, out=out)
             else:
                 got, work = comm.gather_async(slot, plan, partial=partial, counts=counts_t,
-                                              out=out, key="in-place")
+                                              out=out, key="in-place", **wire)
                 work.wait()
             assert got is out
             if not torch.equal(got, want):

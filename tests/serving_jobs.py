@@ -42,8 +42,8 @@ FP4 = (("nvfp4", 0.75), ("mxfp4", None))
 
 def check_fp4(comm, x, ids, plan, partial, counts_t, want, real, dtype, case) -> int:
     """nvfp4 and mxfp4 gathers of ``x`` (``want``: the gathered rows in float32): the wire
-    rows and the dequantized rows bit for bit against the NumPy reference, and an fp4 +
-    native pair in one call."""
+    rows and the dequantized rows (called plainly and through ``gather_async``) bit for bit
+    against the NumPy reference, and an fp4 + native pair in one call."""
     for wire, g in FP4:
         payload, scales = quantize_fp4(want, real, wire, g)
         p_got, s_got = comm.gather(x, plan, partial=partial, counts=counts_t, wire=wire,
@@ -55,6 +55,10 @@ def check_fp4(comm, x, ids, plan, partial, counts_t, want, real, dtype, case) ->
         g_out = comm.gather(x, plan, partial=partial, counts=counts_t, wire=wire,
                             wire_scale=g)
         _bitwise(f"gather(wire={wire})", g_out, deq, case)
+        a_out, work = comm.gather_async(x, plan, partial=partial, counts=counts_t, wire=wire,
+                                        wire_scale=g, key=wire)
+        work.wait()
+        _bitwise(f"gather_async(wire={wire})", a_out, deq, case)
         pair = comm.gather((x, ids), plan, partial=(partial, False), counts=counts_t,
                            wire=(wire, "native"), wire_scale=g)
         _bitwise(f"gather(({wire}, native))[0]", pair[0], deq, case)
@@ -63,8 +67,8 @@ def check_fp4(comm, x, ids, plan, partial, counts_t, want, real, dtype, case) ->
 
 def check_serving(ctx, layout_args, cases, *, width: int = 256, kernels: bool = False) -> int:
     """Each case (as torch_jobs.check_cases; float dtypes): the fp8 gather (wire rows and
-    dequantized, bitwise against the NumPy quantizer, SUM_LEN refused), the nvfp4 and mxfp4
-    gathers (:func:`check_fp4`), a three-tensor gather with a topk-ids and a topk-weights
+    dequantized, plainly and through ``gather_async``, bitwise against the NumPy
+    quantizer; SUM_LEN refused in both forms), the nvfp4 and mxfp4 gathers (:func:`check_fp4`), a three-tensor gather with a topk-ids and a topk-weights
     tensor (each as gathered alone), an fp8 + native pair, and mask_pad_rows /
     pad_row_mask on the gathered ids. ``kernels``: through the Triton kernels (Triton's
     interpreter) instead of the CPU's torch ops."""
@@ -110,10 +114,11 @@ def check_serving(ctx, layout_args, cases, *, width: int = 256, kernels: bool = 
         done += 5
         if plan.mode is dpx.PaddingMode.SUM_LEN:
             for wire in ("fp8", "nvfp4", "mxfp4"):
-                err = raised(lambda: comm.gather(x, plan, partial=partial, counts=counts_t,
-                                                  wire=wire, wire_scale=1.0 if wire ==
-                                                  "nvfp4" else None))
-                assert "copy mode" in err, err
+                kw = dict(partial=partial, counts=counts_t, wire=wire,
+                          wire_scale=1.0 if wire == "nvfp4" else None)
+                for call in (comm.gather, comm.gather_async):
+                    err = raised(lambda: call(x, plan, **kw))
+                    assert "copy mode" in err, (call.__name__, err)
             continue
         want, payload, scales, deq = fp8_reference(plan, locs, partial, dtype, eff)
         p_got, s_got = comm.gather(x, plan, partial=partial, counts=counts_t, wire="fp8",
@@ -123,6 +128,9 @@ def check_serving(ctx, layout_args, cases, *, width: int = 256, kernels: bool = 
         assert np.array_equal(s_got.cpu().numpy().view(np.int32), scales.view(np.int32)), case
         g = comm.gather(x, plan, partial=partial, counts=counts_t, wire=dpx.Wire.FP8)
         _bitwise("gather(wire=fp8)", g, deq, case)
+        a_out, work = comm.gather_async(x, plan, partial=partial, counts=counts_t, wire="fp8")
+        work.wait()
+        _bitwise("gather_async(wire=fp8)", a_out, deq, case)
         # the stated error bound, before rounding to the output dtype
         err = np.abs(dequantize_fp8(payload, scales) - want)
         bound = (2.0 ** -4 * np.abs(want) + np.repeat(scales, 128, axis=1) * 2.0 ** -10) \

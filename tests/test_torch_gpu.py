@@ -174,6 +174,14 @@ def test_nccl_world1_wire_gather_matches_reference(nccl1, mode, dtype, wire, g):
     bits = torch.int32 if dtype == torch.float32 else torch.int16
     ref = torch.from_numpy(rdeq).to(dtype)
     assert torch.equal(deq.cpu().view(bits), ref.view(bits))
+    # on the comm stream, overlapping compute on the current one
+    a = torch.randn(256, 256, device="cuda")
+    on_comm, work = nccl1.gather_async(x, plan, partial=True, wire=wire, wire_scale=g,
+                                       key="wire")
+    y = a @ a
+    work.wait()
+    assert torch.equal(on_comm.cpu().view(bits), ref.view(bits)), "gather_async"
+    del y
 
 
 @pytest.mark.parametrize("wire,g", WIRES, ids=[w for w, _ in WIRES])
