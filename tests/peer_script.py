@@ -115,7 +115,8 @@ if variant == "dead":
              lambda: comm.reduce_scatter(torch.ones(plan.global_rows, H, device=dev), plan),
              lambda: comm.prepare_gather(x, plan, partial=True)]
     if dev.type == "cuda":
-        forms.append(lambda: comm.gather_async(x, plan, partial=True))
+        forms += [lambda: comm.gather_async(x, plan, partial=True),
+                  lambda: comm.gather_async(x, plan, partial=True, wire="mxfp4")]
     for form in forms:
         try:
             form()

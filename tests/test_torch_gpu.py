@@ -131,6 +131,50 @@ def test_async_overlap_keeps_events_buffers_and_memory_flat(nccl1):
         f"reserved memory moved: {min(reserved)}..{max(reserved)}"
 
 
+@pytest.mark.parametrize("mode", ["max_len", "gatherv"])
+def test_two_batch_overlap_replays_under_a_cuda_graph(nccl1, mode):
+    """Two micro-batches, each a gather on the comm stream (native, then the fp8 wire)
+    overlapping a matmul on the current one, then its reduce_scatter on the comm stream,
+    with device counts: captured in one CUDA graph (the comm stream forked from and joined
+    to the capture by the calls' own events) and replayed with new counts, every result
+    equal to the same calls made eagerly and synchronously."""
+    H, cap = 256, 48
+    plan = dpx.plan_step([1], nccl1.layout, capacity=cap, mode=mode)
+    counts = [torch.tensor([cap], dtype=torch.int32, device="cuda") for _ in range(2)]
+    xs = [torch.randn(plan.slot_rows[0], H, device="cuda") for _ in range(2)]
+    a = torch.randn(256, 256, device="cuda")
+    wires = ("native", "fp8")
+    res: dict = {}
+
+    def step():
+        for k, wire in enumerate(wires):
+            g, work = nccl1.gather_async(xs[k], plan, partial=True, counts=counts[k], key=k,
+                                         wire=wire)
+            y = a @ a
+            work.wait()
+            r, work = nccl1.reduce_scatter_async(g, plan, counts=counts[k], key=k)
+            work.wait()
+            res[k] = (g, r, y)
+
+    graph, _ = capture(step)
+    for ns in ((5, 0), (cap, 17), (0, cap), (31, 31)):
+        for k in range(2):
+            counts[k].fill_(ns[k])
+            xs[k].copy_(torch.randn_like(xs[k]))
+        graph.replay()
+        torch.cuda.synchronize()
+        for k, wire in enumerate(wires):
+            want = nccl1.gather(xs[k], plan, partial=True, counts=counts[k], wire=wire)
+            assert torch.equal(res[k][0], want), (ns, wire)
+            assert torch.equal(res[k][1], nccl1.reduce_scatter(want, plan, counts=counts[k])), \
+                (ns, wire)
+            if mode == "max_len":   # this replica's rows, then zeros
+                assert not res[k][0][ns[k]:].any(), (ns, wire)
+                if wire == "native":
+                    assert torch.equal(res[k][0][:ns[k]], xs[k][:ns[k]]), ns
+            assert torch.equal(res[k][2], a @ a)
+
+
 # ---------------------------------------------------------------- serving features
 #: (wire, wire_scale) of each quantized wire
 WIRES = [("fp8", None), ("nvfp4", 0.75), ("mxfp4", None)]
