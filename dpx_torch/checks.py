@@ -72,11 +72,13 @@ class InputChecks:
         raise DpxValueError(f"{name} has {t.shape[0]} rows; the plan needs exactly {rows}")
 
     def out(self, out: torch.Tensor | None, ref: torch.Tensor, rows: int, *,
-            compiling: bool = False, rest: tuple[int, ...] | None = None) -> None:
+            compiling: bool = False, rest: tuple[int, ...] | None = None,
+            in_place: bool = False) -> None:
         """``out`` must be a contiguous ``[rows, *rest]`` tensor (``rest``: ``ref``'s
         trailing shape) of ``ref``'s dtype on ``ref``'s device (``ref`` passed
         :meth:`tensor`), not overlapping ``ref`` (not checkable while torch.compile traces:
-        ``compiling``)."""
+        ``compiling``; ``in_place``: ``ref`` is this rank's slot of ``out``, an in-place
+        gather's input)."""
         if out is None:
             return
         rest = tuple(ref.shape[1:]) if rest is None else rest
@@ -86,7 +88,7 @@ class InputChecks:
                 and (out.shape[1] == rest[0] if out.dim() == 2 else out.shape[1:] == rest)):
             check_out(out, (rows, *rest), ref.dtype, ref.device)
             self.tensor("out", out)   # contiguity
-        if not compiling and overlaps(out, ref):
+        if not (compiling or in_place) and overlaps(out, ref):
             raise DpxValueError("out overlaps the input in memory; they must not alias")
 
     def counts(self, plan: DpPlan, counts: torch.Tensor | None, ref: torch.Tensor) -> None:

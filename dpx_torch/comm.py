@@ -33,7 +33,8 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from dpx.errors import DpxTypeError
+from dpx.errors import DpxError, DpxTypeError
+from dpx.extents import op_rows
 from dpx.layout import DpLayout
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
@@ -239,6 +240,7 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
     def local_slot_for(self, out: torch.Tensor, plan: DpPlan, *,
                        counts: torch.Tensor | None) -> torch.Tensor:
         """:meth:`local_slot` for a call that will pass ``counts`` (device counts)."""
+        self._life.check()
         return self.full.slot_of(out, plan, counts)
 
     def scatter(self, global_: torch.Tensor, plan: DpPlan, *,
@@ -319,16 +321,19 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
                      wire_scale: float | None = None) -> tuple[torch.Tensor, DpWork]:
         """:meth:`gather` on :attr:`comm_stream` (two-batch overlap). Returns ``(out,
         work)``: ``out`` is the caller's ``out=`` or a pooled buffer keyed by ``("gather",
-        key)`` (one ``key`` per micro-batch; valid until the next call with that key), and
-        ``work.wait()`` makes the current stream wait for it. In place with ``local =
+        key)`` (one ``key`` per micro-batch; valid until the next call with that key; held
+        to the rules of an ``out=``: the input must not overlap it), and ``work.wait()``
+        makes the current stream wait for it. In place with ``local =
         local_slot(out, plan)``. ``wire`` / ``wire_scale``: as :meth:`gather`'s, the rows
         dequantized into ``out`` (``local``'s dtype). Not differentiable (a dpx error if
         ``local`` requires grad)."""
         self._life.check()
-        op = self.full.gather(local, plan, partial, counts, out, wire, True, wire_scale,
-                              form=_async_form(local), refuse_grad="gather_async")
-        return self.runner.overlap.launch("gather", key, local, op.out_rows,
-                                          _bound(op, local, counts), out=out)
+        full = self.full
+        return self.runner.overlap.launch(
+            "gather", key, local, out, self._async_rows(Op.GATHER, plan, counts),
+            lambda o: _bound(full.gather(local, plan, partial, counts, o, wire, True,
+                                         wire_scale, form=_async_form(local),
+                                         refuse_grad="gather_async"), local, counts))
 
     def reduce_scatter_async(self, global_: torch.Tensor, plan: DpPlan, *,
                              counts: torch.Tensor | None = None,
@@ -338,11 +343,24 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         """:meth:`reduce_scatter` on :attr:`comm_stream`; see :meth:`gather_async` (``out``
         or a pooled buffer keyed by ``("reduce_scatter", key)``)."""
         self._life.check()
-        op = self.full.global_op(Op.REDUCE_SCATTER, global_, plan, counts, out,
-                                 form=_async_form(global_), refuse_grad="reduce_scatter_async",
-                                 wire=wire, wire_scale=wire_scale)
-        return self.runner.overlap.launch("reduce_scatter", key, global_, op.out_rows,
-                                          _bound(op, global_, counts), out=out)
+        full = self.full
+        return self.runner.overlap.launch(
+            "reduce_scatter", key, global_, out,
+            self._async_rows(Op.REDUCE_SCATTER, plan, counts),
+            lambda o: _bound(full.global_op(Op.REDUCE_SCATTER, global_, plan, counts, o,
+                                            form=_async_form(global_),
+                                            refuse_grad="reduce_scatter_async", wire=wire,
+                                            wire_scale=wire_scale), global_, counts))
+
+    def _async_rows(self, op: Op, plan: DpPlan, counts: object) -> int | None:
+        """The rows of an overlapped call's output (:func:`dpx.extents.op_rows`); None
+        where the plan is not this communicator's (its checks name that)."""
+        if not isinstance(plan, DpPlan) or plan.layout != self.layout:
+            return None
+        try:
+            return op_rows(plan, op, self.rank, device_counts=counts is not None).out
+        except DpxError:
+            return None
 
     def sync_counts(self, num_tokens: int, *,
                     is_extend: bool = False) -> tuple[tuple[int, ...], bool]:
@@ -373,7 +391,10 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         rank raises the same error when a replica's (a CP rank's) ranks disagree, when a
         count is negative, or when the counts do not fit ``plan``."""
         self._life.check()
-        return self._counts(n_local, shards=shards, plan=plan, validate=self.validate)
+        exchange = self._counts
+        self.full.checked(f"exchange_counts{'/shards' if shards else ''}", plan, n_local, None,
+                          None, lambda: exchange.check(n_local, shards=shards, plan=plan))
+        return exchange(n_local, shards=shards, plan=plan, validate=self.validate)
 
     def gather_with_counts(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
                            n_local: torch.Tensor, shards: bool = False,
@@ -407,6 +428,7 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
                  device_counts: bool = False, in_rows: int | None = None,
                  in_place: bool = False) -> Schedule:
         """The steps this rank runs for ``op`` (what ``python -m dpx plan --rank`` prints)."""
+        self._life.check()
         return build_schedule(plan, op, rank=self.rank, partial=partial,
                               device_counts=device_counts, transport=self.runner.transport,
                               in_rows=in_rows, in_place=in_place,
@@ -415,6 +437,7 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
     @property
     def comm_stream(self) -> torch.cuda.Stream:
         """The one communication stream of the ``*_async`` calls."""
+        self._life.check()
         return self.runner.overlap.stream
 
     # ------------------------------------------------------------------ lifecycle

@@ -84,9 +84,9 @@ class CountsExchange:
                 self._peer_gather = fn
         fn(n_local, out, None)
 
-    def __call__(self, n_local: torch.Tensor, *, shards: bool, plan: DpPlan | None,
-                 validate: bool) -> torch.Tensor:
-        """See :meth:`dpx_torch.DpComm.exchange_counts`."""
+    def check(self, n_local: torch.Tensor, *, shards: bool, plan: DpPlan | None) -> None:
+        """The input checks of :meth:`dpx_torch.DpComm.exchange_counts` (before its
+        collective; under ``validate=True`` inside the communicator's exchange)."""
         c = self.checks
         c.n_local(n_local)
         if plan is not None:
@@ -97,6 +97,11 @@ class CountsExchange:
             if shards != plan.sharded:
                 raise DpxValueError(f"exchange_counts(shards={shards}) with a plan whose "
                                     f"cp_shards is {'set' if plan.sharded else 'None'}")
+
+    def __call__(self, n_local: torch.Tensor, *, shards: bool, plan: DpPlan | None,
+                 validate: bool) -> torch.Tensor:
+        """See :meth:`dpx_torch.DpComm.exchange_counts` (its inputs checked:
+        :meth:`check`)."""
         lay = self.layout
         allv = n_local.new_empty(lay.world_size)
         self._all_gather(allv, n_local)

@@ -72,22 +72,28 @@ class OverflowMethods:
     """A communicator's methods on its runner's flags (``self.runner.flags``)."""
 
     runner: Any
+    _life: Any
+
+    def _flags(self) -> OverflowFlags:
+        self._life.check()   # (a destroyed communicator's runner is gone)
+        return self.runner.flags
 
     def overflowed(self) -> bool:
         """Whether any step's device counts broke its capacity plan since the last
         :meth:`reset_overflow` (a host sync: read it after a graph replay, not inside
         one). The flag is sticky; :meth:`overflow_reason` names what broke."""
-        return self.runner.flags.value() != 0
+        return self._flags().value() != 0
 
     def overflow_reason(self) -> str:
         """What the overflow flag records (``"none"`` when clear)."""
-        return self.runner.flags.describe(self.runner.flags.value())
+        flags = self._flags()
+        return flags.describe(flags.value())
 
     def reset_overflow(self) -> None:
         """Clear the overflow flag (in place: capturable, and graphs keep reading it)."""
-        self.runner.flags.reset()
+        self._flags().reset()
 
     def overflow_flag(self, device: torch.device | str) -> torch.Tensor:
         """The int32 ``[1]`` device flag itself (nonzero after an overflow): read it on the
         device, e.g. to branch or to copy it out with the step's results."""
-        return self.runner.flags.flag(torch.device(device))
+        return self._flags().flag(torch.device(device))

@@ -219,10 +219,9 @@ class FullPath:
         if in_place and grad:
             raise DpxValueError("an in-place gather records no autograd graph; gather from "
                                 "a separate input to differentiate")
-        if not in_place:
-            if grad and out is not None:
-                raise DpxValueError("out= cannot be used when local requires grad")
-            c.out(out, local, rows.out, compiling=_compiling())
+        if grad and out is not None and not in_place:
+            raise DpxValueError("out= cannot be used when local requires grad")
+        c.out(out, local, rows.out, compiling=_compiling(), in_place=in_place)
         return rows, g
 
     def global_checks(self, op: Op, global_, plan, counts, out):

@@ -53,25 +53,32 @@ class Overlap:
             ev = self.events[(kind, key)] = torch.cuda.Event()
         return ev
 
-    def launch(self, kind: str, key: object, inp: torch.Tensor, rows: int,
-               run: Callable[[torch.Tensor], object], *,
-               out: torch.Tensor | None = None) -> tuple[torch.Tensor, DpWork]:
-        """``run(out)`` on the comm stream into ``out``, or a pooled ``[rows,
-        *inp.shape[1:]]`` output keyed by ``(kind, key)``; returns the output and its
-        :class:`DpWork`. On CPU nothing overlaps: the call runs now and the handle's
-        ``wait()`` does nothing."""
-        shape = (rows, *inp.shape[1:])
-        if not inp.is_cuda:
-            if out is None:
+    def launch(self, kind: str, key: object, inp: torch.Tensor, out: torch.Tensor | None,
+               rows: int | None, prepare: Callable[[torch.Tensor | None],
+                                                   Callable[[torch.Tensor], object]]
+               ) -> tuple[torch.Tensor, DpWork]:
+        """An overlapped call: ``run = prepare(out)`` (the call's checks and its prepared
+        steps) then ``run(out)``, into ``out`` or, when ``out`` is None and the call's
+        output has ``rows`` rows, a pooled ``[rows, *inp.shape[1:]]`` output keyed by
+        ``(kind, key)`` -- chosen before the checks, so they hold it to the rules of any
+        ``out=`` (it must not overlap the input). On CUDA all of it runs on the comm stream
+        after the current stream's work (its scratch buffers belong to the stream that
+        uses them); returns the output and its :class:`DpWork`. On CPU nothing overlaps:
+        the call runs now and the handle's ``wait()`` does nothing."""
+        shape = (rows, *inp.shape[1:]) if rows is not None else None
+        if not (isinstance(inp, torch.Tensor) and inp.is_cuda):
+            if out is None and shape is not None:
                 out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
+            run = prepare(out)
             run(out)
             return out, DpWork(None)
         compute = torch.cuda.current_stream(inp.device)
         comm = self.stream
         comm.wait_stream(compute)  # the input was produced on the compute stream
         with torch.cuda.stream(comm):
-            if out is None:
+            if out is None and shape is not None:
                 out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
+            run = prepare(out)
             run(out)
             ev = self._event(kind, key)
             ev.record(comm)

@@ -315,19 +315,23 @@ class CacheMethods:
     prepared: Any
     runner: Runner
     _counts: Any
+    _life: Any
 
     def cache_sizes(self) -> dict[str, int]:
         """Entries in each of this communicator's caches (see :class:`CacheLimits`)."""
+        self._life.check()
         return {"prepared": len(self.prepared.ops), "classes": len(self.prepared.classes),
                 **self.runner.sizes()}
 
     def host_bytes(self) -> int:
         """An estimate of the host memory the caches hold (:meth:`Runner.host_bytes`, the
         prepared ops included). Slow: for tests and the soak benchmark."""
+        self._life.check()
         return self.runner.host_bytes(self.prepared.ops, self.prepared.classes)
 
     def clear_caches(self) -> None:
         """Empty every cache and the scratch pool (recapture CUDA graphs after this)."""
+        self._life.check()
         self.prepared.clear()
         self.runner.clear()
         self._counts.clear()

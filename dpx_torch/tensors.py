@@ -11,7 +11,7 @@ import torch
 
 from dpx.errors import DpxTypeError, DpxValueError
 
-__all__ = ["check_out", "inside", "overlaps"]
+__all__ = ["check_out", "inside", "overlaps", "span"]
 
 
 def inside(x: torch.Tensor, out: torch.Tensor) -> bool:
@@ -22,11 +22,20 @@ def inside(x: torch.Tensor, out: torch.Tensor) -> bool:
     return o <= x.data_ptr() < o + out.nbytes
 
 
+def span(t: torch.Tensor) -> int:
+    """The bytes from ``t``'s first element to the end of its last (its ``nbytes`` when
+    contiguous; a strided view's elements lie farther apart)."""
+    if t.is_contiguous() or not t.numel():
+        return t.nbytes
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0) + 1) \
+        * t.element_size()
+
+
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors' memory ranges overlap (two live allocations never share an
     address, so comparing the byte ranges is enough). Call it outside torch.compile
     tracing only: data pointers do not exist there."""
-    a0, b0, na, nb = a.data_ptr(), b.data_ptr(), a.nbytes, b.nbytes
+    a0, b0, na, nb = a.data_ptr(), b.data_ptr(), span(a), span(b)
     return bool(na and nb) and a0 < b0 + nb and b0 < a0 + na
 
 

@@ -77,16 +77,28 @@ def exchange_checks(ctx, layout_args, mine: int, plan_args: dict) -> dict:
 
 
 def destroyed(ctx) -> dict:
-    """A destroyed communicator refuses every call (before any collective)."""
+    """A destroyed communicator refuses every call (before any collective), its methods on
+    its slots, schedules, flags, caches and comm stream included: each method's error."""
     layout = dpx.DpLayout(ctx.world_size, ctx.world_size)
     comm = dpx_torch.DpComm(layout)
     plan = dpx.plan_step([1] * ctx.world_size, layout)
     ok = comm.gather(torch.ones(1, 2), plan, partial=True).shape[0] == plan.global_rows
+    out = torch.zeros(plan.global_rows, 2)
     comm.destroy()
-    return dict(ok=ok, gather=raised(lambda: comm.gather(torch.ones(1, 2), plan, partial=True)),
-                sync=raised(lambda: comm.sync_counts(1)),
-                exchange=raised(lambda: comm.exchange_counts(
-                    torch.ones(1, dtype=torch.int32))))
+    calls = dict(
+        gather=lambda: comm.gather(torch.ones(1, 2), plan, partial=True),
+        sync=lambda: comm.sync_counts(1),
+        exchange=lambda: comm.exchange_counts(torch.ones(1, dtype=torch.int32)),
+        local_slot=lambda: comm.local_slot(out, plan),
+        local_slot_for=lambda: comm.local_slot_for(out, plan, counts=None),
+        schedule=lambda: comm.schedule(plan, "gather"),
+        overflowed=comm.overflowed, overflow_reason=comm.overflow_reason,
+        reset_overflow=comm.reset_overflow, overflow_flag=lambda: comm.overflow_flag("cpu"),
+        cache_sizes=comm.cache_sizes, host_bytes=comm.host_bytes,
+        clear_caches=comm.clear_caches, comm_stream=lambda: comm.comm_stream,
+        mask=lambda: comm.mask_pad_rows(out, plan), mask_of=lambda: comm.pad_row_mask(plan),
+        check_peers=comm.check_peers)
+    return dict(ok=ok, **{k: raised(fn) for k, fn in calls.items()})
 
 
 def sync_bad(ctx) -> str:
@@ -341,9 +353,9 @@ def graph_checks(ctx) -> dict:
                 reset=not comm.overflowed())
 
 
-def grouped_launches(ctx, layout_args) -> dict:
-    """A four-tensor gather (bf16, int32, fp32, bf16; partial but the int32) on a
-    backend taken to coalesce (the runner's grouped blocks recorded instead of NCCL's):
+def grouped_launches(ctx, layout_args, mode: str = "max_len") -> dict:
+    """A four-tensor gather (bf16, int32, fp32, bf16; partial but the int32) of a ``mode``
+    plan on a backend taken to coalesce (the runner's grouped blocks recorded instead of NCCL's):
     each collective's binder and the block it ran in (None: outside one), and whether
     the results equal the tensors' calls alone."""
     import contextlib
@@ -375,7 +387,7 @@ def grouped_launches(ctx, layout_args) -> dict:
 
     runner.groups._coalesce["cpu"] = True   # as NCCL answers for CUDA tensors
     runner.coalescing, runner.collective = coalescing, collective
-    plan = dpx.plan_step([3 + d for d in range(layout.dp_size)], layout, mode="max_len")
+    plan = dpx.plan_step([3 + d for d in range(layout.dp_size)], layout, mode=mode)
     rows = plan.slot_rows[layout.coords(ctx.rank).attn_dp_rank]
     g = torch.Generator().manual_seed(ctx.rank)
     xs = (torch.randn(rows, 8, generator=g).bfloat16(),

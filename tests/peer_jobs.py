@@ -275,3 +275,32 @@ def compiled_steps(ctx, layout_args, which, *, fullgraph: bool = True) -> int:
                 assert torch.equal(a, b), (mode, cap)
             done += 1
     return done
+
+
+def compiled_ride(ctx, layout_args) -> dict:
+    """``gather_with_counts`` under torch.compile on this world's transport (a MAX_LEN
+    capacity plan): with ``fullgraph=True`` the text of the compile error (torch's class,
+    which quotes the dpx error it observed); without, the compiled call's rows and counts
+    against the eager call's."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    dev = torch_jobs.DEVICE
+    plan = dpx.plan_step([0] * layout.dp_size, layout, mode="max_len", capacity=8)
+    n = torch.tensor([3 + ctx.rank % 2], dtype=torch.int32, device=dev)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(ctx.rank)).to(dev)
+
+    def step(v, c):
+        return comm.gather_with_counts(v, plan, partial=True, n_local=c)
+
+    eager = step(x, n)
+    torch._dynamo.reset()
+    res: dict = {"fullgraph": ""}
+    try:
+        torch.compile(step, fullgraph=True, backend="aot_eager")(x, n)
+    except Exception as exc:
+        res["fullgraph"] = str(exc)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend="aot_eager")(x, n)
+    res["broken_equal"] = all(torch.equal(a, b) for a, b in zip(got, eager))
+    res["counts"] = eager[1].tolist()
+    return res

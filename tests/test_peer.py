@@ -198,10 +198,25 @@ def test_autograd_async_validate_and_several_tensors(peer_worlds):
 @pytest.mark.multiproc
 def test_steps_compile_fullgraph(peer_worlds):
     """torch.compile(fullgraph=True) over gather -> matmul -> combines -> LM-head scatter:
-    GATHERV (no traceable form on per_root) with device counts, the eager step's bits
-    (tests/test_peer_gpu.py: every mode, host and device counts)."""
+    GATHERV (no traceable form on per_root) with device counts, MAX_LEN and SUM_LEN with
+    host counts, the eager step's bits (tests/test_peer_gpu.py: every mode, host and
+    device counts, on a GPU)."""
     assert peer_worlds(4).run("peer_jobs:compiled_steps", (4, 2), [("gatherv", True)],
                               timeout=300) == [1] * 4
+    assert peer_worlds(3).run("peer_jobs:compiled_steps", (3, 3),
+                              [("max_len", False), ("sum_len", False)], timeout=300) == [2] * 3
+
+
+@pytest.mark.multiproc
+def test_counts_riding_a_gather_do_not_trace_on_the_peer_transport(peer_worlds):
+    """docs/semantics.md, "The peer transport" (torch.compile): the counts' reports are read
+    back on the host, so ``gather_with_counts`` does not trace there -- under
+    ``fullgraph=True`` compiling fails, torch's error quoting the dpx error that names the
+    rule; without it the call runs at a graph break, the eager call's rows and counts."""
+    for r in peer_worlds(3).run("peer_jobs:compiled_ride", (3, 3), timeout=300):
+        assert "DpxValueError" in r["fullgraph"], r
+        assert "counts ride a gather outside torch.compile" in r["fullgraph"], r
+        assert r["broken_equal"] and r["counts"] == [3, 4, 3], r
 
 
 @pytest.mark.multiproc

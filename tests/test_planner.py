@@ -178,6 +178,23 @@ def test_capacity_max_len():
         plan_step([3, 0, 9, 5], lay, capacity=8)
 
 
+def test_a_capacity_plan_applies_no_policy():
+    """docs/semantics.md, mode choice: the options that pick a mode from host counts --
+    either policy, an extend batch, sglang's decode rule -- where each picks SUM_LEN for
+    these counts without a capacity, leave a capacity plan MAX_LEN (and ``mode=`` still
+    forces one)."""
+    lay = DpLayout(8, 8)
+    skew = [100] + [0] * 7
+    for kw in (dict(policy="cost"), dict(is_extend=True),
+               dict(sum_len_allreduce_bytes=1 << 30, row_bytes=16, counts=[2] * 8)):
+        counts = kw.pop("counts", skew)
+        assert plan_step(counts, lay, **kw).mode is PaddingMode.SUM_LEN, kw
+        plan = plan_step(counts, lay, capacity=128, **kw)
+        assert plan.mode is PaddingMode.MAX_LEN and "capacity plan" in dpx.explain(plan), kw
+        assert plan_step(counts, lay, capacity=128, mode="sum_len", **kw).mode is \
+            PaddingMode.SUM_LEN
+
+
 def test_capacity_sum_len():
     lay = DpLayout(4, 2)
     plan = plan_step([3, 5], lay, capacity=20, mode="sum_len")

@@ -72,9 +72,9 @@ def test_exchange_counts_checks_against_a_plan(gloo_worlds, layout):
 
 def test_a_destroyed_communicator_refuses_work(gloo_worlds):
     for r in gloo_worlds(2).run("hotpath_jobs:destroyed"):
-        assert r["ok"]
-        for key in ("gather", "sync", "exchange"):
-            assert r[key].startswith("DpxValueError: this DpComm was destroyed"), r[key]
+        assert r.pop("ok") and len(r) == 17, r
+        for key, msg in r.items():
+            assert msg.startswith("DpxValueError: this DpComm was destroyed"), (key, msg)
 
 
 def test_sync_counts_names_the_bad_value(gloo_worlds):
@@ -202,3 +202,29 @@ def test_several_tensors_go_out_as_one_grouped_launch_per_kind(gloo_worlds, layo
         else:                        # bf16, fp32, bf16: the two bf16 together, fp32 alone
             assert len(rs) == 3 and rs[0] == rs[1] is not None and rs[2] is None, r
             assert rs[0] != gathers[0], r
+
+
+@pytest.mark.parametrize("layout", [(2, 2), (4, 2)], ids=IDS)
+@pytest.mark.parametrize("mode", ["sum_len", "gatherv"])
+def test_all_reduces_group_by_dtype_and_per_root_collectives_in_one_block(gloo_worlds,
+                                                                           layout, mode):
+    """The same four-tensor gather in SUM_LEN (its world all-reduces: one block per dtype,
+    the two bf16 together, int32 and fp32 alone) and GATHERV (with attn_tp 1 its
+    per-root broadcasts, every tensor's from every root, in one block; with attn_tp > 1 as
+    MAX_LEN's), each result equal to the tensor gathered alone."""
+    for r in gloo_worlds(layout[0]).run("hotpath_jobs:grouped_launches", layout, mode):
+        assert r["equal"], r
+        kinds = {kind for kind, _ in r["log"]}
+        if mode == "sum_len":
+            ars = [b for kind, b in r["log"] if kind == "bind_all_reduce"]
+            assert kinds == {"bind_all_reduce"} and len(ars) == 4, r
+            assert sorted(ars, key=str) == [ars[0], ars[0], None, None] and ars[0], r
+        elif layout[0] == layout[1]:
+            casts = [b for kind, b in r["log"] if kind == "bind_broadcast"]
+            assert kinds == {"bind_broadcast"} and len(casts) == 4 * layout[1], r
+            assert len(set(casts)) == 1 and casts[0] is not None, r
+        else:
+            gathers = [b for kind, b in r["log"] if kind == "bind_all_gather"]
+            rs = [b for kind, b in r["log"] if kind == "bind_reduce_scatter"]
+            assert len(gathers) == 4 and len(set(gathers)) == 1 and gathers[0], r
+            assert len(rs) == 3 and rs[0] == rs[1] is not None and rs[2] is None, r

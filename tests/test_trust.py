@@ -328,10 +328,11 @@ def test_validate_runs_the_full_path_on_one_rank(world1):
 def test_validate_holds_for_every_call_form(gloo_worlds):
     """Four ranks disagree after prepared calls -- an implicit call, an explicit prepared
     op whose guards admit the call on some ranks only, scatter against reduce_scatter
-    (implicit and prepared), an explicit scatter_columns, an async call, the sglang
-    drop-in's dp_scatter against dp_reduce_scatter_tensor, and validate switched on after
-    ops were prepared: every rank raises the same error, none hangs, and the world stays
-    usable."""
+    (implicit and prepared), an explicit scatter_columns, an async call, a count
+    exchange, an async input inside its pooled output, an in-place gather from a slot of
+    another dtype, the sglang drop-in's dp_scatter against dp_reduce_scatter_tensor, and
+    validate switched on after ops were prepared: every rank raises the same error, none
+    hangs, and the world stays usable."""
     check_validate_forms(gloo_worlds(4).run("trust_jobs:validate_forms", timeout=120))
 
 
@@ -356,7 +357,12 @@ def check_validate_forms(res: list[dict]) -> None:
               "dropin_rows": "rank 2 rejected its input (DpxValueError: global_tokens has "
                              "shape (5, 6)",
               "batch_vs_one": "ranks disagree on op: 'gather of 2 tensors' on ranks [0]; "
-                              "'gather' on ranks [1, 2, 3]"}
+                              "'gather' on ranks [1, 2, 3]",
+              "exchange": "rank 1 rejected its input (DpxTypeError: n_local must be an "
+                          "int32 tensor",
+              "async_pooled": "rank 3 rejected its input (DpxValueError: local overlaps out",
+              "in_place_dtype": "rank 0 rejected its input (DpxTypeError: out has dtype "
+                                "torch.float16"}
     for key, text in expect.items():
         msgs = {(r[key]["cls"], r[key]["msg"]) for r in res}
         assert len(msgs) == 1, (key, msgs)

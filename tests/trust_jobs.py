@@ -61,6 +61,19 @@ def validate_forms(ctx) -> dict:
     g_other = torch.ones(other.global_rows, 6)
     res["async_rs"] = _one(lambda: comm.reduce_scatter_async(g_other if r == 1 else g,
                                                              other if r == 1 else plan))
+    # a rank's own count of another dtype; an async input inside the call's pooled output
+    # (rows of the key's last result, not this rank's slot); an in-place gather from its
+    # slot of an out of another dtype: rejected on one rank
+    n = torch.tensor([2], dtype=torch.int64 if r == 1 else torch.int32)
+    res["exchange"] = _one(lambda: comm.exchange_counts(n))
+    pooled, _ = comm.gather_async(x, plan, partial=True, key="alias")
+    res["async_pooled"] = _one(lambda: comm.gather_async(
+        pooled[1:4] if r == 3 else x, plan, partial=True, key="alias"))
+    o16 = torch.zeros(plan.global_rows, 6, dtype=torch.float16 if r == 0 else torch.float32)
+    slot = comm.local_slot(o16, plan)
+    res["in_place_dtype"] = _one(lambda: comm.gather(
+        slot.view(torch.bfloat16).view(-1, 6) if r == 0 else slot, plan, partial=True,
+        out=o16))
     # the drop-in: ranks disagreeing on is_dp_max_padding() scatter and reduce-scatter
     att = sg.setup(comm, hidden_size=6, dtype=torch.float32, device="cpu")
     batch = SimpleNamespace(global_num_tokens_cpu=[3, 2], global_num_tokens_gpu=None,
