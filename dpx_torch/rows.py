@@ -127,6 +127,9 @@ def zero_rows_(out: torch.Tensor, keep_start: Index, keep_count: Index, *,
                tile: Tile | None = None, passes: Passes | None = None) -> torch.Tensor:
     """In place: every row of ``out`` outside ``[keep_start, keep_start + keep_count)``
     becomes 0 (the kept rows are neither read nor written)."""
+    if not isinstance(out, torch.Tensor) or out.dim() < 1 or not out.is_contiguous():
+        raise DpxValueError(f"zero_rows_: out of shape {tuple(getattr(out, 'shape', ()))} "
+                            f"must be a contiguous tensor with a rows dim")
     s_t, s_v = _split_index("keep_start", keep_start, out.device)
     c_t, c_v = _split_index("keep_count", keep_count, out.device)
     if passes is None and torch.compiler.is_compiling():

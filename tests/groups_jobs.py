@@ -3,6 +3,7 @@ DeviceMesh; no group is created; results equal the reference; mismatches are ref
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 import dpx
@@ -65,7 +66,17 @@ def check_adopted(ctx, layout_args, cases) -> dict:
         dist.new_group = real
     created["mesh"] = len(calls)
     done += check_cases(_Ctx(ctx.rank, mcomm), layout_args, cases)
-    return dict(created=created, done=done)
+    # destroy() destroys only the groups a communicator created: the caller's and the
+    # mesh's still sum over their ranks afterwards
+    comm.destroy()
+    mcomm.destroy()
+    sums = []
+    for g in (mine_tp, mine_rep, mesh.get_group("tensor") if lay.attn_tp_size > 1 else None):
+        if g is not None:
+            t = torch.ones(1)
+            dist.all_reduce(t, group=g)
+            sums.append(int(t.item()) == dist.get_world_size(g))
+    return dict(created=created, done=done, after_destroy=sums)
 
 
 def check_mismatched(ctx) -> dict:

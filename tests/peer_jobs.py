@@ -304,3 +304,16 @@ def compiled_ride(ctx, layout_args) -> dict:
     res["broken_equal"] = all(torch.equal(a, b) for a, b in zip(got, eager))
     res["counts"] = eager[1].tolist()
     return res
+
+
+def explained(ctx, layout_args) -> dict:
+    """``comm.explain(plan)`` on this world's transport and on ``per_root``, with each
+    communicator's ``transport`` and ``transport_choice``."""
+    layout = dpx.DpLayout(*layout_args)
+    plan = dpx.plan_step([5 + e for e in range(layout.dp_size)], layout, mode="max_len")
+    res = {}
+    for name, comm in (("world", ctx.comm(layout)),
+                       ("per_root", DpComm(layout, transport="per_root"))):
+        res[name] = dict(transport=comm.transport.value, choice=str(comm.transport_choice),
+                         text=comm.explain(plan))
+    return res

@@ -280,6 +280,10 @@ def check_ride(ctx, layout_args, cases) -> dict:
         lambda: ctx.comm(layout, validate=True).gather_with_counts(
             x8, cap, partial=True, n_local=torch.tensor([9], dtype=torch.int32,
                                                         device=torch_jobs.DEVICE)))
+    # an in-place gather: refused (the counts ride a gather from a separate input)
+    o8 = _t(np.zeros((cap.global_rows, 128)), torch.bfloat16)
+    errors["in_place"] = raised(lambda: comm.gather_with_counts(
+        comm.local_slot(o8, cap), cap, partial=True, n_local=n, out=o8))
     fresh = dpx_torch.DpComm(layout)
     fresh.destroy()
     errors["destroyed"] = raised(lambda: fresh.gather_with_counts(x8, cap, partial=True,

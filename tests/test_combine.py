@@ -86,6 +86,48 @@ def test_jax_refuses_what_torch_refuses():
         dpx_jax.reduce_scatter(jnp.zeros((5, 64)), plan, wire="nvfp4")
 
 
+def test_jax_raises_the_catalogue_errors_it_shares():
+    """docs/errors.md's rows marked dpx_jax (the gather's fp4 wires and global scale, the
+    riding counts' plan, mask_pad_rows), raised by dpx_jax before any collective, with
+    the catalogue's class and message."""
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import dpx_jax
+
+    lay = dpx.DpLayout(1, 1)
+    copy = dpx.plan_step([5], lay, mode="gatherv")
+    summed = dpx.plan_step([5], lay, mode="sum_len")
+    x = jnp.zeros((5, 64))
+    cases = [
+        (lambda: dpx_jax.gather(x, summed, partial=True, wire="mxfp4"), dpx.DpxValueError,
+         r"wire='mxfp4' needs a copy mode \(max_len or gatherv\)"),
+        (lambda: dpx_jax.gather(jnp.zeros((5, 40)), copy, partial=True, wire="nvfp4",
+                                wire_scale=1.0), dpx.DpxValueError,
+         r"wire='nvfp4' quantizes blocks of 16 elements: H=40 must be a positive multiple"),
+        (lambda: dpx_jax.gather(x, copy, partial=True, wire="nvfp4"), dpx.DpxValueError,
+         r"wire='nvfp4' needs wire_scale=: the global scale g"),
+        (lambda: dpx_jax.gather(x, copy, partial=True, wire="nvfp4", wire_scale=-2.0),
+         dpx.DpxValueError, r"wire_scale=-2.0: nvfp4's global scale must be a positive"),
+        (lambda: dpx_jax.gather(x, copy, partial=True, wire="nvfp4",
+                                wire_scale=jnp.float32(1.0)), dpx.DpxTypeError,
+         r"wire_scale must be a Python float"),
+        (lambda: dpx_jax.gather(x, copy, partial=True, wire="mxfp4", wire_scale=1.0),
+         dpx.DpxValueError, r"wire_scale applies to wire='nvfp4', not wire='mxfp4'"),
+        (lambda: dpx_jax.gather_with_counts(x, copy, partial=True,
+                                            n_local=jnp.zeros(1, jnp.int32)),
+         dpx.DpxValueError, r"counts ride the gather of a capacity plan"),
+        (lambda: dpx_jax.mask_pad_rows(jnp.zeros((4, 2)), copy), dpx.DpxValueError,
+         r"t must be an array of plan.global_rows=5 rows"),
+        (lambda: dpx_jax.mask_pad_rows(jnp.zeros((5, 2)), copy,
+                                       counts=jnp.zeros(1, jnp.int32)),
+         dpx.DpxValueError, r"counts= needs a capacity plan"),
+    ]
+    for fn, cls, pattern in cases:
+        with pytest.raises(cls, match=pattern):
+            fn()
+
+
 def test_capacity_plans_with_device_counts_check_them_first():
     lay = dpx.DpLayout(world_size=4, dp_size=4)
     plan = dpx.plan_step([0] * 4, lay, mode="gatherv", capacity=32)

@@ -259,6 +259,8 @@ CASES = {
                         r"start \+ count <= src rows \(4\)"),
     "rows-contiguous": (lambda c: _torch_rows().take_rows(_x(3, 4).t(), 0, 1, 2), DpxValueError,
                         r"src of shape \(4, 3\) must be contiguous"),
+    "rows-zero-out": (lambda c: _torch_rows().zero_rows_(_x(4, 4)[:, :2], 0, 1), DpxValueError,
+                      r"zero_rows_: out of shape \(4, 2\) must be a contiguous tensor"),
     "rows-out-shape": (lambda c: _torch_rows().take_rows(_x(4, 3), 0, 1, 2, out=_x(3, 3)),
                        DpxValueError, r"out has shape \(3, 3\).*must be \(2, 3\)"),
     "rows-alias": (lambda c: (lambda x: _torch_rows().take_rows(x, 0, 1, 2, out=x[2:]))(_x(4, 3)),

@@ -208,6 +208,22 @@ def test_steps_compile_fullgraph(peer_worlds):
 
 
 @pytest.mark.multiproc
+def test_explain_states_the_transport_its_reason_and_the_phase(peer_worlds):
+    """docs/semantics.md, "The peer transport": ``comm.explain(plan)`` prints the
+    communicator's transport and why, and on the peer transport the phase the plan needs
+    (its gathered rows at explain's default row of 7,168 bf16 elements)."""
+    for r in peer_worlds(3).run("peer_jobs:explained", (3, 3)):
+        peer, plain = r["world"], r["per_root"]
+        assert peer["transport"] == "peer" and plain["transport"] == "per_root", r
+        assert f"transport: {peer['choice']}" in peer["text"], peer
+        assert peer["choice"].startswith("peer (host memory)"), peer
+        # MAX_LEN slots of 7 rows (the largest count) on 3 replicas: 21 rows of 14,336 B
+        assert "peer   : a phase of >= 294.00 KiB (21 rows x 14336 B" in peer["text"], peer
+        assert f"transport: {plain['choice']}" in plain["text"], plain
+        assert plain["choice"] == "per_root: requested" and "peer   :" not in plain["text"]
+
+
+@pytest.mark.multiproc
 def test_counts_riding_a_gather_do_not_trace_on_the_peer_transport(peer_worlds):
     """docs/semantics.md, "The peer transport" (torch.compile): the counts' reports are read
     back on the host, so ``gather_with_counts`` does not trace there -- under

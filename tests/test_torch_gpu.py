@@ -175,6 +175,29 @@ def test_two_batch_overlap_replays_under_a_cuda_graph(nccl1, mode):
             assert torch.equal(res[k][2], a @ a)
 
 
+def test_async_scratch_belongs_to_the_comm_stream(nccl1):
+    """An fp8 gather_async queued behind 0.2 s of work on the comm stream, its caches and
+    scratch pool dropped while it waits, then compute-stream tensors allocated and filled:
+    the scratch was the comm stream's, so neither the result nor those tensors are
+    overwritten."""
+    plan = dpx.plan_step([1024], nccl1.layout, mode="max_len")
+    x = torch.randn(1024, 2048, device="cuda")
+    ref = nccl1.gather(x, plan, partial=True, wire="fp8")
+    torch.cuda.synchronize()
+    for i in range(3):
+        nccl1.clear_caches()
+        with torch.cuda.stream(nccl1.comm_stream):
+            torch.cuda._sleep(200_000_000)
+        out, work = nccl1.gather_async(x, plan, partial=True, wire="fp8", key=i)
+        nccl1.clear_caches()
+        junk = [torch.full((1024 * 2048 // 2,), 7, dtype=torch.int32, device="cuda")
+                for _ in range(3)]
+        work.wait()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref), i
+        assert all(bool((j == 7).all()) for j in junk), i
+
+
 # ---------------------------------------------------------------- serving features
 #: (wire, wire_scale) of each quantized wire
 WIRES = [("fp8", None), ("nvfp4", 0.75), ("mxfp4", None)]

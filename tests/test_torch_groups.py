@@ -20,6 +20,9 @@ def test_adopted_groups_create_none_and_match_the_reference(gloo_worlds, layout)
     for r in res:
         assert r["created"] == {"explicit": 0, "mesh": 0}
         assert r["done"] == 2 * 4 * len(cases)
+        cp = layout[2] if len(layout) > 2 else 1
+        n_groups = (layout[0] > layout[1] * cp) * 2 + (cp > 1)   # tp (caller's, mesh's), cp
+        assert r["after_destroy"] == [True] * n_groups, r
 
 
 def test_mismatched_groups_are_refused(gloo_worlds):

@@ -149,6 +149,7 @@ def check_ride_results(res: list[dict], layout: tuple, cases: list[dict]) -> Non
     for key, needle in (("sum_len", "max_len or gatherv"), ("host", "capacity plan"),
                         ("shards", "cp_shards is None"),
                         ("n_local", "n_local must be an int32 tensor"),
+                        ("in_place", "out overlaps the input in memory"),
                         ("destroyed", "destroyed")):
         msgs = {r[key] for r in res}
         assert len(msgs) == 1 and needle in msgs.pop(), (key, res[0][key])

@@ -56,6 +56,33 @@ def test_cache_bounds_are_checked_and_named():
     assert empty.put("k", 5) == 5 and len(empty) == 0 and empty.hit("k") is None
 
 
+def test_clear_caches_empties_every_cache_and_calls_still_run(world1):
+    """docs/semantics.md, "Bounded memory": after calls of every op, a capacity plan with
+    device counts, a wire and an async call, ``clear_caches()`` leaves every cache
+    ``cache_sizes()`` counts at 0, and the next calls give the same results."""
+    comm = DpComm(L1)
+    plan = dpx.plan_step([5], L1, mode="gatherv")
+    cap = dpx.plan_step([0], L1, mode="max_len", capacity=8)
+    counts = torch.tensor([3], dtype=torch.int32)
+    x = torch.randn(8, 128)
+
+    def calls():
+        g = comm.gather(x[:5], plan, partial=True)
+        return (g, comm.scatter(g, plan), comm.reduce_scatter(g, plan, wire="fp8"),
+                comm.gather(x, cap, partial=True, counts=counts),
+                comm.gather_async(x[:5], plan, partial=True, wire="mxfp4")[0].clone(),
+                comm.mask_pad_rows(comm.gather(x, cap, partial=False, counts=counts), cap,
+                                   counts=counts))
+
+    before = calls()
+    sizes = comm.cache_sizes()
+    assert sizes["prepared"] > 0 and sizes["pool_buffers"] > 0, sizes
+    comm.clear_caches()
+    assert set(comm.cache_sizes().values()) == {0}, comm.cache_sizes()
+    assert all(torch.equal(a, b) for a, b in zip(before, calls()))
+    comm.destroy()
+
+
 def test_a_hot_prepared_op_survives_a_stream_of_one_off_calls(world1):
     """At the cache's limit, one-off calls (a new count each, new plans of a known
     structure too) evict the least recently used ops, never the op called between them:
@@ -384,6 +411,26 @@ def test_validate_keeps_the_error_class(gloo_worlds):
     / ValueError as the rank's own error was: ``except ValueError`` catches with validate
     what it catches without."""
     check_validate_kinds(gloo_worlds(4).run("trust_jobs:validate_kinds"))
+
+
+def test_the_mismatch_class_follows_the_rejections_kinds():
+    """docs/errors.md: the class every rank raises under validate from the ranks' rejected
+    inputs' kinds -- a capacity error only where every rejection was one."""
+    from dpx.errors import error_kind, mismatch_error
+
+    kinds = {"capacity": dpx.DpxCapacityError("c"), "value": dpx.DpxValueError("v"),
+             "type": dpx.DpxTypeError("t")}
+    assert {k: error_kind(e) for k, e in kinds.items()} == {k: k for k in kinds}
+    want = {("capacity",): (dpx.DpxMismatchCapacityError, dpx.DpxCapacityError),
+            ("capacity", None): (dpx.DpxMismatchCapacityError, dpx.DpxCapacityError),
+            ("capacity", "value"): (dpx.DpxMismatchValueError, ValueError),
+            ("capacity", "type"): (dpx.DpxMismatchInputError, TypeError),
+            ("value", "type"): (dpx.DpxMismatchInputError, ValueError),
+            (None, None): (dpx.DpxMismatchError, dpx.DpxMismatchError)}
+    for ks, (cls, also) in want.items():
+        got = mismatch_error(list(ks))
+        assert got is cls and issubclass(got, dpx.DpxMismatchError) and issubclass(got, also)
+    assert not issubclass(mismatch_error(["capacity", "value"]), dpx.DpxCapacityError)
 
 
 def check_validate_kinds(res: list[dict]) -> None:
