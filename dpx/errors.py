@@ -8,7 +8,7 @@ that already catch the built-in kinds keep working.
 from __future__ import annotations
 
 __all__ = [
-    "check_int", "DpxCapacityError", "DpxError", "DpxMismatchCapacityError",
+    "check_bool", "check_int", "DpxCapacityError", "DpxError", "DpxMismatchCapacityError",
     "DpxMismatchError", "DpxMismatchInputError", "DpxMismatchTypeError",
     "DpxMismatchValueError", "DpxPeerError", "DpxTypeError", "DpxValueError", "error_kind",
     "mismatch_error"
@@ -88,6 +88,14 @@ def mismatch_error(kinds: list[str | None]) -> type[DpxMismatchError]:
         return DpxMismatchInputError
     return DpxMismatchValueError if value else DpxMismatchTypeError if typ \
         else DpxMismatchError
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` when it is ``True`` or ``False``, else a :class:`DpxTypeError` naming
+    ``name`` (a flag is never read from a truthy string or number)."""
+    if value is not True and value is not False:
+        raise DpxTypeError(f"{name}={value!r} must be a bool")
+    return value
 
 
 def check_int(name: str, value: object, *, minimum: int = 0) -> int:

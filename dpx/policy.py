@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 from dpx.cost import ALL_MODES, mode_estimates
 from dpx.cost_model import CostModel
-from dpx.errors import DpxTypeError, DpxValueError, check_int
+from dpx.errors import DpxTypeError, DpxValueError, check_bool, check_int
 from dpx.ints import INTS
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode, Policy, Transport
@@ -131,9 +131,7 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
         raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
     counts = check_counts(num_tokens, layout)
     shards = check_shards(cp_shards, counts, layout)
-    for name, flag in (("is_extend", is_extend), ("max_len_with_idle", max_len_with_idle)):
-        if flag is not True and flag is not False:
-            raise DpxTypeError(f"{name}={flag!r} must be a bool")
+    check_bool("is_extend", is_extend), check_bool("max_len_with_idle", max_len_with_idle)
     policy = policy if policy is Policy.SGLANG else Policy.parse(policy)
     forced = None if mode is None else PaddingMode.parse(mode)
     if policy is not Policy.SGLANG:

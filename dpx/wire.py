@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import struct
 
-from dpx.errors import DpxTypeError, DpxValueError
+from dpx.errors import DpxTypeError, DpxValueError, check_bool
 from dpx.modes import Op, PaddingMode, Wire
 
 __all__ = ["block", "CANONICAL_NAN", "check_wire", "check_wire_mode", "check_wire_scale",
@@ -55,8 +55,8 @@ def block(wire: Wire) -> int:
 def dequantized(wire: Wire, dequantize: object) -> bool:
     """Whether a call's result is rows of its input's dtype: always on the native wire
     (nothing to dequantize), on a quantized one unless ``dequantize=False`` asks for the
-    wire rows themselves."""
-    return bool(dequantize) or wire is Wire.NATIVE
+    wire rows themselves (a :class:`DpxTypeError` unless ``dequantize`` is a bool)."""
+    return check_bool("dequantize", dequantize) or wire is Wire.NATIVE
 
 
 def in_place_schedule(wire: Wire, in_place: bool) -> bool:
@@ -81,8 +81,7 @@ def wire_row_bytes(width: int, wire: Wire = Wire.FP8) -> int:
 def width_of(row_bytes: int, wire: Wire = Wire.FP8) -> int:
     """The row width ``H`` whose wire rows are ``row_bytes`` bytes (the inverse of
     :func:`wire_row_bytes`)."""
-    b = _BLOCK[wire]
-    return row_bytes * b // wire_row_bytes(b, wire)
+    return row_bytes * _BLOCK[wire] // wire_row_bytes(_BLOCK[wire], wire)
 
 
 def nvfp4_scale(amax: float) -> float:
@@ -116,12 +115,10 @@ def check_wire_mode(mode: PaddingMode, wire: Wire = Wire.FP8, op: Op = Op.GATHER
     """A quantized wire carries a gather in a copy mode (a sum cannot run on quantized
     rows, and sum_len's gather is an all-reduce), or a reduce_scatter in any mode (each
     rank's rows travel quantized and are summed in float32 after the wire)."""
-    if op is Op.REDUCE_SCATTER:
-        return
-    if op is not Op.GATHER:
+    if op is not Op.GATHER and op is not Op.REDUCE_SCATTER:
         raise DpxValueError(f"wire='{wire.value}' applies to gather and reduce_scatter, not "
                             f"{op.value}")
-    if mode is PaddingMode.SUM_LEN:
+    if op is Op.GATHER and mode is PaddingMode.SUM_LEN:
         raise DpxValueError(f"wire='{wire.value}' needs a copy mode (max_len or gatherv): "
                             f"sum_len adds the slots in an all-reduce, and a sum cannot run "
                             f"on {wire.value}")

@@ -228,6 +228,7 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
     if not isinstance(partial, bool):
         raise DpxTypeError(f"partial={partial!r} must be a bool")
     wire = Wire.parse(wire)
+    deq = W.dequantized(wire, dequantize)
     _check_plan(plan)
     g = W.check_wire_scale(wire, wire_scale)
     if wire is not Wire.NATIVE:
@@ -237,7 +238,7 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
                 exact=False)
     out = _call(local, plan, Op.GATHER, partial, c, impl, plan.global_rows, wire, dequantize,
                 axes, g)
-    return out if W.dequantized(wire, dequantize) else split_wire(out, wire)
+    return out if deq else split_wire(out, wire)
 
 
 def gather_with_counts(local: jax.Array, plan: DpPlan, *, partial: bool, n_local: jax.Array,
@@ -256,6 +257,7 @@ def gather_with_counts(local: jax.Array, plan: DpPlan, *, partial: bool, n_local
     check_ride(plan, Op.GATHER, shards=shards)
     check_n_local(n_local)
     wire = Wire.parse(wire)
+    deq = W.dequantized(wire, dequantize)
     g = W.check_wire_scale(wire, wire_scale)
     if wire is not Wire.NATIVE:
         W.check_wire(wire, plan.mode, tuple(local.shape), jnp.dtype(local.dtype).name)
@@ -263,7 +265,7 @@ def gather_with_counts(local: jax.Array, plan: DpPlan, *, partial: bool, n_local
                 exact=False)
     out, counts = _call(local, plan, Op.GATHER, partial, jnp.reshape(n_local, (1,)), impl,
                         plan.global_rows, wire, dequantize, axes, g, ride=True)
-    if not W.dequantized(wire, dequantize):
+    if not deq:
         out = split_wire(out, wire)
     lay = plan.layout
     return out, counts.reshape(lay.dp_size, lay.cp_size) if shards else counts

@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from dpx.errors import DpxError, DpxTypeError
+from dpx.errors import DpxError, DpxTypeError, check_bool
 from dpx.extents import op_rows
 from dpx.layout import DpLayout
 from dpx.modes import Op, Transport, Wire
@@ -99,6 +99,7 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
             raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
         if limits is not None and not isinstance(limits, CacheLimits):
             raise DpxTypeError(f"limits={limits!r} must be a dpx_torch.CacheLimits")
+        check_bool("validate", validate)   # (before any group is built)
         # What a communicator owns, in the order built: its groups; the lifecycle (alive,
         # validate, the fast paths' switch); the runner (schedule, program and table
         # caches, the scratch pool, the bound collectives, and the peer transport opened

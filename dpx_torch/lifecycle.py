@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from dpx.errors import DpxPeerError, DpxValueError
+from dpx.errors import DpxPeerError, DpxValueError, check_bool
 
 __all__ = ["destroyed", "end_groups", "exit_hook", "Lifecycle"]
 
@@ -39,7 +39,7 @@ class Lifecycle:
 
     def __init__(self, *, validate: bool) -> None:
         self.alive = True
-        self.validate = bool(validate)
+        self.validate = check_bool("validate", validate)
         #: alive and not validating: calls may run prepared steps
         self.fast = not self.validate
         #: ``(message, ranks)`` of the peer transport's failure (a peer that did not
@@ -47,7 +47,7 @@ class Lifecycle:
         self.failure: tuple[str, tuple[int, ...]] | None = None
 
     def set_validate(self, validate: bool) -> None:
-        self.validate = bool(validate)
+        self.validate = check_bool("validate", validate)
         self.fast = self.alive and not self.validate and self.failure is None
 
     def fail(self, err: DpxPeerError) -> None:

@@ -117,6 +117,8 @@ def test_jax_raises_the_catalogue_errors_it_shares():
         (lambda: dpx_jax.gather_with_counts(x, copy, partial=True,
                                             n_local=jnp.zeros(1, jnp.int32)),
          dpx.DpxValueError, r"counts ride the gather of a capacity plan"),
+        (lambda: dpx_jax.gather(x, copy, partial=True, wire="mxfp4", dequantize="no"),
+         dpx.DpxTypeError, r"dequantize='no' must be a bool"),
         (lambda: dpx_jax.mask_pad_rows(jnp.zeros((4, 2)), copy), dpx.DpxValueError,
          r"t must be an array of plan.global_rows=5 rows"),
         (lambda: dpx_jax.mask_pad_rows(jnp.zeros((5, 2)), copy,

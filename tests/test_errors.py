@@ -131,6 +131,9 @@ CASES = {
                                      r"workspace holds 64"),
     "wire-sum-len": (lambda c: c.gather(_x(6, 128), P5_SUM, partial=True, wire="fp8"),
                      DpxValueError, r"wire='fp8' needs a copy mode \(max_len or gatherv\)"),
+    "wire-dequantize": (lambda c: c.gather(_x(6, 128), P5_MAX, partial=True, wire="fp8",
+                                           dequantize="no"),
+                        DpxTypeError, r"dequantize='no' must be a bool"),
     "wire-width": (lambda c: c.gather(_x(6, 100), P5_MAX, partial=True, wire="fp8"),
                    DpxValueError, r"H=100 must be a positive multiple of 128"),
     "wire-dtype": (lambda c: c.gather(_x(6, 128, torch.int32), P5_MAX, partial=True,
@@ -271,6 +274,9 @@ CASES = {
                     DpxValueError, r"device meta is not supported"),
     "comm-group-size": (lambda c: __import__("dpx_torch").DpComm(dpx.DpLayout(2, 2)),
                         DpxValueError, r"process group has 1 ranks but layout.world_size=2"),
+    "comm-validate": (lambda c: __import__("dpx_torch").DpComm(dpx.DpLayout(2, 2),
+                                                               validate=1),
+                      DpxTypeError, r"validate=1 must be a bool"),
     "comm-plan-layout": (lambda c: c.gather(_x(), dpx.plan_step([5, 1], dpx.DpLayout(2, 2)),
                                             partial=True),
                          DpxValueError, r"plan was made for layout world=2 dp=2"),
@@ -416,7 +422,7 @@ def test_every_call_entry_has_a_prime():
     (tested on their own), a plan of another layout and ``local_slot_for`` (no valid call
     of the same op and plan precedes them)."""
     calls = {k for k in CASES if k.startswith("comm-")} - {
-        "comm-group-size", "comm-destroyed", "comm-destroyed-prepared", "comm-plan-layout",
+        "comm-group-size", "comm-validate", "comm-destroyed", "comm-destroyed-prepared", "comm-plan-layout",
         "comm-local-slot"}
     assert calls <= set(_PRIMES), sorted(calls - set(_PRIMES))
 
