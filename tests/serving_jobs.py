@@ -62,6 +62,21 @@ def check_fp4(comm, x, ids, plan, partial, counts_t, want, real, dtype, case) ->
         pair = comm.gather((x, ids), plan, partial=(partial, False), counts=counts_t,
                            wire=(wire, "native"), wire_scale=g)
         _bitwise(f"gather(({wire}, native))[0]", pair[0], deq, case)
+        if wire == "nvfp4":   # one wire_scale each, or one for both
+            y = (x * 3).contiguous()
+            each = comm.gather((x, y), plan, partial=partial, counts=counts_t,
+                               wire=(wire, wire), wire_scale=(g, 2 * g))
+            both = comm.gather((x, y), plan, partial=partial, counts=counts_t, wire=wire,
+                               wire_scale=g)
+            for name, got, ref in (
+                    ("each[0]", each[0], deq), ("both[0]", both[0], deq),
+                    ("each[1]", each[1], comm.gather(y, plan, partial=partial,
+                                                     counts=counts_t, wire=wire,
+                                                     wire_scale=2 * g)),
+                    ("both[1]", both[1], comm.gather(y, plan, partial=partial,
+                                                     counts=counts_t, wire=wire,
+                                                     wire_scale=g))):
+                _bitwise(f"gather((nvfp4, nvfp4)) {name}", got, ref, case)
     return 2 * len(FP4)
 
 

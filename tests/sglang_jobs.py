@@ -241,6 +241,18 @@ def newer_surface(ctx, layout_args) -> dict:
     sg.set_dp_buffer_len(8 * dp, 8, True, None, gpu)
     sg.set_local_dp_buffer_len(5)
     out["lens"] = (sg.get_local_dp_buffer_len(), sg.get_dp_global_num_tokens_gpu() is gpu)
+    # new buffers of those lengths (group accepted and unused); the extend flag
+    a, b = sg.get_local_dp_buffer(), sg.get_local_dp_buffer(group=object())
+    out["local_buffer"] = (tuple(a.shape), a.dtype == torch.float32,
+                           a.data_ptr() != b.data_ptr(), tuple(b.shape))
+    sg.set_is_extend_in_batch(True)
+    extend = sg.get_is_extend_in_batch()
+    sg.set_is_extend_in_batch(False)
+    out["extend"] = (extend, sg.get_is_extend_in_batch())
+    # the async combine on CPU: done when it returns, no event
+    ev = sg.dp_reduce_scatterv_async(torch.zeros(m, HID), torch.ones(m * dp, HID),
+                                     [m] * dp, ("combine", 0))
+    out["async_event"] = ev is None
     # a graph step of bucket 4 with device counts only: the combine uses the step's counts
     bucket = 4 * m
     counts = [1 + e % 3 for e in range(dp)]

@@ -115,6 +115,24 @@ def test_rows_xla_edges():
     assert dpx_jax.take_rows(x, 0, 0, 0, impl="xla").shape == (0, 4)
 
 
+def test_place_and_take_rows_are_each_others_adjoints():
+    """docs/semantics.md: place_rows and take_rows are differentiable, each the other's
+    adjoint at equal start/count: <place(x), y> = <x, take(y)>, and jax.grad of one is the
+    other applied to the cotangent (host and traced start/count)."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((9, 3)), jnp.float32)
+    for start, count in ((0, 5), (4, 3), (6, 3), (2, 0)):
+        for s, c in ((start, count), (jnp.int32(start), jnp.int32(count))):
+            gx = jax.grad(lambda v: jnp.vdot(dpx_jax.place_rows(v, s, c, 9, impl="xla"), y))(x)
+            assert np.array_equal(gx, dpx_jax.take_rows(y, s, c, 5, impl="xla"))
+            gy = jax.grad(lambda v: jnp.vdot(dpx_jax.take_rows(v, s, c, 5, impl="xla"), x))(y)
+            assert np.array_equal(gy, dpx_jax.place_rows(x, s, c, 9, impl="xla"))
+            want = np.zeros((5, 3), np.float32)
+            want[:count] = np.asarray(y)[start:start + count]
+            assert np.array_equal(gx, want), (start, count)
+
+
 def test_rows_bad_inputs():
     x = jnp.zeros((4, 3))
     with pytest.raises(dpx.DpxValueError, match=r"start \+ count <= rows \(4\)"):
@@ -450,6 +468,22 @@ def test_a_replicated_weight_before_a_gather_gets_the_dense_gradient(layout_args
                                out_specs=P())
         got_x = jax.jit(jax.grad(step_x))(jnp.asarray(xr.reshape(-1, H)), wq, tgt)
         np.testing.assert_allclose(got_x.reshape(dp, L, H), want_x, rtol=1e-4, atol=1e-4)
+
+
+def test_the_gathered_buffer_is_typed_per_device():
+    """docs/semantics.md (gradients): the gathered buffer is typed varying over every
+    DP-attention axis, so ``out_specs=P()`` refuses it under ``check_vma=True``; returned
+    with ``out_specs=P(AXES)`` every device's copy is the same."""
+    lay = dpx.DpLayout(4, 2)
+    plan = dpx.plan_step([3, 2], lay, mode="max_len")
+    mesh = mesh_for(lay)
+    x = shard(mesh, [np.full((3, 2), r // 2, np.float32) for r in range(4)], jnp.float32)
+    fn = lambda v: dpx_jax.gather(v, plan, partial=False)  # noqa: E731
+    with pytest.raises(Exception, match="vma|varying|vary"):
+        jax.shard_map(fn, mesh=mesh, in_specs=SPEC, out_specs=P())(x)
+    got = unstack(jax.shard_map(fn, mesh=mesh, in_specs=SPEC, out_specs=SPEC)(x), 4)
+    assert all(np.array_equal(got[r], got[0]) for r in range(4))
+    assert np.array_equal(got[0][:, 0], [0, 0, 0, 0, 1, 1, 0, 0])   # slots of 4 rows
 
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["copies", "shards"])

@@ -60,6 +60,10 @@ def test_workspace_layout():
     assert lay.total_bytes == 256 + 2 * lay.stride
     assert all(v % 256 == 0 for v in (lay.ctrl, lay.header, lay.stride, lay.data))
     assert dpx.peer_phase_bytes(4096, 7168 * 2) == 4096 * 14336
+    # docs/semantics.md: the default 64 MiB phase holds a gather of 4,681 bf16 rows of 7,168
+    default = __import__("dpx_torch").PeerOptions().phase_bytes
+    assert default == 64 << 20
+    assert dpx.peer_phase_bytes(4681, 14336) <= default < dpx.peer_phase_bytes(4682, 14336)
     with pytest.raises(dpx.DpxValueError):
         dpx.PeerLayout(world_size=0, phase_bytes=8)
 

@@ -302,6 +302,25 @@ def test_cli_prints_each_ranks_schedule():
     assert bad.returncode == 2 and "world_size=6" in bad.stderr
 
 
+def test_cli_prints_a_sharded_plan_and_another_transport(capsys):
+    """docs/semantics.md: ``--shards`` gives each replica's CP shards (the counts their
+    sums), ``--transport`` the transport the schedules are built and priced for."""
+    from dpx import Op, build_schedule
+    from dpx.cli import main
+
+    main(["plan", "--world", "8", "--dp", "2", "--cp", "2", "--shards", "2,3;0,4", "--rank",
+          "3"])
+    out = capsys.readouterr().out
+    plan = plan_step([5, 4], DpLayout(8, 2, 2), cp_shards=[(2, 3), (0, 4)])
+    assert "shards : [[2, 3], [0, 4]]" in out and "counts : [5, 4]" in out
+    steps = build_schedule(plan, Op.GATHER, rank=3, partial=True, in_rows=3).steps
+    assert all(str(step) in out for step in steps) and "rank 2" not in out
+    main(["plan", "--world", "4", "--dp", "4", "--tokens", "3,0,7,5", "--transport", "peer"])
+    peer = capsys.readouterr().out
+    assert "transport peer" in peer and "peer   : a phase of >=" in peer
+    assert "peer   :" not in out and "transport per_root" in out
+
+
 @pytest.mark.parametrize("args,message", [
     (["--wire", "nvfp4", "--hidden", "40"], "H=40 must be a positive multiple of 16"),
     (["--wire", "fp8", "--hidden", "100"], "H=100 must be a positive multiple of 128"),

@@ -78,6 +78,8 @@ def test_todays_sglang_surface(gloo_worlds, layout):
         assert got["rule"] == want_rule and got["graph"] == want_rule, got
         assert got["graph_default"] == "MAX_LEN" and got["plan_step"] == want_rule[0], got
         assert got["lens"] == (5, True), got
+        assert got["local_buffer"] == ((5, 16), True, True, (5, 16)), got
+        assert got["extend"] == (True, False) and got["async_event"], got
         n = 1 + d % 3  # the replica's device count: its rows sum over the world, pad rows 0
         assert got["combine_rows"] == [float(world)] * n + [0.0] * (4 * m - n), got
         if len(layout) > 2:

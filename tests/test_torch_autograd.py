@@ -32,6 +32,14 @@ def test_gradients_adjoints_and_inputs_untouched(gloo_worlds, layout):
     assert done == [len(cases)] * layout[0]
 
 
+@pytest.mark.parametrize("layout", [(2, 2), (4, 2)], ids=lambda l: f"w{l[0]}dp{l[1]}")
+def test_several_tensors_with_one_requiring_grad(gloo_worlds, layout):
+    """A several-tensor gather where one tensor requires grad: every result, and that
+    tensor's gradient, equal those of the tensors gathered alone, in every mode."""
+    for r in gloo_worlds(layout[0]).run("torch_jobs:check_several_with_grad", layout):
+        assert r == {m: True for m in MODES}, r
+
+
 def test_async_refuses_inputs_that_require_grad(gloo_worlds):
     res = gloo_worlds(2).run("torch_jobs:check_async_refuses_grad")
     for msgs in res:

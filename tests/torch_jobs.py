@@ -561,3 +561,32 @@ def check_validate_cp(ctx) -> dict:
     got = comm.gather(rows, sharded, partial=False)
     out["ok"] = bool(torch.equal(got[:2], x[:2]) and torch.equal(got[2:5], x[2:] * 2))
     return out
+
+
+def check_several_with_grad(ctx, layout_args) -> dict:
+    """A three-tensor gather (float32 requiring grad, int32 ids, a bf16 tensor that does
+    not) in every mode: each result and the first tensor's gradient equal those of the
+    tensor gathered alone (docs/semantics.md, "Several tensors in one call")."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    d = layout.coords(ctx.rank).attn_dp_rank
+    res = {}
+    for mode in ("max_len", "sum_len", "gatherv"):
+        plan = dpx.plan_step([3 + e % 2 for e in range(layout.dp_size)], layout, mode=mode)
+        n = plan.num_tokens[d]
+        g = torch.Generator().manual_seed(ctx.rank)
+        a = torch.randn(n, 4, generator=g)
+        ids = torch.randint(0, 99, (n, 2), generator=g, dtype=torch.int32)
+        h = torch.randn(n, 8, generator=g).bfloat16()
+        w = torch.randn(plan.global_rows, 4, generator=torch.Generator().manual_seed(7))
+        a1 = a.clone().requires_grad_()
+        got = comm.gather((a1, ids, h), plan, partial=(True, False, False))
+        (got[0] * w).sum().backward()
+        a2 = a.clone().requires_grad_()
+        alone = comm.gather(a2, plan, partial=True)
+        (alone * w).sum().backward()
+        res[mode] = (torch.equal(got[0], alone) and got[0].requires_grad
+                     and torch.equal(a1.grad, a2.grad)
+                     and torch.equal(got[1], comm.gather(ids, plan, partial=False))
+                     and torch.equal(got[2], comm.gather(h, plan, partial=False)))
+    return res
