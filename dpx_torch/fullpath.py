@@ -417,5 +417,7 @@ def gather_label(wire: Any, wire_scale: object, op: str = "gather") -> str:
         name = repr(wire)
     if name == Wire.NATIVE.value:
         return op
+    if isinstance(wire_scale, (int, float)) and not isinstance(wire_scale, bool):
+        wire_scale = float(wire_scale)   # 2 and 2.0 are one scale
     return f"{op}/{name}" + ("" if wire_scale is None else f" scale={wire_scale!r}")
 

@@ -113,6 +113,7 @@ def test_validate_makes_every_rank_raise_the_same_error(gloo_worlds):
                       "scale=1.0' on ranks [1, 2, 3]"}
     _same_error_on_every_rank(res, expect)
     assert all(r["ok"] for r in res)
+    assert {r["same_scale"] for r in res} == {"no error"}, res   # 2 and 2.0: one scale
 
 
 def test_sync_counts(gloo_worlds):

@@ -258,6 +258,8 @@ def check_validate(ctx) -> dict:
     wx = torch.randn(4, 32)
     out["wire_scale"] = _raises(lambda: comm.gather(wx, plan, partial=True, wire="nvfp4",
                                                     wire_scale=2.0 if r == 3 else 1.0))
+    out["same_scale"] = _raises(lambda: comm.gather(wx, plan, partial=True, wire="nvfp4",
+                                                    wire_scale=2 if r == 3 else 2.0))
     out["wire"] = _raises(lambda: comm.gather(wx, plan, partial=True,
                                               wire="mxfp4" if r == 0 else "nvfp4",
                                               wire_scale=None if r == 0 else 1.0))
