@@ -331,7 +331,7 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         self._life.check()
         full = self.full
         return self.runner.overlap.launch(
-            "gather", key, local, out, self._async_rows(Op.GATHER, plan, counts),
+            "gather", key, local, out, self._async_rows(Op.GATHER, plan, counts, out),
             lambda o: _bound(full.gather(local, plan, partial, counts, o, wire, True,
                                          wire_scale, form=_async_form(local),
                                          refuse_grad="gather_async"), local, counts))
@@ -347,16 +347,17 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         full = self.full
         return self.runner.overlap.launch(
             "reduce_scatter", key, global_, out,
-            self._async_rows(Op.REDUCE_SCATTER, plan, counts),
+            self._async_rows(Op.REDUCE_SCATTER, plan, counts, out),
             lambda o: _bound(full.global_op(Op.REDUCE_SCATTER, global_, plan, counts, o,
                                             form=_async_form(global_),
                                             refuse_grad="reduce_scatter_async", wire=wire,
                                             wire_scale=wire_scale), global_, counts))
 
-    def _async_rows(self, op: Op, plan: DpPlan, counts: object) -> int | None:
-        """The rows of an overlapped call's output (:func:`dpx.extents.op_rows`); None
-        where the plan is not this communicator's (its checks name that)."""
-        if not isinstance(plan, DpPlan) or plan.layout != self.layout:
+    def _async_rows(self, op: Op, plan: DpPlan, counts: object, out: object) -> int | None:
+        """The rows of an overlapped call's pooled output (:func:`dpx.extents.op_rows`);
+        None where the caller gave ``out`` or the plan is not this communicator's (its
+        checks name that)."""
+        if out is not None or not isinstance(plan, DpPlan) or plan.layout != self.layout:
             return None
         try:
             return op_rows(plan, op, self.rank, device_counts=counts is not None).out
