@@ -329,12 +329,16 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         dequantized into ``out`` (``local``'s dtype). Not differentiable (a dpx error if
         ``local`` requires grad)."""
         self._life.check()
-        full = self.full
+        full, form = self.full, _async_form(local)
+
+        def prepare(o):
+            op = self._life.fast and self.prepared.lookup(
+                _GATHER, (plan, partial, wire, wire_scale, True), local, counts, o, form)
+            return _bound(op or full.gather(local, plan, partial, counts, o, wire, True,
+                                            wire_scale, form=form, refuse_grad="gather_async"),
+                          local, counts)
         return self.runner.overlap.launch(
-            "gather", key, local, out, self._async_rows(Op.GATHER, plan, counts, out),
-            lambda o: _bound(full.gather(local, plan, partial, counts, o, wire, True,
-                                         wire_scale, form=_async_form(local),
-                                         refuse_grad="gather_async"), local, counts))
+            "gather", key, local, out, self._async_rows(Op.GATHER, plan, counts, out), prepare)
 
     def reduce_scatter_async(self, global_: torch.Tensor, plan: DpPlan, *,
                              counts: torch.Tensor | None = None,
@@ -344,14 +348,19 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         """:meth:`reduce_scatter` on :attr:`comm_stream`; see :meth:`gather_async` (``out``
         or a pooled buffer keyed by ``("reduce_scatter", key)``)."""
         self._life.check()
-        full = self.full
+        full, form = self.full, _async_form(global_)
+
+        def prepare(o):
+            op = self._life.fast and self.prepared.lookup(
+                Op.REDUCE_SCATTER._value_, (plan, True, wire, wire_scale, True), global_,
+                counts, o, form)
+            return _bound(op or full.global_op(Op.REDUCE_SCATTER, global_, plan, counts, o,
+                                               form=form, refuse_grad="reduce_scatter_async",
+                                               wire=wire, wire_scale=wire_scale),
+                          global_, counts)
         return self.runner.overlap.launch(
             "reduce_scatter", key, global_, out,
-            self._async_rows(Op.REDUCE_SCATTER, plan, counts, out),
-            lambda o: _bound(full.global_op(Op.REDUCE_SCATTER, global_, plan, counts, o,
-                                            form=_async_form(global_),
-                                            refuse_grad="reduce_scatter_async", wire=wire,
-                                            wire_scale=wire_scale), global_, counts))
+            self._async_rows(Op.REDUCE_SCATTER, plan, counts, out), prepare)
 
     def _async_rows(self, op: Op, plan: DpPlan, counts: object, out: object) -> int | None:
         """The rows of an overlapped call's pooled output (:func:`dpx.extents.op_rows`);

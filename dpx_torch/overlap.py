@@ -65,7 +65,8 @@ class Overlap:
         after the current stream's work (its scratch buffers belong to the stream that
         uses them); returns the output and its :class:`DpWork`. On CPU nothing overlaps:
         the call runs now and the handle's ``wait()`` does nothing."""
-        shape = (rows, *inp.shape[1:]) if rows is not None else None
+        shape = (rows, *inp.shape[1:]) if rows is not None and isinstance(
+            inp, torch.Tensor) and inp.dim() else None   # (else the checks name the input)
         if not (isinstance(inp, torch.Tensor) and inp.is_cuda):
             if out is None and shape is not None:
                 out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)

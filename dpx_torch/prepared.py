@@ -295,9 +295,10 @@ class PreparedOps:
         if e is not None:
             self._touch(e[1])
             return e[0] if e[0].admits(x, counts, out) else None
-        if not isinstance(key.plan, DpPlan) or x.dim() < 1 or (out is not None and (
-                out.dim() < 1 or (not key.in_place and inside(x, out)))):
-            return None   # the full path's errors, or an in-place gather's own key
+        if key.form != "" or not isinstance(key.plan, DpPlan) or x.dim() < 1 or (
+                out is not None and (out.dim() < 1 or (not key.in_place and inside(x, out)))):
+            return None   # the full path's errors, an in-place gather's own key, or a form
+            # whose ops no class makes
         cls = self.classes.hit(ClassKey.of(key))
         if cls is None:
             return None
@@ -308,22 +309,22 @@ class PreparedOps:
             self.ops.put(key, op)
         return op
 
-    def lookup(self, op: str, args: tuple, x: Any, counts: Any, out: Any
+    def lookup(self, op: str, args: tuple, x: Any, counts: Any, out: Any, form: Any = ""
                ) -> PreparedOp | None:
         """The fast path's op of a call of ``op`` with ``args``, its ``(plan, partial,
         wire, wire_scale, dequantize)``, found under its key (:meth:`find`; an input inside
-        ``out``: under its in-place key) and kept as the last call of ``op``
-        (:attr:`last`); None: the full path (also for arguments no key is made of: not
-        :func:`plain`, a ``partial`` not a bool, a ``wire_scale`` not a float)."""
+        ``out``: under its in-place key) and, in the default ``form``, kept as the last call
+        of ``op`` (:attr:`last`); None: the full path (also for arguments no key is made
+        of: not :func:`plain`, a ``partial`` not a bool, a ``wire_scale`` not a float)."""
         if not plain(x, counts, out) or type(args[1]) is not bool \
                 or not (args[3] is None or type(args[3]) is float):
             return None
-        key = call_key(op, *args, x, counts, out, False)
+        key = call_key(op, *args, x, counts, out, False, form)
         found = self.find(key, x, counts, out)
         if found is None and out is not None and inside(x, out):
             key = key._replace(in_place=True)
             found = self.find(key, x, counts, out)
-        if found is not None:
+        if found is not None and form == "":
             self.last[op] = (*args, found, self._get(key))
         return found
 
