@@ -273,7 +273,12 @@ def _reduce_scatter(s: ReduceScatter, run: _Run) -> None:
 def _all_reduce(s: AllReduce, run: _Run) -> None:
     x = run.read(s.buf)
     names = group_axes(run.axes, s.group)
-    run.write(s.buf, lax.psum(x, names) if s.rows and names else x)
+    if s.rows and names:
+        # a bool buffer is summed as uint8 (one writer a row, the others zeros: exact)
+        # and keeps its dtype, which psum would promote
+        x = lax.psum(x.astype(jnp.uint8), names).astype(x.dtype) if x.dtype == jnp.bool_ \
+            else lax.psum(x, names)
+    run.write(s.buf, x)
 
 
 def _all_gather_v(s: AllGatherV, run: _Run) -> None:

@@ -170,6 +170,10 @@ def _call(x, plan: DpPlan, op: Op, partial: bool, c: jax.Array | None, impl,
           out_rows: int, wire: Wire = Wire.NATIVE, dequantize: bool = True,
           axes: Axes = DEFAULT_AXES, wire_scale: float | None = None,
           ride: bool = False) -> jax.Array:
+    if x.dtype == jnp.bool_ and (op is Op.REDUCE_SCATTER or (op is Op.GATHER and partial)):
+        raise DpxTypeError(f"{'gather(partial=True)' if op is Op.GATHER else op.value} sums "
+                           f"its ranks' values, and a bool array has no sum: pass it as "
+                           f"an integer dtype")
     impl = resolve_impl(impl)
     axes = _axes(axes)
     axes.check(plan.layout)
@@ -275,8 +279,8 @@ def _per_leaf(name: str, value, tree, n: int) -> list:
     """One flag per leaf: ``value`` itself for every leaf, or a pytree like ``local``'s."""
     if isinstance(value, (bool, str, Wire)):
         return [value] * n
-    leaves, vtree = jax.tree.flatten(value)
-    if vtree != tree:
+    leaves, vtree = jax.tree.flatten(value, is_leaf=lambda v: v is None)   # (None: a leaf's
+    if vtree != tree:                                                        # "no scale")
         raise DpxValueError(f"{name} must be one flag or a pytree of flags shaped like "
                             f"local ({tree}); got {vtree}")
     return leaves

@@ -53,6 +53,7 @@ def local_count(plan: DpPlan, *, counts: jax.Array | None = None,
     and the real rows at the start of its scatter / reduce_scatter output)."""
     _check_plan(plan)
     axes = _axes(axes)
+    axes.check(plan.layout)   # (the mesh being traced must be the plan's layout)
     c = _counts(plan, counts)
     if c is None:   # the plan's own counts, as constants
         c = jnp.asarray(plan.leaf_counts, jnp.int32)

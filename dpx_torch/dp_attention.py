@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 import dpx
 from dpx.errors import DpxTypeError, DpxValueError, check_int
+from dpx.extents import held_rows
 from dpx.geometry import equal_slots
 from dpx.layout import DpLayout
 from dpx.modes import Op, PaddingMode, Wire
@@ -439,15 +440,16 @@ class DpAttention:
         self._check_out(output, plan, counts)
 
     def _check_out(self, dst: torch.Tensor, plan: DpPlan, counts: torch.Tensor | None) -> None:
-        """An output of this replica's rows (:meth:`_into`): any tensor of at least the
-        rows it receives (its real rows; its slot with device counts)."""
+        """An output of this rank's rows (:meth:`_into`): any tensor of at least the rows it
+        receives (its real rows -- its CP shard's with ``cp_shard_counts`` -- or its slot
+        with device counts)."""
         if not isinstance(dst, torch.Tensor) or dst.dim() < 1:
             raise DpxTypeError(f"the output must be a tensor, got {type(dst).__name__}")
         d = self.coords.attn_dp_rank
-        need = plan.slot_rows[d] if counts is not None else plan.num_tokens[d]
+        need = plan.slot_rows[d] if counts is not None else held_rows(plan, self.comm.rank)
         if dst.shape[0] < need:
-            raise DpxValueError(f"the output has {dst.shape[0]} rows; replica {d} has "
-                                f"{need} rows to receive")
+            raise DpxValueError(f"the output has {dst.shape[0]} rows; rank {self.comm.rank} "
+                                f"(replica {d}) has {need} rows to receive")
 
     def _into(self, dst: torch.Tensor, plan: DpPlan, counts: torch.Tensor | None,
               op, src: torch.Tensor) -> None:

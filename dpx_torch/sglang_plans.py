@@ -61,12 +61,16 @@ class StepPlans:
                 ) -> tuple[DpPlan, torch.Tensor | None]:
         """The plan of a forward batch and its device counts (None with host counts). The
         layers of one forward ask with the same batch: its answer is kept while the batch,
-        its padding mode, its counts and ``cp_shard_counts`` (compared by value) stay the
-        same. ``cp_shard_counts`` (this replica's rows per CP rank, sglang's argument):
-        the plan's CP shards, exchanged over the world once per forward."""
+        its padding mode and its counts stay the same. ``cp_shard_counts`` (this replica's
+        rows per CP rank, sglang's argument): the plan's CP shards, exchanged over the world
+        on every call that passes them (with CP ranks) -- whether a rank joins that
+        exchange must not depend on what only it knows, or a replica that changed its
+        shards would wait in it while the others went on."""
         last = self._last
         shards = None if cp_shard_counts is None else list(cp_shard_counts)
-        if last is not None and last[0] is forward_batch and last[4] == shards:
+        exchange = shards is not None and self.layout.cp_size > 1
+        if last is not None and last[0] is forward_batch and last[4] == shards \
+                and not exchange:
             host = getattr(forward_batch, "global_num_tokens_cpu", None)
             if host is not None and host == last[1] and \
                     getattr(forward_batch, "dp_padding_mode", None) is last[2]:

@@ -298,6 +298,10 @@ def newer_surface(ctx, layout_args) -> dict:
         _same("dp_scatter with cp_shard_counts", res[:plan.slot_rows[d]],
               comm.scatter(glob, plan), (nums, shards))
         assert not res[plan.slot_rows[d]:].any()
+        small = _nan(mine)   # an output of this CP rank's shard's rows only
+        sg.dp_scatter(small, glob, fb, cp_shard_counts=shards[d])
+        _same("dp_scatter into a shard's rows", small, comm.scatter(glob, plan)[:mine],
+              (nums, shards))
         # the combine gives every CP rank its replica's whole slot, as sglang's does
         rs = _nan(plan.slot_rows[d])
         sg.dp_reduce_scatter_tensor(rs, glob)
@@ -306,6 +310,22 @@ def newer_surface(ctx, layout_args) -> dict:
               (nums, shards))
         done += 1
     out["cp_cases"] = done
+    # one batch, two gathers: replica 0 keeps its split, the others change theirs -- every
+    # rank exchanges on each call, so each gather is the native one of its shard table
+    nums = [4] * dp
+    fb = ForwardBatch(nums, torch.tensor(nums, dtype=torch.int32), P.SUM_LEN)
+    plan = dpx.plan_step(nums, layout, mode="sum_len")
+    sg.set_dp_buffer_len(plan.global_rows, plan.slot_rows[d], False, nums)
+    splits = ([[4] + [0] * (cp - 1)] * dp,
+              [[4] + [0] * (cp - 1)] + [[0] * (cp - 1) + [4]] * (dp - 1))
+    for i, table in enumerate(splits):
+        local = _rows(700 + 10 * i + r, 4)
+        g = _nan(plan.global_rows)
+        sg.dp_gather_partial(g, local, fb, cp_shard_counts=table[d])
+        want = comm.gather(local, dpx.plan_step(nums, layout, mode="sum_len",
+                                                cp_shards=table), partial=True)
+        _same("a gather after another replica changed its cp_shard_counts", g, want, table)
+    out["changed_split"] = len(splits)
     nums = [4] * dp
     fb = ForwardBatch(nums, torch.tensor(nums, dtype=torch.int32), P.SUM_LEN)
     bad = [4] + [0] * (cp - 1) if r == 0 else [0] * (cp - 1) + [4]  # rank 0 disagrees

@@ -360,6 +360,9 @@ CASES = {
         lambda l, lay: _jax().scatter(l, dpx.plan_step([1, 1], lay),
                                       counts=__import__("jax.numpy").numpy.zeros(2, "int32"))),
         DpxValueError, r"counts= needs a capacity plan"),
+    "jax-bool-sum": (lambda c: _jax().reduce_scatter(__import__("jax.numpy").numpy.zeros(
+        (5, 2), bool), dpx.plan_step([5], L1)), DpxTypeError,
+        r"reduce_scatter sums its ranks' values, and a bool array has no sum"),
     "jax-mesh-devices": (lambda c: _jax().make_mesh(dpx.DpLayout(64, 8)), DpxValueError,
                          r"layout.world_size=64 needs that many devices; 8 given"),
     "jax-counts-dtype": (lambda c: _jax_in_shard_map(

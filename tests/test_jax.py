@@ -470,6 +470,46 @@ def test_a_replicated_weight_before_a_gather_gets_the_dense_gradient(layout_args
         np.testing.assert_allclose(got_x.reshape(dp, L, H), want_x, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bool_, jnp.int8], ids=["bool", "int8"])
+def test_ops_that_do_not_sum_take_bool_and_int8(dtype):
+    """docs/semantics.md: dpx_jax takes any dtype, bool and int8 included, where nothing
+    is summed -- the replicated gather (a SUM_LEN one all-reduces: summed as uint8, the
+    result still ``dtype``), scatter and scatter_columns in one program, each mode once
+    for bool (a CP layout with shards too), SUM_LEN for int8 -- each equal to the reference
+    in ``dtype``; a partial gather and reduce_scatter of bool raise DpxTypeError."""
+    from reference import global_inputs, local_inputs, ref_gather, ref_scatter_rank
+
+    combos = ((dpx.DpLayout(4, 2), None, "sum_len"), (dpx.DpLayout(4, 2), None, "max_len"),
+              (dpx.DpLayout(8, 2, 2), [(2, 1), (0, 2)], "gatherv"))
+    for lay, shards, mode in combos if dtype == jnp.bool_ else combos[:1]:   # (int8: no cast)
+        mesh, W = mesh_for(lay), lay.world_size
+        plan = dpx.plan_step([3, 2], lay, mode=mode, cp_shards=shards)
+        cast = (lambda v: v % 2) if dtype == jnp.bool_ else (lambda v: v)
+        locs = [cast(v) for v in local_inputs(1, plan, (3,), partial=False, rows=3)]
+        glob = [cast(v) for v in global_inputs(2, plan, (W,))]
+        full = np.concatenate([g[:, r:r + 1] for r, g in enumerate(glob)], axis=1)
+        x, g_in = shard(mesh, locs, dtype), shard(mesh, [glob[0]] * W, dtype)
+        step = jax.shard_map(lambda v, g, c: (dpx_jax.gather(v, plan, partial=False),
+                                              dpx_jax.scatter(g, plan),
+                                              dpx_jax.scatter_columns(c, plan)),
+                             mesh=mesh, in_specs=SPEC, out_specs=SPEC)
+        outs = step(x, g_in, shard(mesh, [g[:, r:r + 1] for r, g in enumerate(glob)], dtype))
+        assert all(o.dtype == dtype for o in outs), (lay, mode)
+        got, sc, cols = (unstack(o, W) for o in outs)
+        want = ref_gather(locs, plan, partial=False).astype(dtype)
+        for r in range(W):   # (a device's slot_rows[d] rows, then zeros to the max)
+            assert np.array_equal(got[r], want), (lay, mode)
+            n = plan.slot_rows[lay.coords(r).attn_dp_rank]
+            for res, src in ((sc[r], glob[0]), (cols[r], full)):
+                assert np.array_equal(res[:n], ref_scatter_rank(src, plan, r).astype(dtype))
+                assert not res[n:].any()
+        if dtype == jnp.bool_:
+            for fn, v in ((lambda v: dpx_jax.gather(v, plan, partial=True), x),
+                          (lambda v: dpx_jax.reduce_scatter(v, plan), g_in)):
+                with pytest.raises(dpx.DpxTypeError, match="a bool array has no sum"):
+                    jax.shard_map(fn, mesh=mesh, in_specs=SPEC, out_specs=SPEC)(v)
+
+
 def test_the_gathered_buffer_is_typed_per_device():
     """docs/semantics.md (gradients): the gathered buffer is typed varying over every
     DP-attention axis, so ``out_specs=P()`` refuses it under ``check_vma=True``; returned

@@ -47,9 +47,13 @@ def serving_fn(plan: dpx.DpPlan, partial: bool, with_counts: bool):
                 out[f"{wire}_p"], out[f"{wire}_s"] = dpx_jax.gather(
                     x, plan, partial=partial, counts=c, wire=wire, wire_scale=g,
                     dequantize=False)
+                # nvfp4's scale one for every leaf (MAX_LEN) or one each, None for the
+                # native leaf (GATHERV)
+                each = g is not None and plan.mode is dpx.PaddingMode.GATHERV
                 pair = dpx_jax.gather({"h": x, "ids": ids}, plan, counts=c,
                                       partial={"h": partial, "ids": False},
-                                      wire={"h": wire, "ids": "native"}, wire_scale=g)
+                                      wire={"h": wire, "ids": "native"},
+                                      wire_scale={"h": g, "ids": None} if each else g)
                 out[f"{wire}_deq"], out[f"{wire}_ids"] = pair["h"], pair["ids"]
         tree = dpx_jax.gather({"h": x, "ids": ids, "w": w}, plan, counts=c,
                               partial={"h": partial, "ids": False, "w": False})
@@ -195,6 +199,12 @@ def test_each_device_knows_its_real_rows(layout_args):
         m = np.asarray(mask).reshape(layout.world_size, plan.max_slot_rows)
         for r, k in enumerate(want):
             assert m[r, :k].all() and not m[r, k:].any()
+    # a plan of another layout on this mesh: the ops' error, not another layout's rows
+    other = dpx.plan_step([3, 5], dpx.DpLayout(8, 2))
+    for fn in (dpx_jax.local_count, dpx_jax.local_row_mask):
+        with pytest.raises(dpx.DpxValueError, match=r"spans \d devices; layout world=8 dp=2 "):
+            jax.shard_map(lambda c: fn(other)[None], mesh=mesh, in_specs=P(),
+                          out_specs=P(dpx_jax.AXES), check_vma=False)(jnp.zeros(2))
 
 
 @functools.cache

@@ -83,7 +83,7 @@ def test_todays_sglang_surface(gloo_worlds, layout):
         n = 1 + d % 3  # the replica's device count: its rows sum over the world, pad rows 0
         assert got["combine_rows"] == [float(world)] * n + [0.0] * (4 * m - n), got
         if len(layout) > 2:
-            assert got["cp_cases"] == 3, got
+            assert got["cp_cases"] == 3 and got["changed_split"] == 2, got
             assert "replica 0's ranks pass different cp_shard_counts" in got["disagree"], got
             assert "sum to" in got["wrong_sum"], got
     for key in ("disagree", "wrong_sum"):
