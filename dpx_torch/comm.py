@@ -33,8 +33,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from dpx.errors import DpxError, DpxTypeError, check_bool
-from dpx.extents import op_rows
+from dpx.errors import DpxTypeError, check_bool
 from dpx.layout import DpLayout
 from dpx.modes import Op, Transport, Wire
 from dpx.plan import DpPlan
@@ -50,7 +49,6 @@ from dpx_torch.overlap import DpWork
 from dpx_torch.padrows import pad_row_mask
 from dpx_torch.peer import PeerOptions, TransportMethods
 from dpx_torch.prepared import PreparedOp, PreparedOps
-from dpx_torch.program import flat_counts
 from dpx_torch.runner import CacheLimits, CacheMethods, Runner
 
 __all__ = ["DpComm", "counts_tensor"]
@@ -126,7 +124,8 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
                                     functools.partial(in_place, layout, self.rank))
         self.full = FullPath(layout, self.rank, self.runner, self.checks, self.agreement,
                              self.prepared)
-        self._counts = CountsExchange(layout, self.rank, self.groups, self.runner, self.checks)
+        self._counts = CountsExchange(layout, self.rank, self.groups, self.runner, self.checks,
+                                      self.full.checked)
         self.transport_choice = self.runner.open_peer(layout, self._exchange, transport,
                                                       peer, self._life.fail)
         self._exit_hook = exit_hook(weakref.ref(self))
@@ -322,23 +321,16 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
                      wire_scale: float | None = None) -> tuple[torch.Tensor, DpWork]:
         """:meth:`gather` on :attr:`comm_stream` (two-batch overlap). Returns ``(out,
         work)``: ``out`` is the caller's ``out=`` or a pooled buffer keyed by ``("gather",
-        key)`` (one ``key`` per micro-batch; valid until the next call with that key; held
-        to the rules of an ``out=``: the input must not overlap it), and ``work.wait()``
-        makes the current stream wait for it. In place with ``local =
-        local_slot(out, plan)``. ``wire`` / ``wire_scale``: as :meth:`gather`'s, the rows
-        dequantized into ``out`` (``local``'s dtype). Not differentiable (a dpx error if
+        key)`` (one ``key`` per micro-batch, valid until its next call; held to an ``out=``'s
+        rules: the input must not overlap it); ``work.wait()`` makes the current stream wait
+        for it. In place with ``local = local_slot(out, plan)``. ``wire`` / ``wire_scale``:
+        :meth:`gather`'s, dequantized into ``out``. Not differentiable (a dpx error if
         ``local`` requires grad)."""
         self._life.check()
-        full, form = self.full, _async_form(local)
-
-        def prepare(o):
-            op = self._life.fast and self.prepared.lookup(
-                _GATHER, (plan, partial, wire, wire_scale, True), local, counts, o, form)
-            return _bound(op or full.gather(local, plan, partial, counts, o, wire, True,
-                                            wire_scale, form=form, refuse_grad="gather_async"),
-                          local, counts)
-        return self.runner.overlap.launch(
-            "gather", key, local, out, self._async_rows(Op.GATHER, plan, counts, out), prepare)
+        f = self.full
+        return self.runner.overlap.launch("gather", key, local, out, f.overlapped_rows(
+            Op.GATHER, plan, counts, out), f.overlapped(Op.GATHER, local, plan, partial,
+                                                        counts, wire, wire_scale))
 
     def reduce_scatter_async(self, global_: torch.Tensor, plan: DpPlan, *,
                              counts: torch.Tensor | None = None,
@@ -348,30 +340,10 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         """:meth:`reduce_scatter` on :attr:`comm_stream`; see :meth:`gather_async` (``out``
         or a pooled buffer keyed by ``("reduce_scatter", key)``)."""
         self._life.check()
-        full, form = self.full, _async_form(global_)
-
-        def prepare(o):
-            op = self._life.fast and self.prepared.lookup(
-                Op.REDUCE_SCATTER._value_, (plan, True, wire, wire_scale, True), global_,
-                counts, o, form)
-            return _bound(op or full.global_op(Op.REDUCE_SCATTER, global_, plan, counts, o,
-                                               form=form, refuse_grad="reduce_scatter_async",
-                                               wire=wire, wire_scale=wire_scale),
-                          global_, counts)
-        return self.runner.overlap.launch(
-            "reduce_scatter", key, global_, out,
-            self._async_rows(Op.REDUCE_SCATTER, plan, counts, out), prepare)
-
-    def _async_rows(self, op: Op, plan: DpPlan, counts: object, out: object) -> int | None:
-        """The rows of an overlapped call's pooled output (:func:`dpx.extents.op_rows`);
-        None where the caller gave ``out`` or the plan is not this communicator's (its
-        checks name that)."""
-        if out is not None or not isinstance(plan, DpPlan) or plan.layout != self.layout:
-            return None
-        try:
-            return op_rows(plan, op, self.rank, device_counts=counts is not None).out
-        except DpxError:
-            return None
+        f, rs = self.full, Op.REDUCE_SCATTER
+        return self.runner.overlap.launch("reduce_scatter", key, global_, out, f.overlapped_rows(
+            rs, plan, counts, out), f.overlapped(rs, global_, plan, True, counts, wire,
+                                                 wire_scale))
 
     def sync_counts(self, num_tokens: int, *,
                     is_extend: bool = False) -> tuple[tuple[int, ...], bool]:
@@ -402,10 +374,7 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         rank raises the same error when a replica's (a CP rank's) ranks disagree, when a
         count is negative, or when the counts do not fit ``plan``."""
         self._life.check()
-        exchange = self._counts
-        self.full.checked(f"exchange_counts{'/shards' if shards else ''}", plan, n_local, None,
-                          None, lambda: exchange.check(n_local, shards=shards, plan=plan))
-        return exchange(n_local, shards=shards, plan=plan, validate=self.validate)
+        return self._counts(n_local, shards=shards, plan=plan, validate=self.validate)
 
     def gather_with_counts(self, local: torch.Tensor, plan: DpPlan, *, partial: bool,
                            n_local: torch.Tensor, shards: bool = False,
@@ -487,19 +456,6 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
         if self._life.alive:
             self._end(at_exit=True)
             self._release()
-
-
-def _bound(op: PreparedOp, x: torch.Tensor, counts: torch.Tensor | None):
-    """``run(out)``: ``op``'s steps for ``x`` into ``out`` (an overlapped call's body)."""
-    c = flat_counts(counts)
-    prep = op.prep
-    return lambda out: prep.run(x, out, c)
-
-
-def _async_form(x: object) -> str:
-    """The form of an overlapped call: its own scratch on the comm stream (CUDA), the
-    caller's where nothing overlaps (CPU)."""
-    return "comm" if isinstance(x, torch.Tensor) and x.is_cuda else ""
 
 
 def counts_tensor(num_tokens: Sequence[int], device: torch.device | str) -> torch.Tensor:

@@ -57,9 +57,11 @@ class CountsExchange:
     fixed handful."""
 
     def __init__(self, layout: DpLayout, rank: int, groups: DpGroups, runner: ExchangeRunner,
-                 checks: InputChecks) -> None:
+                 checks: InputChecks, checked: Callable[..., Any]) -> None:
         self.layout, self.rank, self.groups = layout, rank, groups
-        self.runner, self.checks = runner, checks
+        #: ``checked(label, plan, tensor, partial, counts, make)``: the full path's checks
+        #: (under ``validate=True`` inside its exchange: every rank raises alike)
+        self.runner, self.checks, self.checked = runner, checks, checked
         self._sources: dict[tuple, torch.Tensor] = {}
         #: on the peer transport: the bound all-gather of one int32 a rank
         self._peer_gather = None
@@ -100,8 +102,10 @@ class CountsExchange:
 
     def __call__(self, n_local: torch.Tensor, *, shards: bool, plan: DpPlan | None,
                  validate: bool) -> torch.Tensor:
-        """See :meth:`dpx_torch.DpComm.exchange_counts` (its inputs checked:
+        """See :meth:`dpx_torch.DpComm.exchange_counts` (its inputs checked first:
         :meth:`check`)."""
+        self.checked(f"exchange_counts{'/shards' if shards else ''}", plan, n_local, None,
+                     None, lambda: self.check(n_local, shards=shards, plan=plan))
         lay = self.layout
         allv = n_local.new_empty(lay.world_size)
         self._all_gather(allv, n_local)

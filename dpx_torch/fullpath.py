@@ -123,6 +123,38 @@ class FullPath:
         return self.checked(gather_label(wire, wire_scale) + index, plan, local, partial,
                             counts, make)
 
+    def overlapped(self, op: Op, x, plan, partial, counts, wire, wire_scale
+                   ) -> Callable[[Any], Callable[[torch.Tensor], Any]]:
+        """``prepare(out)`` of an overlapped gather or reduce_scatter
+        (:meth:`dpx_torch.overlap.Overlap.launch`, on the comm stream): its kept prepared
+        op found by key (the fast path; form ``"comm"`` on CUDA, whose scratch is the comm
+        stream's) or the checked full path's, bound as ``run(out)``."""
+        form = "comm" if isinstance(x, torch.Tensor) and x.is_cuda else ""
+        name = f"{op.value}_async"
+
+        def prepare(out: Any) -> Callable[[torch.Tensor], Any]:
+            found = self.ops.life.fast and self.ops.lookup(
+                op._value_, (plan, partial, wire, wire_scale, True), x, counts, out, form)
+            if not found:
+                found = self.gather(x, plan, partial, counts, out, wire, True, wire_scale,
+                                    form=form, refuse_grad=name) if op is Op.GATHER else \
+                    self.global_op(op, x, plan, counts, out, form=form, refuse_grad=name,
+                                   wire=wire, wire_scale=wire_scale)
+            prep, c = found.prep, flat_counts(counts)
+            return lambda o: prep.run(x, o, c)
+        return prepare
+
+    def overlapped_rows(self, op: Op, plan: Any, counts: Any, out: Any) -> int | None:
+        """The rows of an overlapped call's pooled output (:func:`dpx.extents.op_rows`);
+        None where the caller gave ``out`` or the plan is not this communicator's (its
+        checks name that)."""
+        if out is not None or not isinstance(plan, DpPlan) or plan.layout != self.layout:
+            return None
+        try:
+            return op_rows(plan, op, self.rank, device_counts=counts is not None).out
+        except DpxError:
+            return None
+
     def gather_with_counts(self, local, plan, partial, n_local, shards, out, wire,
                            dequantize, wire_scale) -> tuple:
         """:meth:`DpComm.gather_with_counts`: ``(result, counts)``, the counts riding the

@@ -83,10 +83,11 @@ def check_fp4(comm, x, ids, plan, partial, counts_t, want, real, dtype, case) ->
 def check_serving(ctx, layout_args, cases, *, width: int = 256, kernels: bool = False) -> int:
     """Each case (as torch_jobs.check_cases; float dtypes): the fp8 gather (wire rows and
     dequantized, plainly and through ``gather_async``, bitwise against the NumPy
-    quantizer; SUM_LEN refused in both forms), the nvfp4 and mxfp4 gathers (:func:`check_fp4`), a three-tensor gather with a topk-ids and a topk-weights
-    tensor (each as gathered alone), an fp8 + native pair, and mask_pad_rows /
-    pad_row_mask on the gathered ids. ``kernels``: through the Triton kernels (Triton's
-    interpreter) instead of the CPU's torch ops."""
+    quantizer; SUM_LEN refused in both forms), the nvfp4 and mxfp4 gathers
+    (:func:`check_fp4`), a three-tensor gather with a topk-ids and a topk-weights tensor
+    (each as gathered alone), an fp8 + native pair, and mask_pad_rows / pad_row_mask on
+    the gathered ids. ``kernels``: through the Triton kernels (Triton's interpreter)
+    instead of the CPU's torch ops."""
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.kernel_comm(layout) if kernels else ctx.comm(layout)
     r = ctx.rank
