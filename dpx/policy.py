@@ -131,7 +131,8 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
         raise DpxTypeError(f"layout={layout!r} must be a dpx.DpLayout")
     counts = check_counts(num_tokens, layout)
     shards = check_shards(cp_shards, counts, layout)
-    check_bool("is_extend", is_extend), check_bool("max_len_with_idle", max_len_with_idle)
+    check_bool("is_extend", is_extend)
+    check_bool("max_len_with_idle", max_len_with_idle)
     policy = policy if policy is Policy.SGLANG else Policy.parse(policy)
     forced = None if mode is None else PaddingMode.parse(mode)
     if policy is not Policy.SGLANG:

@@ -279,8 +279,9 @@ def _per_leaf(name: str, value, tree, n: int) -> list:
     """One flag per leaf: ``value`` itself for every leaf, or a pytree like ``local``'s."""
     if isinstance(value, (bool, str, Wire)):
         return [value] * n
-    leaves, vtree = jax.tree.flatten(value, is_leaf=lambda v: v is None)   # (None: a leaf's
-    if vtree != tree:                                                        # "no scale")
+    # None is a leaf (a native leaf's wire_scale), not an empty subtree
+    leaves, vtree = jax.tree.flatten(value, is_leaf=lambda v: v is None)
+    if vtree != tree:
         raise DpxValueError(f"{name} must be one flag or a pytree of flags shaped like "
                             f"local ({tree}); got {vtree}")
     return leaves

@@ -297,8 +297,9 @@ class PreparedOps:
             return e[0] if e[0].admits(x, counts, out) else None
         if key.form != "" or not isinstance(key.plan, DpPlan) or x.dim() < 1 or (
                 out is not None and (out.dim() < 1 or (not key.in_place and inside(x, out)))):
-            return None   # the full path's errors, an in-place gather's own key, or a form
-            # whose ops no class makes
+            # the full path's errors, an in-place gather's own key, or a form whose ops no
+            # class makes
+            return None
         cls = self.classes.hit(ClassKey.of(key))
         if cls is None:
             return None
