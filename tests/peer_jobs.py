@@ -317,3 +317,27 @@ def explained(ctx, layout_args) -> dict:
         res[name] = dict(transport=comm.transport.value, choice=str(comm.transport_choice),
                          text=comm.explain(plan))
     return res
+
+
+def compiled_ops(ctx, layout_args, modes) -> int:
+    """torch.compile(fullgraph=True) of a gather and a reduce_scatter alone (host counts) on
+    this world's transport, for each mode of ``modes``: equal to eager bit for bit."""
+    layout = dpx.DpLayout(*layout_args)
+    comm = ctx.comm(layout)
+    d = layout.coords(ctx.rank).attn_dp_rank
+    done = 0
+    for mode in modes:
+        plan = dpx.plan_step([3 + e % 2 for e in range(layout.dp_size)], layout, mode=mode)
+        x = torch.randn(plan.num_tokens[d], 16,
+                        generator=torch.Generator().manual_seed(ctx.rank)).to(torch_jobs.DEVICE)
+
+        def step(v):
+            g = comm.gather(v, plan, partial=True)
+            return g, comm.reduce_scatter(g * 2, plan)
+
+        torch._dynamo.reset()
+        eager = step(x)
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(x)
+        assert all(torch.equal(a, b) for a, b in zip(eager, compiled)), mode
+        done += 1
+    return done

@@ -203,13 +203,13 @@ def test_autograd_async_validate_and_several_tensors(peer_worlds):
 @pytest.mark.multiproc
 def test_steps_compile_fullgraph(peer_worlds):
     """torch.compile(fullgraph=True) over gather -> matmul -> combines -> LM-head scatter:
-    GATHERV (no traceable form on per_root) with device counts, MAX_LEN and SUM_LEN with
-    host counts, the eager step's bits (tests/test_peer_gpu.py: every mode, host and
+    GATHERV (no traceable form on per_root) with device counts, and a MAX_LEN and a SUM_LEN
+    gather and reduce_scatter with host counts, the eager step's bits (tests/test_peer_gpu.py: every mode, host and
     device counts, on a GPU)."""
     assert peer_worlds(4).run("peer_jobs:compiled_steps", (4, 2), [("gatherv", True)],
                               timeout=300) == [1] * 4
-    assert peer_worlds(3).run("peer_jobs:compiled_steps", (3, 3),
-                              [("max_len", False), ("sum_len", False)], timeout=300) == [2] * 3
+    assert peer_worlds(3).run("peer_jobs:compiled_ops", (3, 3), ["max_len", "sum_len"],
+                              timeout=300) == [2] * 3
 
 
 @pytest.mark.multiproc
