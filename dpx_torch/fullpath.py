@@ -31,7 +31,7 @@ import torch
 
 from dpx import wire as W
 from dpx.counts import own_entry
-from dpx.errors import DpxError, DpxValueError, check_bool
+from dpx.errors import DpxError, DpxValueError
 from dpx.extents import local_rows, op_rows
 from dpx.layout import DpLayout
 from dpx.modes import Op, Wire
@@ -113,8 +113,7 @@ class FullPath:
             w = Wire.parse(wire)
             in_place = self.in_place(local, out, plan, counts)
             rows, g = self.gather_checks(local, plan, partial, counts, out, w,
-                                         check_bool("dequantize", dequantize), in_place,
-                                         wire_scale)
+                                         W.dequantized(w, dequantize), in_place, wire_scale)
             key = call_key(Op.GATHER._value_, plan, partial, wire, wire_scale, dequantize,
                            local, counts, out, in_place, form)
             return self._op(key, local, counts, out, in_place, rows, dict(
@@ -169,8 +168,7 @@ class FullPath:
             own.append(own_counts(plan, self.rank, n_local))
             w = Wire.parse(wire)
             rows, g = self.gather_checks(local, plan, partial, own[0], out, w,
-                                         check_bool("dequantize", dequantize), False,
-                                         wire_scale)
+                                         W.dequantized(w, dequantize), False, wire_scale)
             key = call_key(Op.GATHER._value_, plan, partial, wire, wire_scale, dequantize,
                            local, own[0], out, False, "ride")
             return self._op(key, local, own[0], out, False, rows, {}, wire=w,

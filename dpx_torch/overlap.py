@@ -11,6 +11,7 @@ re-recorded each step; outputs come from the communicator's grow-only pool keyed
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -67,20 +68,16 @@ class Overlap:
         the call runs now and the handle's ``wait()`` does nothing."""
         shape = (rows, *inp.shape[1:]) if rows is not None and isinstance(
             inp, torch.Tensor) and inp.dim() else None   # (else the checks name the input)
-        if not (isinstance(inp, torch.Tensor) and inp.is_cuda):
+        cuda = isinstance(inp, torch.Tensor) and inp.is_cuda
+        if cuda:
+            compute, comm = torch.cuda.current_stream(inp.device), self.stream
+            comm.wait_stream(compute)  # the input was produced on the compute stream
+        with torch.cuda.stream(comm) if cuda else contextlib.nullcontext():
             if out is None and shape is not None:
                 out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
-            run = prepare(out)
-            run(out)
-            return out, DpWork(None)
-        compute = torch.cuda.current_stream(inp.device)
-        comm = self.stream
-        comm.wait_stream(compute)  # the input was produced on the compute stream
-        with torch.cuda.stream(comm):
-            if out is None and shape is not None:
-                out = self.pool.get((f"{kind}-out", key), shape, inp.dtype, inp.device)
-            run = prepare(out)
-            run(out)
+            prepare(out)(out)
+            if not cuda:   # nothing overlaps: done
+                return out, DpWork(None)
             ev = self._event(kind, key)
             ev.record(comm)
         inp.record_stream(comm)      # freed only after the comm stream is done with it
