@@ -8,9 +8,9 @@ called: the compiled code is the one the kernel would have with the block writte
   for buffers of 2**31 elements or more (``WIDE``);
 - :func:`e4m3_code` / :func:`e4m3_value` / :func:`e4m3_signed_value`: e4m3 by bits (round
   to nearest even) and back;
-- :func:`div_corrected` / :func:`div_by_short`: a correctly rounded quotient of
-  non-negative operands from a product with the reciprocal and two fused corrections, or
-  one where the divisor's significand has at most four bits (6, or an e4m3 value);
+- :func:`div_by_short`: a correctly rounded quotient of non-negative operands from a
+  product with the reciprocal and one fused correction, where the divisor's significand
+  has at most four bits (6, or an e4m3 value);
 - :func:`e2m1_code`: e2m1 rounding of a non-negative quotient on the float pipe;
 - :func:`fp8_values` / :func:`fp8_block_values` / :func:`store_rounded`: the fp8 wire's
   float32 values of codes and scales (of one group of wire rows), and float32 values stored
@@ -22,7 +22,7 @@ import triton.language as tl
 
 from dpx.kernels.constants import GROUP, NAN_BF16, NAN_CODE, NAN_F16, NAN_F32
 
-__all__ = ["block_index", "div_by_short", "div_corrected", "e2m1_code", "e4m3_code",
+__all__ = ["block_index", "div_by_short", "e2m1_code", "e4m3_code",
            "e4m3_signed_value", "e4m3_value", "fp8_block_values", "fp8_values", "load_index",
            "store_rounded"]
 
@@ -98,15 +98,6 @@ def div_by_short(a, b, r):
     eight divisors' (tests/test_fp4_wire.py). Smaller ``a`` give quotients far below
     e2m1's smallest step (code 0 however they round)."""
     q = a * r
-    return tl.fma(tl.fma(-q, b, a), r, q)
-
-
-@triton.jit
-def div_corrected(a, b, r):
-    """``a / b`` correctly rounded, for ``a >= 0``, ``b > 0`` and ``r = RN(1/b)``:
-    :func:`div_by_short` and a second correction (Markstein's correctly rounded quotient
-    for any such ``b``)."""
-    q = div_by_short(a, b, r)
     return tl.fma(tl.fma(-q, b, a), r, q)
 
 

@@ -11,8 +11,9 @@ The float32 values are the dequantize kernels' (fp8: ``e4m3 * scale`` as
 with subnormals: on a GPU (``COMPILED``) each is a PTX ``add.rn.f32``, which the compiler
 never fuses with the fp8 product into a multiply-add (a plain ``add.f32`` it may); in
 Triton's interpreter a NumPy float32 addition. A NaN anywhere gives the output's canonical
-quiet NaN; a zero result is +0.0 (as the sum from +0.0 defines it, whatever a compiler
-does with its first addition). The rounding to the output dtype is the dequantize kernels'
+quiet NaN; a zero result is +0.0, as the sum from +0.0 defines it: the first addition is
+a real one on both (``add.rn.f32`` is never folded away: ``+0.0 + -0.0`` is ``+0.0``, not
+``-0.0``; NumPy adds). The rounding to the output dtype is the dequantize kernels'
 (:func:`~dpx.kernels.blocks.store_rounded`).
 
 Grid: ``(cdiv(rows * H / GS, BLOCK_B),)``, ``GS`` the wire's block (fp8: its 128-element
@@ -59,13 +60,10 @@ def add_rn(acc, v, COMPILED: tl.constexpr):
 
 @triton.jit
 def store_sum(acc, out_ptr, offs, mask, OUT_KIND: tl.constexpr, COMPILED: tl.constexpr):
-    """``acc`` (a float32 sum from +0.0) stored at ``out_ptr + offs`` rounded to ``OUT_KIND``
-    (0: float32, 1: bfloat16, 2: float16): nearest even, a zero as +0.0, a NaN as the
-    output's canonical quiet NaN (:func:`~dpx.kernels.blocks.store_rounded`)."""
-    # a zero is +0.0: what the sum from +0.0 gives, held even where a compiler would fold
-    # the first addition away (0.0 + -0.0 is +0.0, -0.0 alone is not)
-    u = acc.to(tl.uint32, bitcast=True)
-    acc = tl.where((u & 0x7FFFFFFF) == 0, 0, u).to(tl.uint32).to(tl.float32, bitcast=True)
+    """``acc`` (a float32 sum from +0.0 by :func:`add_rn`, so a zero sum is +0.0) stored at
+    ``out_ptr + offs`` rounded to ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16):
+    nearest even, a NaN as the output's canonical quiet NaN
+    (:func:`~dpx.kernels.blocks.store_rounded`)."""
     store_rounded(acc, out_ptr, offs, mask, OUT_KIND, COMPILED)
 
 
@@ -86,9 +84,10 @@ def dequantize_sum_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     grp = f % NB
     ok = row < rows_n
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
+    base = src_ptr + row * ROW_BYTES
     for p in tl.static_range(PARTS):
-        v = wire_block_values(src_ptr + (row + p * rows_n) * ROW_BYTES, grp, ok, g, H,
-                              ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
+        v = wire_block_values(base, grp, ok, g, H, ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
+        base += rows_n * ROW_BYTES
         acc = add_rn(acc, v, COMPILED)
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
     store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND, COMPILED)

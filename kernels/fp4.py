@@ -16,10 +16,9 @@ and JAX's XLA path give the same bits:
 - amax as the integer maximum of the magnitudes' bits (a NaN's bits exceed every number's,
   so the same maximum finds the NaN blocks);
 - nvfp4: ``s`` and the quotients correctly rounded (``div_rn``; on a GPU (``COMPILED``) a
-  product with the reciprocal and fused corrections, Markstein's correctly rounded
-  quotient: one correction where the divisor is 6 or an e4m3 scale, whose significands
-  have four bits at most (:func:`~dpx.kernels.blocks.div_by_short`), two for the global
-  scale ``g``), e4m3 by bits;
+  product with the reciprocal and one fused correction, Markstein's correctly rounded
+  quotient where the divisor is 6 or an e4m3 scale, whose significands have four bits at
+  most (:func:`~dpx.kernels.blocks.div_by_short`)), e4m3 by bits;
 - mxfp4: ``x * 2**-E`` on the float pipe, one multiplication (PTX ``mul.f32`` keeps
   subnormal operands and results: ``2**-127``, the scale of a block holding an infinity,
   is one), exact wherever the e2m1 code depends on it;
@@ -28,8 +27,8 @@ and JAX's XLA path give the same bits:
 - dequantize: each code's bits placed in a float16 (:func:`e2m1_halves`), then mxfp4 two
   exact multiplications by factors making ``2**(E + 14)``, nvfp4 the element's power of two
   times one of two correctly rounded quotients per block, ``s / g`` and ``1.5 s / g``
-  (:func:`fp4_values`); then the rounding to the output dtype of
-  :func:`~dpx.kernels.blocks.store_rounded`.
+  (:func:`fp4_values`; on a GPU float64 products with ``1 / g``, :func:`nv_factor`); then
+  the rounding to the output dtype of :func:`~dpx.kernels.blocks.store_rounded`.
 
 Like every dpx kernel they read ``start`` / ``count`` from device memory or plain ints and
 mask every access; the shared blocks are :mod:`dpx.kernels.blocks`', the constants
@@ -41,7 +40,7 @@ Grid of both: ``(cdiv(rows * H / GS, BLOCK_B),)``.
 import triton
 import triton.language as tl
 
-from dpx.kernels.blocks import (block_index, div_by_short, div_corrected, e2m1_code, e4m3_code,
+from dpx.kernels.blocks import (block_index, div_by_short, e2m1_code, e4m3_code,
                                 e4m3_value, load_index, store_rounded)
 from dpx.kernels.constants import (E2M1_MAX, E2M1_RECIP, FP8_MAX, MX_BLOCK, MX_NAN_SCALE,
                                    NV_BLOCK, NV_NAN_SCALE)
@@ -197,6 +196,34 @@ def fp4_scaled(f, c1, c2, NV: tl.constexpr):
 
 
 @triton.jit
+def recip64(g):
+    """``1 / g`` in float64 for a float32 ``g`` in the global scale's range, within
+    ``2**-50`` (relative): the GPU's reciprocal approximation (PTX ``rcp.approx.ftz.f64``,
+    about 20 correct bits) and two Newton steps, each doubling the correct bits, in fused
+    float64 arithmetic (:func:`nv_factor`'s ``r``)."""
+    gd = g.to(tl.float64)
+    r = tl.inline_asm_elementwise("rcp.approx.ftz.f64 $0, $1;", "=d,d", [gd],
+                                  dtype=tl.float64, is_pure=True, pack=1)
+    r = tl.fma(r, tl.fma(-gd, r, 1.0), r)
+    return tl.fma(r, tl.fma(-gd, r, 1.0), r)
+
+
+@triton.jit
+def nv_factor(s, k: tl.constexpr, r):
+    """``RN(k * s / g)`` in float32 for an e4m3 value ``s`` times a power of two (float32;
+    NaN gives NaN) and ``k`` a power of two or 1.5 times one, from ``r`` :func:`recip64` of
+    ``g``: ``s * (k * r)`` in float64, rounded to float32 once. Exact, wherever the quotient
+    is a normal float32: ``k s`` has at most six significant bits and
+    ``g`` 24, so ``k s / g`` lies at least ``2**-49`` (relative) from every float32 rounding
+    boundary (a boundary ``m`` has a 25-bit odd significand: ``k s = g m`` cannot hold,
+    and ``k s - g m`` is a multiple of the lesser of their last bits' weights), while the
+    float64 product is within ``2**-50`` of it. In the global scale's range every quotient
+    :func:`fp4_values` forms is a normal float32. A GPU test checks every scale byte at
+    global scales across the range (tests/test_fp4_wire.py)."""
+    return (s.to(tl.float64) * (r * k)).to(tl.float32)
+
+
+@triton.jit
 def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: tl.constexpr,
                BLOCK_B: tl.constexpr, COMPILED: tl.constexpr):
     """The float32 values ``[BLOCK_B, GS]`` of block ``grp`` of the fp4 wire rows at ``base``
@@ -229,17 +256,21 @@ def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: t
         words = tl.sum(tl.reshape(byte, [BLOCK_B, WB, 4])
                        << (tl.arange(0, 4) * 8)[None, None, :], 2)
     if NV:
-        s = e4m3_value(sb & 0x7F)
-        if COMPILED:
-            r = tl.math.div_rn(1.0, g)
-            q1 = div_corrected(s, g, r)
-            q15 = div_corrected(s * 1.5, g, r)
-        else:
-            q1 = tl.math.div_rn(s, g)
-            q15 = tl.math.div_rn(s * 1.5, g)
         nan = (sb & NV_NAN_SCALE) == NV_NAN_SCALE
-        c1 = tl.where(nan, float("nan"), q1 * 16384.0)[:, None]
-        c2 = tl.where(nan, float("nan"), q15 * 16384.0)[:, None]
+        if COMPILED:
+            # s * 2**-8 exactly: the e4m3 code's bits as a float16's exponent and leading
+            # mantissa bits (e4m3's subnormals are float16's); a NaN block's is NaN, and so
+            # are its factors. Then 2**14 s / g and 2**14 * 1.5 s / g correctly rounded
+            # (:func:`nv_factor`, the 2**8 in its k)
+            h = ((sb & 0x7F) << 7).to(tl.int16).to(tl.float16, bitcast=True)
+            s8 = tl.where(nan, float("nan"), h.to(tl.float32))
+            r = recip64(g)
+            c1 = nv_factor(s8, 4194304.0, r)[:, None]
+            c2 = nv_factor(s8, 6291456.0, r)[:, None]
+        else:
+            s = e4m3_value(sb & 0x7F)
+            c1 = tl.where(nan, float("nan"), tl.math.div_rn(s, g) * 16384.0)[:, None]
+            c2 = tl.where(nan, float("nan"), tl.math.div_rn(s * 1.5, g) * 16384.0)[:, None]
     else:
         E = sb - 127
         # 2**(E + 14) = c1 * c2, both powers of two in float32's normal range

@@ -301,6 +301,44 @@ def test_one_correction_divides_by_a_short_significand_exactly():
     assert all(misses(m / 8, correct=False) > 0 for m in range(9, 16))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_nvfp4_factors_at_many_global_scales():
+    """The compiled nvfp4 dequantize and summing pass form each block's two factors
+    ``RN(s / g)`` and ``RN(1.5 s / g)`` as float64 products with ``1 / g`` (``nv_factor``).
+    Against the CPU torch ops (``div_rn`` by definition), bit for bit: every scale byte (the
+    NaN code's included) times every e2m1 code, at 400 global scales spread over the
+    whole range [2**-64, 2**64] (its ends, powers of two, significands from random bits),
+    into float32 and bfloat16, one source and two."""
+    h = 16 * 128
+    rb = wire_row_bytes(h, Wire.NVFP4)
+    row = torch.zeros(rb, dtype=torch.uint8)
+    # block b: scale byte b, its 16 elements every code 0..15 (two codes a byte)
+    row[: h // 2] = torch.tensor([(2 * k) | ((2 * k + 1) << 4) for k in range(8)] * 128,
+                                 dtype=torch.uint8)
+    row[h // 2:] = torch.arange(128, dtype=torch.uint8)
+    rng = np.random.default_rng(5)
+    gs = [2.0 ** -64, 2.0 ** 64, 1.0, 0.37, 537.6]
+    gs += [float(2.0 ** e) for e in rng.integers(-64, 64, 45)]
+    gs += [float(np.float32(m * 2.0 ** e)) for m, e in
+           zip(rng.uniform(1, 2, 350), rng.integers(-64, 63, 350))]
+    other = row.clone()
+    other[h // 2:] = (torch.arange(128) + 37) % 128      # a second source, scales shifted
+    src = torch.stack([row, other])
+    gpu = src.cuda()
+    for g in gs:
+        for dtype in (torch.float32, torch.bfloat16):
+            want = torch.empty(1, h, dtype=dtype)
+            got = torch.empty(1, h, dtype=dtype, device="cuda")
+            TorchPasses().dequantize(src[:1], want, Wire.NVFP4, g)
+            TritonPasses().dequantize(gpu[:1], got, Wire.NVFP4, g)
+            assert torch.equal(got.cpu().view(BITS[dtype]), want.view(BITS[dtype])), g
+            TorchPasses().dequantize_sum(src, want, 2, Wire.NVFP4, g)
+            TritonPasses().dequantize_sum(gpu, got, 2, Wire.NVFP4, g)
+            assert torch.equal(got.cpu().view(BITS[dtype]), want.view(BITS[dtype])), g
+    assert want.isnan().any() and (want == 0).any() and want.isfinite().any()
+
+
 def test_the_nvfp4_scale_the_format_implies():
     """``dpx.nvfp4_scale(amax)``: the block holding ``amax`` gets the largest e4m3 scale
     (448, byte 0x7E) and arrives exact to the error bound; a scale 8x larger saturates it,
