@@ -165,41 +165,32 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
 
 
 @triton.jit
-def e2m1_halves(words, i: tl.constexpr, WHOLE: tl.constexpr):
+def e2m1_halves(words, i: tl.constexpr):
     """Elements ``8w + i`` and ``8w + i + 4`` of int32 payload words ``words`` (element ``8w +
     k`` in bits ``4k .. 4k + 3``) as float32 ``e2m1 * 2**-14``, exact: each code's sign,
     exponent and mantissa bits moved to a float16's (bits 15, 10-11 and 9: a float16 with
     those bits is 2**-14 times the e2m1 value, its subnormal 0.5 included), the two codes
-    16 bits apart moving together into one word's two float16, then converted. ``WHOLE``
-    (a GPU): ``e2m1`` itself, the word's two float16 first multiplied by ``2**14`` in one
-    packed ``mul.rn.f16x2`` (exact: a power of two, the results in float16's normal
-    range)."""
+    16 bits apart moving together into one word's two float16, then converted."""
     if i < 3:
         mag = words << (9 - 4 * i)
     else:
         mag = words >> 3
     h2 = (mag & 0x0E000E00) | ((words << (12 - 4 * i)) & -0x7FFF8000)    # 0x80008000
-    if WHOLE:
-        h2 = tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r",
-                                       [h2, tl.full(h2.shape, 0x74007400, tl.int32)],
-                                       dtype=tl.int32, is_pure=True, pack=1)
     lo = h2.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     hi = (h2 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     return lo, hi
 
 
 @triton.jit
-def fp4_scaled(f, c1, c2, NV: tl.constexpr, WHOLE: tl.constexpr):
-    """A dequantized value from ``f = e2m1 * 2**-14`` (:func:`e2m1_halves`; ``e2m1`` itself
-    when ``WHOLE``) and its block's factors (:func:`fp4_values`): mxfp4 ``f * c1 * c2``
-    (``f * c1`` when ``WHOLE``); nvfp4 the power of two of ``f`` (its sign and exponent
-    bits) times ``c2`` where ``e2m1`` is 1.5 times a power of two, else times ``c1``."""
+def fp4_scaled(f, c1, c2, NV: tl.constexpr):
+    """A dequantized value from ``f = e2m1 * 2**-14`` (:func:`e2m1_halves`) and its block's
+    factors (:func:`fp4_values`): mxfp4 ``f * c1 * c2``; nvfp4 the power of two of ``f``
+    (its sign and exponent bits) times ``c2`` where ``e2m1`` is 1.5 times a power of two,
+    else times ``c1``."""
     if NV:
         fb = f.to(tl.int32, bitcast=True)
         pw = (fb & -0x800000).to(tl.float32, bitcast=True)          # sign and exponent
         return pw * tl.where((fb & 0x7FFFFF) != 0, c2, c1)
-    elif WHOLE:
-        return f * c1
     else:
         return f * c1 * c2
 
@@ -222,11 +213,11 @@ def nv_factor(s, k: tl.constexpr, r):
     """``RN(k * s / g)`` in float32 for an e4m3 value ``s`` times a power of two (float32;
     NaN gives NaN) and ``k`` a power of two or 1.5 times one, from ``r`` :func:`recip64` of
     ``g``: ``s * (k * r)`` in float64, rounded to float32 once. Exact, wherever the quotient
-    is a normal float32: ``k s`` has at most six significant bits and
-    ``g`` 24, so ``k s / g`` lies at least ``2**-49`` (relative) from every float32 rounding
-    boundary (a boundary ``m`` has a 25-bit odd significand: ``k s = g m`` cannot hold,
-    and ``k s - g m`` is a multiple of the lesser of their last bits' weights), while the
-    float64 product is within ``2**-50`` of it. In the global scale's range every quotient
+    is a normal float32: ``k s`` has at most six significant bits and ``g`` 24, so ``k s /
+    g`` lies at least ``2**-49`` (relative) from every float32 rounding boundary (a
+    boundary ``m`` has a 25-bit odd significand: ``k s = g m`` cannot hold, and ``k s - g
+    m`` is a multiple of the lesser of their last bits' weights), while the float64
+    product is within ``2**-50`` of it. In the global scale's range every quotient
     :func:`fp4_values` forms is a normal float32. A GPU test checks every scale byte at
     global scales across the range (tests/test_fp4_wire.py)."""
     return (s.to(tl.float64) * (r * k)).to(tl.float32)
@@ -280,13 +271,6 @@ def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: t
             s = e4m3_value(sb & 0x7F)
             c1 = tl.where(nan, float("nan"), tl.math.div_rn(s, g) * 16384.0)[:, None]
             c2 = tl.where(nan, float("nan"), tl.math.div_rn(s * 1.5, g) * 16384.0)[:, None]
-    elif COMPILED:
-        # 2**E: E + 127 as float32's exponent bits, 2**-127 (byte 0) a subnormal; the
-        # products with e2m1 (WHOLE) are exact from 2**-128 up and round to infinity past
-        # the largest float, as the definition does
-        c1 = tl.where(sb == 0, 0x400000, sb << 23).to(tl.float32, bitcast=True)
-        c1 = tl.where(sb == MX_NAN_SCALE, float("nan"), c1)[:, None]
-        c2 = c1
     else:
         E = sb - 127
         # 2**(E + 14) = c1 * c2, both powers of two in float32's normal range
@@ -294,16 +278,15 @@ def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: t
         c1 = tl.where(sb == MX_NAN_SCALE, float("nan"), c1)[:, None]
         c2 = tl.where(E <= 113, 127 << 23, (E + 14) << 23).to(tl.float32, bitcast=True)
         c2 = c2[:, None]
-    WH: tl.constexpr = COMPILED and not NV
-    a0, a4 = e2m1_halves(words, 0, WH)
-    a1, a5 = e2m1_halves(words, 1, WH)
-    a2, a6 = e2m1_halves(words, 2, WH)
-    a3, a7 = e2m1_halves(words, 3, WH)
+    a0, a4 = e2m1_halves(words, 0)
+    a1, a5 = e2m1_halves(words, 1)
+    a2, a6 = e2m1_halves(words, 2)
+    a3, a7 = e2m1_halves(words, 3)
     # element 8w + 4h + 2j + k at [.., w, h, j, k]
-    v = tl.join(tl.join(tl.join(fp4_scaled(a0, c1, c2, NV, WH), fp4_scaled(a4, c1, c2, NV, WH)),
-                        tl.join(fp4_scaled(a2, c1, c2, NV, WH), fp4_scaled(a6, c1, c2, NV, WH))),
-                tl.join(tl.join(fp4_scaled(a1, c1, c2, NV, WH), fp4_scaled(a5, c1, c2, NV, WH)),
-                        tl.join(fp4_scaled(a3, c1, c2, NV, WH), fp4_scaled(a7, c1, c2, NV, WH))))
+    v = tl.join(tl.join(tl.join(fp4_scaled(a0, c1, c2, NV), fp4_scaled(a4, c1, c2, NV)),
+                        tl.join(fp4_scaled(a2, c1, c2, NV), fp4_scaled(a6, c1, c2, NV))),
+                tl.join(tl.join(fp4_scaled(a1, c1, c2, NV), fp4_scaled(a5, c1, c2, NV)),
+                        tl.join(fp4_scaled(a3, c1, c2, NV), fp4_scaled(a7, c1, c2, NV))))
     return tl.reshape(v, [BLOCK_B, GS])
 
 

@@ -88,11 +88,15 @@ def test_gradients_are_the_adjoints(gloo_worlds, layout):
 
 
 def test_async_equals_sync_and_pool_stays_flat(gloo_worlds):
+    """Async calls equal sync ones; once every step's kinds and sizes ran, the pool holds
+    what it held: the same 31 steps again add no buffer (a scratch purpose that only some
+    count patterns use may first appear late in the first pass)."""
     rng = random.Random(11)
     steps = [[40, 40]] + [[rng.randint(0, 40), rng.randint(0, 40)] for _ in range(30)]
-    res = gloo_worlds(4).run("torch_jobs:check_async_matches_sync", (4, 2), steps)
+    res = gloo_worlds(4).run("torch_jobs:check_async_matches_sync", (4, 2), steps + steps)
     for r in res:
-        assert len(set(r["buffers"][3:])) == 1, f"pool keys grew: {r['buffers']}"
+        again = r["buffers"][len(steps) - 1:]
+        assert len(set(again)) == 1, f"pool keys grew on the second pass: {r['buffers']}"
 
 
 def test_validate_makes_every_rank_raise_the_same_error(gloo_worlds):
