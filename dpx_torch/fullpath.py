@@ -360,11 +360,14 @@ class FullPath:
                 scales = tuple(wire_scale if Wire.parse(w) is Wire.NVFP4 else None
                                for w in wires)
             return per_tensor("partial", partial, n), wires, scales
-        partials, wires, scales = self.checked(f"gather of {n} tensors", plan,
-                                               tensors[0] if n else None, None, counts,
-                                               arguments)
-        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors) \
-                and torch.is_grad_enabled():
+        # with autograd each tensor is gathered alone (other collectives than the batch):
+        # part of the call's name, so that validate=True refuses ranks that differ
+        grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors) \
+            and torch.is_grad_enabled()
+        partials, wires, scales = self.checked(
+            f"gather of {n} tensors" + (" (autograd: one by one)" if grad else ""), plan,
+            tensors[0] if n else None, None, counts, arguments)
+        if grad:
             return tuple(self.run(self.gather(t, plan, p, counts, None, w, dequantize, g,
                                               index=f"#{i}/{n}"), plan, Op.GATHER, t,
                                   counts, None)

@@ -114,7 +114,9 @@ def test_validate_makes_every_rank_raise_the_same_error(gloo_worlds):
               "wire_scale": "ranks disagree on op: 'gather/nvfp4 scale=1.0' on ranks [0, 1, "
                             "2]; 'gather/nvfp4 scale=2.0' on ranks [3]",
               "wire": "ranks disagree on op: 'gather/mxfp4' on ranks [0]; 'gather/nvfp4 "
-                      "scale=1.0' on ranks [1, 2, 3]"}
+                      "scale=1.0' on ranks [1, 2, 3]",
+              "grad_many": "ranks disagree on op: 'gather of 2 tensors' on ranks [0, 2, 3]; "
+                           "'gather of 2 tensors (autograd: one by one)' on ranks [1]"}
     _same_error_on_every_rank(res, expect)
     assert all(r["ok"] for r in res)
     assert {r["same_scale"] for r in res} == {"no error"}, res   # 2 and 2.0: one scale

@@ -258,6 +258,8 @@ def check_validate(ctx) -> dict:
     wx = torch.randn(4, 32)
     out["wire_scale"] = _raises(lambda: comm.gather(wx, plan, partial=True, wire="nvfp4",
                                                     wire_scale=2.0 if r == 3 else 1.0))
+    out["grad_many"] = _raises(lambda: comm.gather(
+        (x.clone().requires_grad_(r == 1), x), plan, partial=True))
     out["same_scale"] = _raises(lambda: comm.gather(wx, plan, partial=True, wire="nvfp4",
                                                     wire_scale=2 if r == 3 else 2.0))
     out["wire"] = _raises(lambda: comm.gather(wx, plan, partial=True,
