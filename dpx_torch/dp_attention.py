@@ -260,8 +260,11 @@ class DpAttention:
         return self._is_extend
 
     def is_dp_gatherv_active(self) -> bool:
-        """sglang's condition: ``use_gatherv``, attn_tp 1, no CP, and a SUM_LEN step."""
-        return self._mode(None) is PaddingMode.GATHERV
+        """sglang's condition: ``use_gatherv``, attn_tp 1, no CP, a SUM_LEN step, and the
+        world as large as :meth:`get_attention_dp_size` (so not inside
+        :meth:`disable_dp_size` on a world of several ranks)."""
+        return self._mode(None) is PaddingMode.GATHERV \
+            and self.get_attention_dp_size() == self.layout.world_size
 
     # ------------------------------------------------------------ plans
     def _mode(self, padding: DpPaddingMode | None) -> PaddingMode:

@@ -65,6 +65,9 @@ def dropin_matches_native(ctx, layout_args, cases) -> int:
             sg.set_dp_buffer_len(plan.global_rows, local_len, pmode.is_max_len(),
                                  list(counts))
             assert sg.is_dp_gatherv_active() is (plan.mode is dpx.PaddingMode.GATHERV)
+            with sg.disable_dp_size():   # sglang's tp_size == dp_size condition
+                assert sg.is_dp_gatherv_active() is (
+                    plan.mode is dpx.PaddingMode.GATHERV and layout.world_size == 1)
         assert sg.is_dp_max_padding() is pmode.is_max_len()
         # gathers: partial (every rank its own rows) and replicated (a replica's ranks alike)
         for partial in (True, False):
