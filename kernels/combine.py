@@ -87,7 +87,10 @@ def dequantize_sum_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     base = src_ptr + row * ROW_BYTES
     for p in tl.static_range(PARTS):
         v = wire_block_values(base, grp, ok, g, H, ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
-        base += rows_n * ROW_BYTES
+        if WIDE:   # a source's bytes may pass 2**31
+            base += rows_n.to(tl.int64) * ROW_BYTES
+        else:
+            base += rows_n * ROW_BYTES
         acc = add_rn(acc, v, COMPILED)
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
     store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND, COMPILED)

@@ -197,10 +197,10 @@ def fp4_scaled(f, c1, c2, NV: tl.constexpr):
 
 @triton.jit
 def recip64(g):
-    """``1 / g`` in float64 for a float32 ``g`` in the global scale's range, within
-    ``2**-50`` (relative): the GPU's reciprocal approximation (PTX ``rcp.approx.ftz.f64``,
-    about 20 correct bits) and two Newton steps, each doubling the correct bits, in fused
-    float64 arithmetic (:func:`nv_factor`'s ``r``)."""
+    """``1 / g`` in float64 for a float32 ``g`` in the global scale's range, within about
+    ``2**-52`` (relative): the GPU's reciprocal approximation (PTX ``rcp.approx.ftz.f64``,
+    about 20 correct bits; 14 would do) and two Newton steps, each doubling the correct
+    bits, in fused float64 arithmetic (:func:`nv_factor`'s ``r``)."""
     gd = g.to(tl.float64)
     r = tl.inline_asm_elementwise("rcp.approx.ftz.f64 $0, $1;", "=d,d", [gd],
                                   dtype=tl.float64, is_pure=True, pack=1)
@@ -217,7 +217,8 @@ def nv_factor(s, k: tl.constexpr, r):
     g`` lies at least ``2**-49`` (relative) from every float32 rounding boundary (a
     boundary ``m`` has a 25-bit odd significand: ``k s = g m`` cannot hold, and ``k s - g
     m`` is a multiple of the lesser of their last bits' weights), while the float64
-    product is within ``2**-50`` of it. In the global scale's range every quotient
+    product is within about ``2**-51`` of it (``r``'s error, then one rounding each for ``k
+    * r`` and the product). In the global scale's range every quotient
     :func:`fp4_values` forms is a normal float32. A GPU test checks every scale byte at
     global scales across the range (tests/test_fp4_wire.py)."""
     return (s.to(tl.float64) * (r * k)).to(tl.float32)

@@ -542,3 +542,24 @@ def test_jax_combine_gradient_is_the_native_one():
 
     g8, g = loss("fp8")(x), loss("native")(x)
     assert np.array_equal(np.asarray(g8), np.asarray(g)) and np.abs(np.asarray(g)).sum() > 0
+
+
+def test_a_wide_summing_pass_steps_sources_in_int64():
+    """``WIDE`` (buffers of 2**31 bytes or more): the summing pass's step from one source to
+    the next, ``rows * ROW_BYTES``, is a 64-bit product. 600,000 nvfp4 rows of 7,168 are
+    2.4 GB a source: a 32-bit product would wrap and read before the buffer. Compiled for
+    sm_90 without a GPU (the PTX of the launch dpx makes)."""
+    pytest.importorskip("triton")
+    import re
+
+    import kernel_digest as kd
+    from dpx.kernels import launch as L
+    from dpx.modes import Wire
+
+    lt = L.dequantize_sum_launch(Wire.NVFP4, 600_000, 2, 7168, "bfloat16", compiled=True)
+    rb = W.wire_row_bytes(7168, Wire.NVFP4)
+    assert lt.consts["WIDE"] and 600_000 * rb >= 2 ** 31
+    ptx = kd.compile_case(lt.kernel, {"src_ptr": "*u8", "out_ptr": "*bf16"}, lt.consts,
+                          lt.warps).asm["ptx"]
+    assert re.search(rf"m(?:ul|ad)\.wide\.s32\s+%rd\d+, %r\d+, {rb}\b", ptx), "no 64-bit step"
+    assert not re.search(rf"mul\.lo\.s32\s+%r\d+, %r\d+, {rb}\b", ptx), "a 32-bit step"

@@ -308,8 +308,11 @@ def test_compiled_nvfp4_factors_at_many_global_scales():
     ``RN(s / g)`` and ``RN(1.5 s / g)`` as float64 products with ``1 / g`` (``nv_factor``).
     Against the CPU torch ops (``div_rn`` by definition), bit for bit: every scale byte (the
     NaN code's included) times every e2m1 code, at 400 global scales spread over the
-    whole range [2**-64, 2**64] (its ends, powers of two, significands from random bits),
-    into float32 and bfloat16, one source and two."""
+    whole range [2**-64, 2**64] (its ends, powers of two, significands from random bits)
+    and at the hardest ones: the 34 significands ``b`` with ``b * m = a * 2**t +- 1`` for a
+    25-bit odd ``m`` and ``a`` the odd part of a ``k s`` (their quotients come within
+    ``2**-48`` of a float32 rounding boundary; a reciprocal one Newton step short misses
+    there), into float32 and bfloat16, one source and two."""
     h = 16 * 128
     rb = wire_row_bytes(h, Wire.NVFP4)
     row = torch.zeros(rb, dtype=torch.uint8)
@@ -322,6 +325,12 @@ def test_compiled_nvfp4_factors_at_many_global_scales():
     gs += [float(2.0 ** e) for e in rng.integers(-64, 64, 45)]
     gs += [float(np.float32(m * 2.0 ** e)) for m, e in
            zip(rng.uniform(1, 2, 350), rng.integers(-64, 63, 350))]
+    hard = (8821011, 8899653, 9370179, 9450075, 9476361, 9987993, 10183681, 10218159,
+            10542545, 10636535, 10764557, 10896543, 11242465, 11342695, 12077715, 12648641,
+            12729795, 13675545, 13688077, 13786405, 13909315, 14427101, 14583465, 14701685,
+            14759563, 14832755, 15498951, 15616965, 15732721, 15739451, 15793935, 16527927,
+            16646655, 16777215)
+    gs += [b * 2.0 ** e for b in hard for e in (-87, -23, 40)]
     other = row.clone()
     other[h // 2:] = (torch.arange(128) + 37) % 128      # a second source, scales shifted
     src = torch.stack([row, other])

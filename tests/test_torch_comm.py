@@ -88,9 +88,10 @@ def test_gradients_are_the_adjoints(gloo_worlds, layout):
 
 
 def test_async_equals_sync_and_pool_stays_flat(gloo_worlds):
-    """Async calls equal sync ones; once every step's kinds and sizes ran, the pool holds
-    what it held: the same 31 steps again add no buffer (a scratch purpose that only some
-    count patterns use may first appear late in the first pass)."""
+    """Async calls equal sync ones; once the first pass of 31 steps ran, the pool holds what
+    it held: the same counts again (each step's mode and key shifted, as 31 is odd and not a
+    multiple of 3) add no buffer. A scratch purpose that only some count patterns use may
+    first appear late in the first pass, so the first pass is not asserted flat."""
     rng = random.Random(11)
     steps = [[40, 40]] + [[rng.randint(0, 40), rng.randint(0, 40)] for _ in range(30)]
     res = gloo_worlds(4).run("torch_jobs:check_async_matches_sync", (4, 2), steps + steps)

@@ -155,7 +155,7 @@ def check_grads(ctx, layout_args, cases, *, rest=(4,)) -> int:
 
 def check_async_matches_sync(ctx, layout_args, steps) -> dict:
     """Many async gather/reduce_scatter steps (two micro-batch keys, varying sizes) equal the
-    synchronous path; the pool holds a fixed number of buffers once the largest size ran."""
+    synchronous path; returns the pool's buffer count after each step."""
     layout = dpx.DpLayout(*layout_args)
     comm = ctx.comm(layout)
     d = layout.coords(ctx.rank).attn_dp_rank
