@@ -220,7 +220,7 @@ def nv_factor(s, k: tl.constexpr, r):
     product is within about ``2**-51`` of it (``r``'s error, then one rounding each for ``k
     * r`` and the product). In the global scale's range every quotient
     :func:`fp4_values` forms is a normal float32. A GPU test checks every scale byte at
-    global scales across the range (tests/test_fp4_wire.py)."""
+    many global scales, the hardest among them (tests/test_fp4_wire.py)."""
     return (s.to(tl.float64) * (r * k)).to(tl.float32)
 
 
