@@ -38,7 +38,8 @@ import dpx
 from common import copy_us, cuda_time_us, out_dir, write_csv
 from dpx.kernels import launch as L
 from dpx.kernels.blocks import block_index
-from dpx.kernels.combine import add_rn, dequantize_sum_kernel, store_sum, wire_block_values
+from dpx.kernels.blocks import add_rn
+from dpx.kernels.combine import dequantize_sum_kernel, store_sum, wire_block_values
 from dpx.kernels.constants import GROUP, MX_BLOCK, NV_BLOCK
 from dpx.kernels.peer import peer_base, peer_wire_sum_kernel, phase_offset, row_starts
 from dpx.wire import wire_row_bytes

@@ -12,6 +12,7 @@ called: the compiled code is the one the kernel would have with the block writte
   product with the reciprocal and one fused correction, where the divisor's significand
   has at most four bits (6, or an e4m3 value);
 - :func:`e2m1_code`: e2m1 rounding of a non-negative quotient on the float pipe;
+- :func:`add_rn`: a float32 addition rounded to nearest even, never fused;
 - :func:`fp8_values` / :func:`fp8_block_values` / :func:`store_rounded`: the fp8 wire's
   float32 values of codes and scales (of one group of wire rows), and float32 values stored
   rounded to an output dtype with the canonical NaN.
@@ -22,7 +23,7 @@ import triton.language as tl
 
 from dpx.kernels.constants import GROUP, NAN_BF16, NAN_CODE, NAN_F16, NAN_F32
 
-__all__ = ["block_index", "div_by_short", "e2m1_code", "e4m3_code",
+__all__ = ["add_rn", "block_index", "div_by_short", "e2m1_code", "e4m3_code",
            "e4m3_signed_value", "e4m3_value", "fp8_block_values", "fp8_values", "load_index",
            "store_rounded"]
 
@@ -115,6 +116,17 @@ def e2m1_code(q):
     r = tl.minimum(tl.minimum(r2, r1, propagate_nan=nan_off),
                    tl.minimum(r05, 8388615.0, propagate_nan=nan_off), propagate_nan=nan_off)
     return r.to(tl.int32, bitcast=True) & 7
+
+
+@triton.jit
+def add_rn(acc, v, COMPILED: tl.constexpr):
+    """``acc + v`` in float32, rounded to nearest even with subnormals: a PTX ``add.rn.f32``
+    on a GPU (never fused into a multiply-add), NumPy's addition in the interpreter."""
+    if COMPILED:
+        return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [acc, v],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return acc + v
 
 
 @triton.jit

@@ -9,8 +9,9 @@ The float32 values are the dequantize kernels' (fp8: ``e4m3 * scale`` as
 :func:`~dpx.kernels.blocks.fp8_block_values`; nvfp4 / mxfp4:
 :func:`~dpx.kernels.fp4.fp4_values`). The additions are IEEE round-to-nearest-even
 with subnormals: on a GPU (``COMPILED``) each is a PTX ``add.rn.f32``, which the compiler
-never fuses with the fp8 product into a multiply-add (a plain ``add.f32`` it may); in
-Triton's interpreter a NumPy float32 addition. A NaN anywhere gives the output's canonical
+never fuses with the fp8 product into a multiply-add (a plain ``add.f32`` it may), or
+for nvfp4 one ``fma.rn.f32`` of a product that is exact (the same bits); in Triton's
+interpreter a NumPy float32 addition. A NaN anywhere gives the output's canonical
 quiet NaN; a zero result is +0.0, as the sum from +0.0 defines it: the first addition is
 a real one on both (``add.rn.f32`` is never folded away: ``+0.0 + -0.0`` is ``+0.0``, not
 ``-0.0``; NumPy adds). The rounding to the output dtype is the dequantize kernels'
@@ -24,11 +25,11 @@ GS]`` block grid as a ``[BLOCK_B, GS]`` tile.
 import triton
 import triton.language as tl
 
-from dpx.kernels.blocks import block_index, fp8_block_values, store_rounded
+from dpx.kernels.blocks import add_rn, block_index, fp8_block_values, store_rounded
 from dpx.kernels.constants import GROUP, MX_BLOCK, NV_BLOCK
 from dpx.kernels.fp4 import fp4_values
 
-__all__ = ["add_rn", "dequantize_sum_kernel", "store_sum", "wire_block_values"]
+__all__ = ["add_wire_block", "dequantize_sum_kernel", "store_sum", "wire_block_values"]
 
 
 @triton.jit
@@ -41,26 +42,29 @@ def wire_block_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr
     code or a NaN block gives NaN. What the dequantize kernels compute before their rounding
     to the output dtype."""
     if FP4:
-        v = fp4_values(base, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED)
+        v = fp4_values(base, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED, 0.0, False)
     else:
         v = fp8_block_values(base, grp, ok, H, COMPILED)
     return v
 
 
 @triton.jit
-def add_rn(acc, v, COMPILED: tl.constexpr):
-    """``acc + v`` in float32, rounded to nearest even with subnormals: a PTX ``add.rn.f32``
-    on a GPU (never fused into a multiply-add), NumPy's addition in the interpreter."""
-    if COMPILED:
-        return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [acc, v],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+def add_wire_block(acc, base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr,
+                   FP4: tl.constexpr, NV: tl.constexpr, BLOCK_B: tl.constexpr,
+                   COMPILED: tl.constexpr):
+    """``acc`` plus :func:`wire_block_values` (float32 ``[BLOCK_B, GS]``): each value
+    rounded, then added by :func:`~dpx.kernels.blocks.add_rn` (nvfp4 on a GPU: one
+    ``fma.rn.f32`` of its exact product, the same bits: :func:`~dpx.kernels.fp4.
+    fp4_values`)."""
+    if FP4:
+        return fp4_values(base, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED, acc, True)
     else:
-        return acc + v
+        return add_rn(acc, fp8_block_values(base, grp, ok, H, COMPILED), COMPILED)
 
 
 @triton.jit
 def store_sum(acc, out_ptr, offs, mask, OUT_KIND: tl.constexpr, COMPILED: tl.constexpr):
-    """``acc`` (a float32 sum from +0.0 by :func:`add_rn`, so a zero sum is +0.0) stored at
+    """``acc`` (a float32 sum from +0.0 by :func:`~dpx.kernels.blocks.add_rn`, so a zero sum is +0.0) stored at
     ``out_ptr + offs`` rounded to ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16):
     nearest even, a NaN as the output's canonical quiet NaN
     (:func:`~dpx.kernels.blocks.store_rounded`)."""
@@ -86,11 +90,10 @@ def dequantize_sum_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
     base = src_ptr + row * ROW_BYTES
     for p in tl.static_range(PARTS):
-        v = wire_block_values(base, grp, ok, g, H, ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
+        acc = add_wire_block(acc, base, grp, ok, g, H, ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
         if WIDE:   # a source's bytes may pass 2**31
             base += rows_n.to(tl.int64) * ROW_BYTES
         else:
             base += rows_n * ROW_BYTES
-        acc = add_rn(acc, v, COMPILED)
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
     store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND, COMPILED)

@@ -40,7 +40,7 @@ Grid of both: ``(cdiv(rows * H / GS, BLOCK_B),)``.
 import triton
 import triton.language as tl
 
-from dpx.kernels.blocks import (block_index, div_by_short, e2m1_code, e4m3_code,
+from dpx.kernels.blocks import (add_rn, block_index, div_by_short, e2m1_code, e4m3_code,
                                 e4m3_value, load_index, store_rounded)
 from dpx.kernels.constants import (E2M1_MAX, E2M1_RECIP, FP8_MAX, MX_BLOCK, MX_NAN_SCALE,
                                    NV_BLOCK, NV_NAN_SCALE)
@@ -165,34 +165,62 @@ def quantize_fp4_kernel(src_ptr, start_ptr, count_ptr, start_val, count_val, src
 
 
 @triton.jit
-def e2m1_halves(words, i: tl.constexpr):
+def e2m1_halves(words, i: tl.constexpr, WHOLE: tl.constexpr, COMPILED: tl.constexpr):
     """Elements ``8w + i`` and ``8w + i + 4`` of int32 payload words ``words`` (element ``8w +
     k`` in bits ``4k .. 4k + 3``) as float32 ``e2m1 * 2**-14``, exact: each code's sign,
     exponent and mantissa bits moved to a float16's (bits 15, 10-11 and 9: a float16 with
     those bits is 2**-14 times the e2m1 value, its subnormal 0.5 included), the two codes
-    16 bits apart moving together into one word's two float16, then converted."""
+    16 bits apart moving together into one word's two float16, then converted. ``WHOLE``
+    (a GPU): ``e2m1`` itself, the word's two float16 first multiplied by ``2**14`` in one
+    packed ``mul.rn.f16x2`` (exact: a power of two, the results in float16's normal
+    range)."""
     if i < 3:
         mag = words << (9 - 4 * i)
     else:
         mag = words >> 3
     h2 = (mag & 0x0E000E00) | ((words << (12 - 4 * i)) & -0x7FFF8000)    # 0x80008000
-    lo = h2.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    hi = (h2 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if WHOLE:
+        h2 = tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r",
+                                       [h2, tl.full(h2.shape, 0x74007400, tl.int32)],
+                                       dtype=tl.int32, is_pure=True, pack=1)
+    if COMPILED:
+        # the two float16 converted where they lie (LLVM, left to itself, may regroup the
+        # halves of several words first: one byte permute an element more)
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+            "=f,=f,r", [h2], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        lo = h2.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (h2 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     return lo, hi
 
 
 @triton.jit
-def fp4_scaled(f, c1, c2, NV: tl.constexpr):
-    """A dequantized value from ``f = e2m1 * 2**-14`` (:func:`e2m1_halves`) and its block's
-    factors (:func:`fp4_values`): mxfp4 ``f * c1 * c2``; nvfp4 the power of two of ``f``
-    (its sign and exponent bits) times ``c2`` where ``e2m1`` is 1.5 times a power of two,
-    else times ``c1``."""
+def fp4_terms(f, c1, c2, NV: tl.constexpr, WHOLE: tl.constexpr):
+    """A dequantized value as the product of two terms ``(a, b)``, from ``f = e2m1 *
+    2**-14`` (:func:`e2m1_halves`; ``e2m1`` itself when ``WHOLE``) and its block's factors
+    (:func:`fp4_values`): mxfp4 ``(f * c1, c2)`` (``(f, c1)`` when ``WHOLE``); nvfp4 the
+    power of two of ``f`` (its sign and exponent bits) and ``c2`` where ``e2m1`` is 1.5
+    times a power of two, else ``c1``: an exact product wherever ``c1``, ``c2`` are numbers
+    (a power of two times a normal float32, in range: :func:`fp4_values`)."""
     if NV:
         fb = f.to(tl.int32, bitcast=True)
         pw = (fb & -0x800000).to(tl.float32, bitcast=True)          # sign and exponent
-        return pw * tl.where((fb & 0x7FFFFF) != 0, c2, c1)
+        return pw, tl.where((fb & 0x7FFFFF) != 0, c2, c1)
+    elif WHOLE:
+        return f, c1
     else:
-        return f * c1 * c2
+        return f * c1, c2
+
+
+@triton.jit
+def tile8(x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_B: tl.constexpr, GS: tl.constexpr):
+    """Eight ``[BLOCK_B, GS / 8]`` pieces (``xi``: elements ``8w + i`` of a block) as the
+    ``[BLOCK_B, GS]`` tile of the block's elements in order (element ``8w + 4h + 2j + k`` at
+    ``[.., w, h, j, k]`` of the joins)."""
+    v = tl.join(tl.join(tl.join(x0, x4), tl.join(x2, x6)),
+                tl.join(tl.join(x1, x5), tl.join(x3, x7)))
+    return tl.reshape(v, [BLOCK_B, GS])
 
 
 @triton.jit
@@ -226,14 +254,17 @@ def nv_factor(s, k: tl.constexpr, r):
 
 @triton.jit
 def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: tl.constexpr,
-               BLOCK_B: tl.constexpr, COMPILED: tl.constexpr):
+               BLOCK_B: tl.constexpr, COMPILED: tl.constexpr, acc, SUM: tl.constexpr):
     """The float32 values ``[BLOCK_B, GS]`` of block ``grp`` of the fp4 wire rows at ``base``
     (uint8 pointers ``[BLOCK_B]``, one per row; ``ok``: rows to read; nvfp4 with global
     scale ``g`` when ``NV``, else mxfp4), NaN (bits unspecified) in a block whose scale byte
-    is the NaN code: the dequantized values before the rounding to an output dtype.
+    is the NaN code: the dequantized values before the rounding to an output dtype; ``SUM``:
+    ``acc`` plus them (float32 ``[BLOCK_B, GS]``, :func:`~dpx.kernels.blocks.add_rn` of each
+    value rounded; on a GPU nvfp4's as one ``fma.rn.f32`` of its exact product: the same
+    bits, one instruction less).
 
     Each element is ``f = e2m1 * 2**-14`` (:func:`e2m1_halves`) times per-block factors
-    (:func:`fp4_scaled`; a NaN block's are NaN), exact where the definition is:
+    (:func:`fp4_terms`; a NaN block's are NaN), exact where the definition is:
 
     - mxfp4: ``2**(E + 14)`` as two powers of two in float32's normal range; the products
       have two significant bits and are exact from ``2**-128`` up, rounding to infinity
@@ -241,7 +272,10 @@ def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: t
     - nvfp4: ``e2m1 * s / g`` correctly rounded is ``2**j * RN(s / g)`` or ``2**j *
       RN(1.5 s / g)`` (``e2m1 = 2**j`` or ``1.5 * 2**j``; 1.5s is exact, and in the global
       scale's range every such value is a normal float, so scaling by ``2**j`` is exact):
-      the two quotients times ``2**14`` per block, ``f``'s power of two per element.
+      the two quotients times ``2**14`` per block, ``f``'s power of two per element;
+      the product is exact (:func:`nv_factor`: the quotients lie in ``[2**-73, 2**74]``,
+      so their ``2**14`` multiples times ``2**-15 .. 2**-12`` are normal floats), so
+      ``fma(a, b, acc)`` rounds once what ``acc + RN(a * b)`` rounds once.
     """
     GS: tl.constexpr = NV_BLOCK if NV else MX_BLOCK
     HALF: tl.constexpr = GS // 2
@@ -272,6 +306,13 @@ def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: t
             s = e4m3_value(sb & 0x7F)
             c1 = tl.where(nan, float("nan"), tl.math.div_rn(s, g) * 16384.0)[:, None]
             c2 = tl.where(nan, float("nan"), tl.math.div_rn(s * 1.5, g) * 16384.0)[:, None]
+    elif COMPILED:
+        # 2**E: E + 127 as float32's exponent bits, 2**-127 (byte 0) a subnormal; the
+        # products with e2m1 (WHOLE) are exact from 2**-128 up and round to infinity past
+        # the largest float, as the definition does
+        c1 = tl.where(sb == 0, 0x400000, sb << 23).to(tl.float32, bitcast=True)
+        c1 = tl.where(sb == MX_NAN_SCALE, float("nan"), c1)[:, None]
+        c2 = c1
     else:
         E = sb - 127
         # 2**(E + 14) = c1 * c2, both powers of two in float32's normal range
@@ -279,16 +320,19 @@ def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: t
         c1 = tl.where(sb == MX_NAN_SCALE, float("nan"), c1)[:, None]
         c2 = tl.where(E <= 113, 127 << 23, (E + 14) << 23).to(tl.float32, bitcast=True)
         c2 = c2[:, None]
-    a0, a4 = e2m1_halves(words, 0)
-    a1, a5 = e2m1_halves(words, 1)
-    a2, a6 = e2m1_halves(words, 2)
-    a3, a7 = e2m1_halves(words, 3)
-    # element 8w + 4h + 2j + k at [.., w, h, j, k]
-    v = tl.join(tl.join(tl.join(fp4_scaled(a0, c1, c2, NV), fp4_scaled(a4, c1, c2, NV)),
-                        tl.join(fp4_scaled(a2, c1, c2, NV), fp4_scaled(a6, c1, c2, NV))),
-                tl.join(tl.join(fp4_scaled(a1, c1, c2, NV), fp4_scaled(a5, c1, c2, NV)),
-                        tl.join(fp4_scaled(a3, c1, c2, NV), fp4_scaled(a7, c1, c2, NV))))
-    return tl.reshape(v, [BLOCK_B, GS])
+    WH: tl.constexpr = COMPILED and not NV
+    f0, f4 = e2m1_halves(words, 0, WH, COMPILED)
+    f1, f5 = e2m1_halves(words, 1, WH, COMPILED)
+    f2, f6 = e2m1_halves(words, 2, WH, COMPILED)
+    f3, f7 = e2m1_halves(words, 3, WH, COMPILED)
+    a, b = fp4_terms(tile8(f0, f1, f2, f3, f4, f5, f6, f7, BLOCK_B, GS), c1, c2, NV, WH)
+    if SUM:
+        if NV and COMPILED:
+            return tl.fma(a, b, acc)
+        else:
+            return add_rn(acc, a * b, COMPILED)
+    else:
+        return a * b
 
 
 @triton.jit(do_not_specialize=["rows_n", "g"])
@@ -304,6 +348,7 @@ def dequantize_fp4_kernel(src_ptr, rows_n, g, out_ptr, H: tl.constexpr,
     row = f // NB
     grp = f % NB
     ok = row < rows_n
-    v = fp4_values(src_ptr + row * ROW_BYTES, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED)
+    v = fp4_values(src_ptr + row * ROW_BYTES, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED,
+                   0.0, False)
     store_rounded(v, out_ptr, (f * GS)[:, None] + tl.arange(0, GS)[None, :], ok[:, None],
                   OUT_KIND, COMPILED)

@@ -38,8 +38,8 @@ and chunk tables are int32 in device memory (CUDA-graph replayable with new coun
 - :func:`peer_sum_kernel` / :func:`peer_wire_sum_kernel` (after the barrier): ``out[j]``,
   ``j < lens[me]``, is the sum over ranks ``p = 0 .. W-1`` in that order of rank ``p``'s
   row ``firsts[me] + j`` -- float32 from +0.0 rounded once (the combine's
-  :func:`~dpx.kernels.combine.add_rn` and :func:`~dpx.kernels.combine.store_sum`; wire
-  rows dequantized by :func:`~dpx.kernels.combine.wire_block_values`), integers in their
+  :func:`~dpx.kernels.blocks.add_rn` and :func:`~dpx.kernels.combine.store_sum`; wire
+  rows dequantized and added by :func:`~dpx.kernels.combine.add_wire_block`), integers in their
   dtype -- and 0 from ``lens[me]`` to ``out_rows``.
 
 Grids: put ``(E * cdiv(block, BLOCK_R), cdiv(WIDTH, BLOCK_C))``, ``E`` entries (``W``, or 1
@@ -51,8 +51,8 @@ GS, BLOCK_B),)``; the barrier ``(1,)``.
 import triton
 import triton.language as tl
 
-from dpx.kernels.blocks import block_index
-from dpx.kernels.combine import add_rn, store_sum, wire_block_values
+from dpx.kernels.blocks import add_rn, block_index
+from dpx.kernels.combine import add_wire_block, store_sum
 from dpx.kernels.constants import GROUP, LEFT, MX_BLOCK, NV_BLOCK
 
 __all__ = ["globaltimer", "peer_barrier_kernel", "peer_put_kernel", "peer_sum_kernel",
@@ -316,7 +316,6 @@ def peer_wire_sum_kernel(table_ptr, firsts_ptr, lens_ptr, me, out_rows, ws_rows,
     acc = tl.full([BLOCK_B, GS], 0.0, tl.float32)
     for p in tl.static_range(W):
         base = row_starts(peer_base(table_ptr, p) + off, src.to(tl.int64), ROW_BYTES)
-        v = wire_block_values(base, grp, real, g, H, ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
-        acc = add_rn(acc, v, COMPILED)
+        acc = add_wire_block(acc, base, grp, real, g, H, ROW_BYTES, FP4, NV, BLOCK_B, COMPILED)
     offs = (f * GS)[:, None] + tl.arange(0, GS)[None, :]
     store_sum(acc, out_ptr, offs, ok[:, None], OUT_KIND, COMPILED)

@@ -563,3 +563,31 @@ def test_a_wide_summing_pass_steps_sources_in_int64():
                           lt.warps).asm["ptx"]
     assert re.search(rf"m(?:ul|ad)\.wide\.s32\s+%rd\d+, %r\d+, {rb}\b", ptx), "no 64-bit step"
     assert not re.search(rf"mul\.lo\.s32\s+%r\d+, %r\d+, {rb}\b", ptx), "a 32-bit step"
+
+
+@pytest.mark.parametrize("wire", ["fp8", "nvfp4", "mxfp4"])
+def test_the_summing_pass_fuses_only_exact_products(wire):
+    """The compiled summing pass (sm_90, no GPU needed) adds each source's values with one
+    rounding each: nvfp4's value is a power of two times a block factor, an exact product,
+    so it goes in as one ``fma.rn.f32`` per element and source (the same bits as the
+    product's addition); fp8's and mxfp4's products can round (or overflow), so they are
+    multiplied, then added by ``add.rn.f32``, never fused."""
+    pytest.importorskip("triton")
+    import re
+
+    import kernel_digest as kd
+    from dpx.kernels import launch as L
+    from dpx.modes import Wire
+
+    parts = 4
+    lt = L.dequantize_sum_launch(Wire(wire), 512, parts, 7168, "bfloat16", compiled=True)
+    ptx = kd.compile_case(lt.kernel, {"src_ptr": "*u8", "out_ptr": "*bf16"}, lt.consts,
+                          lt.warps).asm["ptx"]
+    fma = len(re.findall(r"\bfma\.rn\.f32\b", ptx))
+    add = len(re.findall(r"\badd\.rn\.f32\b", ptx))
+    per = lt.consts["BLOCK_B"] * W.block(Wire(wire)) // (32 * lt.warps) if wire != "fp8" \
+        else None
+    if wire == "nvfp4":
+        assert add == 0 and fma == parts * per, (fma, add, per)
+    else:
+        assert fma == 0 and add > 0 and add % parts == 0, (fma, add)

@@ -412,7 +412,8 @@ def test_sglang_dropin_on_the_peer_transport(peer_worlds, layout):
 def test_peer_kernels_compile_for_sm90():
     """Every peer kernel as dpx_torch launches it compiles for an H100/H200 (sm_90, no GPU
     needed): the barrier reads the global clock and orders its flags at system scope, the
-    sums add with ``add.rn.f32`` (the combine's rounding, never fused into a multiply-add),
+    sums add with ``add.rn.f32`` (the combine's rounding, never fused into a multiply-add;
+    nvfp4's with ``fma.rn.f32`` of an exact product, the same bits),
     no kernel spills to local memory, and every access to a workspace row moves whole
     vectors (the rows' alignment, :func:`dpx.kernels.peer.row_starts`: a pointer read from
     the table has none the compiler knows, and the rows' bytes went one load or store an
@@ -443,8 +444,10 @@ def test_peer_kernels_compile_for_sm90():
                 assert widths == {"v4"}, (name, widths)
         if name == "peer barrier":
             assert "%globaltimer" in ptx and ".sys" in ptx and "release" in ptx, ptx[-2000:]
-        if name.startswith("peer sum"):
-            assert "add.rn.f32" in ptx, name
+        if name == "peer sum nvfp4":
+            assert "fma.rn.f32" in ptx and "add.rn.f32" not in ptx, name
+        elif name.startswith("peer sum"):
+            assert "add.rn.f32" in ptx and "fma.rn.f32" not in ptx, name
 
 
 class _Workspaces:
