@@ -30,13 +30,11 @@ ceil_align = INTS.ceil_align
 
 __version__ = "0.3.0"
 
-__all__ = [
-    "CostModel", "CountRule", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError",
-    "DpxMismatchCapacityError", "DpxMismatchError", "DpxMismatchInputError",
-    "DpxMismatchTypeError", "DpxMismatchValueError", "DpxPeerError", "DpxTypeError",
-    "DpxValueError", "Group", "ModeEstimate", "Op", "OpEstimate", "OpRows", "PaddingMode",
-    "PeerLayout", "Policy", "RankCoords", "RankFacts", "Route", "Schedule", "ScheduleCache",
-    "StepCost", "Transport", "TransportChoice", "Wire", "build_schedule", "ceil_align",
-    "choose_transport", "compare_modes", "estimate", "explain", "local_rows", "nvfp4_scale",
-    "op_rows", "peer_phase_bytes", "plan_step", "sglang_mode"
-]
+__all__ = ["CostModel", "CountRule", "DpLayout", "DpPlan", "DpxCapacityError", "DpxError",
+           "DpxMismatchCapacityError", "DpxMismatchError", "DpxMismatchInputError",
+           "DpxMismatchTypeError", "DpxMismatchValueError", "DpxPeerError", "DpxTypeError",
+           "DpxValueError", "Group", "ModeEstimate", "Op", "OpEstimate", "OpRows", "PaddingMode",
+           "PeerLayout", "Policy", "RankCoords", "RankFacts", "Route", "Schedule", "ScheduleCache",
+           "StepCost", "Transport", "TransportChoice", "Wire", "build_schedule", "ceil_align",
+           "choose_transport", "compare_modes", "estimate", "explain", "local_rows", "nvfp4_scale",
+           "op_rows", "peer_phase_bytes", "plan_step", "sglang_mode"]

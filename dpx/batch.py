@@ -63,6 +63,5 @@ def lockstep(schedules: Sequence[Schedule]) -> tuple[Stage, ...]:
             local += [(i, step) for step in runs[k]]
             if cs[k] is not None:
                 batches.setdefault((cs[k].kind, cs[k].group), []).append((i, cs[k]))
-        stages.append(Stage(tuple(local), tuple(Batch(k[0], tuple(v))
-                                                for k, v in batches.items())))
+        stages.append(Stage(tuple(local), tuple(Batch(k[0], tuple(v)) for k, v in batches.items())))
     return tuple(stages)

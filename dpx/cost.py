@@ -26,10 +26,8 @@ from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToA
                        Move, Pack, Quantize, ReduceScatter, ReduceScatterV, ReduceV,
                        SplitColumns, Step, Unpack, Zero, moved_buffer)
 
-__all__ = [
-    "ALL_MODES", "compare_modes", "estimate", "estimate_op", "group_size", "mode_estimates",
-    "ModeEstimate", "op_estimate", "OpEstimate", "peer_bytes", "price", "PRICERS"
-]
+__all__ = ["ALL_MODES", "compare_modes", "estimate", "estimate_op", "group_size", "mode_estimates",
+           "ModeEstimate", "op_estimate", "OpEstimate", "peer_bytes", "price", "PRICERS"]
 
 
 def group_size(layout: Any, group: Group) -> int:

@@ -31,8 +31,7 @@ class CountRule(NamedTuple):
         return list(INTS.group_sum(tuple(counts), self.group))
 
     def aligned_sum(self, counts: Sequence[int]) -> int:
-        return sum(INTS.ceil_align(tuple(max(x, 0) for x in self.per_replica(counts)),
-                                   self.align))
+        return sum(INTS.ceil_align(tuple(max(x, 0) for x in self.per_replica(counts)), self.align))
 
     def broken(self, counts: Sequence[int]) -> list[tuple[int, str]]:
         """``(bit, message)`` per broken bound (empty when every row fits): bit 1 a
@@ -78,8 +77,7 @@ def own_entry(dp: Any, cp: Any, cp_size: int, *, shards: bool) -> Any:
     return dp * cp_size + cp if shards else dp
 
 
-def disagreements(layout: DpLayout, reports: tuple[int, ...], *,
-                  shards: bool) -> list[str]:
+def disagreements(layout: DpLayout, reports: tuple[int, ...], *, shards: bool) -> list[str]:
     """For every world rank's report (rank order), the groups whose ranks must report the
     same count and do not, described for an error message."""
     out = []
@@ -90,6 +88,5 @@ def disagreements(layout: DpLayout, reports: tuple[int, ...], *,
             c = layout.coords(first)
             what = (f"replica {c.attn_dp_rank} CP rank {c.attn_cp_rank}" if shards
                     else f"replica {c.attn_dp_rank}")
-            out.append(f"{what} (ranks {first}..{first + size - 1}) reported "
-                       f"{list(group)}")
+            out.append(f"{what} (ranks {first}..{first + size - 1}) reported {list(group)}")
     return out

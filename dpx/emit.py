@@ -139,8 +139,7 @@ class Emitter:
     def scatter_adjoint_local(self) -> None:
         """``out``: zeros, with ``in`` placed at this rank's rows."""
         g, r = self.geo, self.rank
-        self.move(Ref(IN), Ref(OUT), self.out_rows, 0, g.rows_start(r.dp, r.cp),
-                  g.held(r.dp, r.cp))
+        self.move(Ref(IN), Ref(OUT), self.out_rows, 0, g.rows_start(r.dp, r.cp), g.held(r.dp, r.cp))
 
     # ------------------------------------------------------------ shared pieces
     def sums_partials(self) -> bool:
@@ -238,8 +237,7 @@ class Emitter:
         g, r = self.geo, self.rank
         G = g.global_rows
         # one rank of each group of identical copies writes; partial sums all write
-        writes = first_copy(g.layout, self.op, partial=self.partial, sharded=g.sharded,
-                            rank=r)
+        writes = first_copy(g.layout, self.op, partial=self.partial, sharded=g.sharded, rank=r)
         start, count = g.rows_start(r.dp, r.cp), X.mul(g.held(r.dp, r.cp), writes)
         if self.in_place:  # the caller's rows are there already: zero the rest
             self.steps.append(Zero(Ref(OUT), G, start, count))
@@ -375,8 +373,7 @@ class Emitter:
         direct = ((real or g.mode is PaddingMode.GATHERV) and g.sharing_group()[1] == 1
                   and self.known(self.eq(R, B)))
         chunk = Ref(OUT) if direct else self.buffer("chunk", B)
-        self.steps.append(ReduceScatterV(Group.WORLD, G, *g.chunk_table(real=real), B, src,
-                                         chunk))
+        self.steps.append(ReduceScatterV(Group.WORLD, G, *g.chunk_table(real=real), B, src, chunk))
         if not direct:
             self.finish_slot(chunk, B)
 

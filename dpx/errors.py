@@ -7,12 +7,10 @@ that already catch the built-in kinds keep working.
 
 from __future__ import annotations
 
-__all__ = [
-    "check_bool", "check_int", "DpxCapacityError", "DpxError", "DpxMismatchCapacityError",
-    "DpxMismatchError", "DpxMismatchInputError", "DpxMismatchTypeError",
-    "DpxMismatchValueError", "DpxPeerError", "DpxTypeError", "DpxValueError", "error_kind",
-    "mismatch_error"
-]
+__all__ = ["check_bool", "check_int", "DpxCapacityError", "DpxError", "DpxMismatchCapacityError",
+           "DpxMismatchError", "DpxMismatchInputError", "DpxMismatchTypeError",
+           "DpxMismatchValueError", "DpxPeerError", "DpxTypeError", "DpxValueError", "error_kind",
+           "mismatch_error"]
 
 
 class DpxError(Exception):
@@ -86,8 +84,7 @@ def mismatch_error(kinds: list[str | None]) -> type[DpxMismatchError]:
     value, typ = bool(got & {"capacity", "value"}), "type" in got
     if value and typ:
         return DpxMismatchInputError
-    return DpxMismatchValueError if value else DpxMismatchTypeError if typ \
-        else DpxMismatchError
+    return DpxMismatchValueError if value else DpxMismatchTypeError if typ else DpxMismatchError
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -13,14 +13,13 @@ from dpx.cost_model import CostModel
 from dpx.extents import op_rows
 from dpx.errors import DpxValueError, check_int
 from dpx.modes import Op, Transport, Wire
-from dpx.plan import DpPlan
+from dpx.plan import DpPlan, check_plan
 from dpx.schedule import build_schedule
 from dpx.transport import TransportChoice
 from dpx.wire import wire_row_bytes
 from dpx.workspace import PeerLayout, peer_phase_bytes
 
-__all__ = ["buffer_picture", "explain", "fmt_bytes", "lm_head_line", "peer_lines",
-           "schedule_lines"]
+__all__ = ["buffer_picture", "explain", "fmt_bytes", "lm_head_line", "peer_lines", "schedule_lines"]
 
 _BAR = 48
 
@@ -90,6 +89,7 @@ def explain(plan: DpPlan, *, hidden: int = 7168, itemsize: int = 2,
     transport and why (``DpComm.explain`` passes it; it sets ``transport``). On the peer
     transport it also states the workspace a phase needs and what each rank puts and
     pulls."""
+    check_plan(plan)
     model = cost_model or CostModel()
     transport = Transport.parse(transport) if choice is None else choice.transport
     row_bytes = hidden * itemsize

@@ -14,12 +14,10 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from dpx.ints import INTS
 
-__all__ = [
-    "add", "BINARY", "ceil_align", "ceil_div", "clip", "Coord", "coord", "counts_leaf",
-    "deps_of", "DEVICE_OPS", "eq", "exclusive_cumsum", "Expr", "floordiv", "gather",
-    "group_cumsum_excl", "group_sum", "index", "land", "maximum", "minimum", "mul", "OPS",
-    "param", "PARAMS", "render", "repeat", "size_of", "sub", "vall", "vmax", "vsum"
-]
+__all__ = ["add", "BINARY", "ceil_align", "ceil_div", "clip", "Coord", "coord", "counts_leaf",
+           "deps_of", "DEVICE_OPS", "eq", "exclusive_cumsum", "Expr", "floordiv", "gather",
+           "group_cumsum_excl", "group_sum", "index", "land", "maximum", "minimum", "mul", "OPS",
+           "param", "PARAMS", "render", "repeat", "size_of", "sub", "vall", "vmax", "vsum"]
 
 #: Leaf kinds a node depends on (:attr:`Expr.deps`, a bit set).
 COUNTS, COORD, PARAM = 1, 2, 4
@@ -233,8 +231,7 @@ def index(v: Any, i: Any) -> Any:
         if op == "gather":
             return index(args[0], args[1][i])
         if op in OPS and OPS[op].elementwise:
-            return OPS[op].make(*(index(a, i) if size_of(a) is not None else a
-                                  for a in args))
+            return OPS[op].make(*(index(a, i) if size_of(a) is not None else a for a in args))
     return _node("index", v, i, size=None)
 
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from dpx import expr as X
 from dpx.counts import own_entry
-from dpx.errors import DpxValueError
+from dpx.errors import DpxTypeError, DpxValueError
 from dpx.geometry import geometry
 from dpx.ints import INTS
 from dpx.layout import DpLayout
@@ -28,7 +28,18 @@ from dpx.modes import Op, PaddingMode
 from dpx.plan import DpPlan
 from dpx.routes import RankRef, symbolic_geometry
 
-__all__ = ["first_copy", "held_rows", "local_rows", "op_rows", "OpRows", "real_ranges"]
+__all__ = ["check_fill", "first_copy", "held_rows", "local_rows", "op_rows", "OpRows",
+           "real_ranges"]
+
+#: The values a pad row's ``fill`` may take in a tensor of each dtype (by name): an
+#: integer dtype's ``(lo, hi)``; a float dtype's largest finite value and whether it has
+#: infinities (NaN is every float dtype's).
+INT_FILLS = {"bool": (0, 1), **{f"int{b}": (-2 ** (b - 1), 2 ** (b - 1) - 1)
+                                for b in (8, 16, 32, 64)},
+             **{f"uint{b}": (0, 2 ** b - 1) for b in (8, 16, 32, 64)}}
+FLOAT_FILLS = {"float16": (65504.0, True), "bfloat16": (3.3895313892515355e38, True),
+               "float32": (3.4028234663852886e38, True), "float64": (1.7976931348623157e308, True),
+               "float8_e4m3fn": (448.0, False), "float8_e5m2": (57344.0, True)}
 
 
 class OpRows(NamedTuple):
@@ -40,6 +51,29 @@ class OpRows(NamedTuple):
     out: int
 
 
+def check_fill(fill: object, dtype: str) -> None:
+    """The rule on ``mask_pad_rows``' ``fill`` for a tensor of ``dtype`` (a name:
+    ``"bfloat16"``), the same in every frontend: a number (int or float, not bool) the
+    dtype holds -- for an integer dtype an integer in its range; for a float dtype NaN, an
+    infinity where it has one, or a value of at most its largest magnitude (rounded to the
+    nearest like any store). A value the dtype cannot hold would wrap, truncate or
+    overflow, differently on each device."""
+    if isinstance(fill, bool) or not isinstance(fill, (int, float)):
+        raise DpxTypeError(f"fill={fill!r} must be an int or a float")
+    if dtype in INT_FILLS:
+        lo, hi = INT_FILLS[dtype]
+        if not ((isinstance(fill, int) or fill.is_integer()) and lo <= fill <= hi):
+            raise DpxValueError(f"fill={fill!r} is not a value of {dtype}: an integer in "
+                                f"[{lo}, {hi}]")
+    elif dtype in FLOAT_FILLS:
+        top, inf = FLOAT_FILLS[dtype]
+        if not (fill != fill or abs(fill) <= top or (inf and abs(fill) == float("inf"))):
+            raise DpxValueError(f"fill={fill!r} is not a value of {dtype}: NaN, "
+                                f"{'+-inf or ' if inf else ''}a number within +-{top:g}")
+    else:
+        raise DpxTypeError(f"mask_pad_rows fills {[*INT_FILLS, *FLOAT_FILLS]} tensors, not {dtype}")
+
+
 def held_rows(plan: DpPlan, rank: int, counts: tuple[int, ...] | None = None) -> int:
     """Real rows of ``rank``'s input: its replica's count, or its CP rank's shard, under
     the plan's host counts or ``counts`` (a step's device counts read back: per replica,
@@ -49,8 +83,7 @@ def held_rows(plan: DpPlan, rank: int, counts: tuple[int, ...] | None = None) ->
         own_entry(c.attn_dp_rank, c.attn_cp_rank, plan.layout.cp_size, shards=plan.sharded)]
 
 
-def first_copy(layout: DpLayout, op: Op, *, partial: bool, sharded: bool,
-               rank: RankRef) -> Any:
+def first_copy(layout: DpLayout, op: Op, *, partial: bool, sharded: bool, rank: RankRef) -> Any:
     """1 where ``rank``'s input rows are the copy that stands for ``op``'s value, else 0 (an
     int for a known rank, an expression over the coordinates for a symbolic one). A
     gather's input rows are copies of one value on the ranks of a replica: over attn-tp

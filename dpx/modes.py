@@ -23,8 +23,7 @@ class _ParsableEnum(enum.Enum):
         if hit is not None:  # the common case: the member's value, as written
             return hit
         if not isinstance(value, str):
-            raise DpxTypeError(
-                f"{cls.__name__} must be a {cls.__name__} or a str, got {value!r}")
+            raise DpxTypeError(f"{cls.__name__} must be a {cls.__name__} or a str, got {value!r}")
         key = value.strip().lower()
         for member in cls:
             if key in (member.value, member.name.lower()):

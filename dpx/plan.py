@@ -19,7 +19,7 @@ from dpx.ints import INTS
 from dpx.layout import DpLayout
 from dpx.modes import PaddingMode
 
-__all__ = ["check_counts", "check_shards", "count_rule", "DpPlan", "make_plan"]
+__all__ = ["check_counts", "check_plan", "check_shards", "count_rule", "DpPlan", "make_plan"]
 
 
 def check_counts(num_tokens: Iterable[object], layout: DpLayout) -> tuple[int, ...]:
@@ -157,8 +157,7 @@ class DpPlan:
     def count_rule(self) -> CountRule:
         """The rule a capacity plan's host and device counts obey."""
         if self.capacity is None:
-            raise DpxValueError("device counts need a capacity plan (plan_step(..., "
-                                "capacity=))")
+            raise DpxValueError("device counts need a capacity plan (plan_step(..., capacity=))")
         return count_rule(self.structure)
 
     def __hash__(self) -> int:
@@ -235,4 +234,12 @@ def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *,
             f"sum of aligned num_tokens {aligned} = {sum(aligned)} exceeds capacity="
             f"{capacity} (aligned to replica_size={m}: {cap_rows[2]}): a {mode.name} "
             f"capacity is the global buffer size")
+    return plan
+
+
+def check_plan(plan: object) -> DpPlan:
+    """``plan`` itself, if it is a :class:`DpPlan` (every function taking one checks it
+    here first)."""
+    if not isinstance(plan, DpPlan):
+        raise DpxTypeError(f"plan must be a dpx.DpPlan, got {type(plan).__name__}")
     return plan

@@ -94,8 +94,7 @@ def route_transport(transport: Transport, *, ride: bool) -> Transport:
     return Transport.EQUAL if ride else transport
 
 
-def route_of(mode: PaddingMode, transport: Transport, *, equal: bool,
-             host_sizes: bool) -> Route:
+def route_of(mode: PaddingMode, transport: Transport, *, equal: bool, host_sizes: bool) -> Route:
     """The route of a gather or reduce_scatter in ``mode`` (see the module docstring):
     ``equal`` when every chunk is a full block; ``host_sizes`` when the chunk sizes are
     host ints on a known rank (what per-root collectives need). On the peer transport

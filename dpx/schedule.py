@@ -264,8 +264,7 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
     one_off = cache is None  # a schedule for one call: evaluated without generated code
     variant, values = (ScheduleCache(max_templates=1) if one_off else cache).variant(
         key, counts, in_rows, out_rows, compiled=not one_off)
-    return variant.concretize(plan, values, None if device_counts else counts, in_rows,
-                              out_rows)
+    return variant.concretize(plan, values, None if device_counts else counts, in_rows, out_rows)
 
 
 def check_ride(plan: DpPlan, op: Op, *, device_counts: bool = True, in_place: bool = False,
@@ -289,5 +288,4 @@ def check_ride(plan: DpPlan, op: Op, *, device_counts: bool = True, in_place: bo
                             "every replica's rows at offsets of every count before its "
                             "collective (exchange_counts first)")
     if in_place:
-        raise DpxValueError("counts ride a gather from a separate input, not an in-place "
-                            "one")
+        raise DpxValueError("counts ride a gather from a separate input, not an in-place one")

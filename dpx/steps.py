@@ -19,12 +19,11 @@ from dpx import expr as X
 from dpx.counts import CountRule
 from dpx.modes import Group, Transport
 
-__all__ = [
-    "AllGather", "AllGatherCounts", "AllGatherV", "AllReduce", "AllToAll", "AllToAllV",
-    "BroadcastV", "CheckCounts", "Dequantize", "DequantizeSum", "JoinColumns", "kinds_for",
-    "SplitColumns", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter",
-    "ReduceScatterV", "ReduceV", "Ref", "Step", "STEP_KINDS", "Unpack", "VARIABLE_KINDS", "Zero",
-]
+__all__ = ["AllGather", "AllGatherCounts", "AllGatherV", "AllReduce", "AllToAll", "AllToAllV",
+           "BroadcastV", "CheckCounts", "Dequantize", "DequantizeSum", "JoinColumns", "kinds_for",
+           "SplitColumns", "Move", "moved_buffer", "Pack", "Quantize", "ReduceScatter",
+           "ReduceScatterV", "ReduceV", "Ref", "Step", "STEP_KINDS", "Unpack", "VARIABLE_KINDS",
+           "Zero"]
 
 IN, OUT = "in", "out"
 

@@ -130,8 +130,7 @@ def check_wire_scale(wire: Wire, scale: object) -> float | None:
     :data:`SCALE_RANGE`, the same on every rank; other wires take none (None)."""
     if wire is not Wire.NVFP4:
         if scale is not None:
-            raise DpxValueError(f"wire_scale applies to wire='nvfp4', not wire="
-                                f"'{wire.value}'")
+            raise DpxValueError(f"wire_scale applies to wire='nvfp4', not wire='{wire.value}'")
         return None
     if scale is None:
         raise DpxValueError("wire='nvfp4' needs wire_scale=: the global scale g (the "
@@ -158,8 +157,7 @@ def check_wire(wire: Wire, mode: PaddingMode, shape: tuple, dtype_name: str,
         raise DpxTypeError(f"wire='{w}' quantizes {', '.join(FLOAT_DTYPES)}; {name} has "
                            f"dtype {dtype_name}")
     if len(shape) != 2:
-        raise DpxValueError(f"wire='{w}' needs {name} of shape [rows, H]; got "
-                            f"{tuple(shape)}")
+        raise DpxValueError(f"wire='{w}' needs {name} of shape [rows, H]; got {tuple(shape)}")
     b = _BLOCK[wire]
     if shape[1] % b or shape[1] == 0:
         raise DpxValueError(f"wire='{w}' quantizes blocks of {b} elements: H="

@@ -37,7 +37,7 @@ from dpx import wire as W
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.extents import first_copy, op_rows
 from dpx.modes import Op, Transport, Wire
-from dpx.plan import DpPlan
+from dpx.plan import DpPlan, check_plan
 from dpx.routes import symbolic_rank
 from dpx.schedule import build_schedule, check_ride
 from dpx_jax.counts import check_n_local
@@ -146,11 +146,6 @@ def _counts(plan: DpPlan, counts) -> jax.Array | None:
     return counts.astype(jnp.int32).reshape(-1)
 
 
-def _check_plan(plan: object) -> None:
-    if not isinstance(plan, DpPlan):
-        raise DpxTypeError(f"plan must be a dpx.DpPlan, got {type(plan).__name__}")
-
-
 def _check_rows(name: str, x, rows: int, *, exact: bool) -> None:
     if not hasattr(x, "shape") or len(x.shape) < 1:
         raise DpxValueError(f"{name} must be an array with a row dimension")
@@ -233,7 +228,7 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
         raise DpxTypeError(f"partial={partial!r} must be a bool")
     wire = Wire.parse(wire)
     deq = W.dequantized(wire, dequantize)
-    _check_plan(plan)
+    check_plan(plan)
     g = W.check_wire_scale(wire, wire_scale)
     if wire is not Wire.NATIVE:
         W.check_wire(wire, plan.mode, tuple(local.shape), jnp.dtype(local.dtype).name)
@@ -257,7 +252,7 @@ def gather_with_counts(local: jax.Array, plan: DpPlan, *, partial: bool, n_local
     ``shards``). Not differentiable (docs/semantics.md, "Counts that ride the gather")."""
     if not isinstance(partial, bool):
         raise DpxTypeError(f"partial={partial!r} must be a bool")
-    _check_plan(plan)
+    check_plan(plan)
     check_ride(plan, Op.GATHER, shards=shards)
     check_n_local(n_local)
     wire = Wire.parse(wire)
@@ -291,7 +286,7 @@ def scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None
             impl: Impl | str = Impl.AUTO, axes: Axes = DEFAULT_AXES) -> jax.Array:
     """Per device ``global_ [global_rows, H...] -> [plan.max_slot_rows, H...]``: replica d's
     real rows of an already reduced buffer, then zeros. No collective."""
-    _check_plan(plan)
+    check_plan(plan)
     c = _counts(plan, counts)
     _check_rows("global_", global_, plan.global_rows, exact=True)
     return _call(global_, plan, Op.SCATTER, True, c, impl, plan.max_slot_rows, axes=axes)
@@ -311,7 +306,7 @@ def reduce_scatter(global_: jax.Array, plan: DpPlan, *, counts: jax.Array | None
     ``global_``'s dtype -- bit for bit ``dpx_torch``'s (docs/semantics.md, "The quantized
     combine"). Differentiable: the gradient is the native gather of the cotangent (the
     quantization passed straight through)."""
-    _check_plan(plan)
+    check_plan(plan)
     wire = Wire.parse(wire)
     c = _counts(plan, counts)
     _check_rows("global_", global_, plan.global_rows, exact=True)
@@ -330,7 +325,7 @@ def scatter_columns(shard: jax.Array, plan: DpPlan, *, counts: jax.Array | None 
     gathered rows; every device gets its replica's rows (its CP shard's, with CP shards)
     with every column, pad rows zero -- :func:`scatter` of the all-gathered columns, in
     one ``lax.all_to_all`` (docs/semantics.md, "The LM-head scatter")."""
-    _check_plan(plan)
+    check_plan(plan)
     c = _counts(plan, counts)
     _check_rows("shard", shard, plan.global_rows, exact=True)
     if len(shard.shape) != 2:

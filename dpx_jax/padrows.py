@@ -13,19 +13,19 @@ import jax.numpy as jnp
 
 from dpx import values as V
 from dpx.errors import DpxValueError
-from dpx.extents import real_ranges
-from dpx.plan import DpPlan
+from dpx.extents import check_fill, real_ranges
+from dpx.plan import DpPlan, check_plan
 from dpx.routes import symbolic_geometry, symbolic_rank
 from dpx_jax.interpreter import JaxValues
 from dpx_jax.mesh import DEFAULT_AXES, Axes
-from dpx_jax.ops import _axes, _check_plan, _counts
+from dpx_jax.ops import _axes, _counts
 
 __all__ = ["local_count", "local_row_mask", "mask_pad_rows", "pad_row_mask"]
 
 
 def pad_row_mask(plan: DpPlan, *, counts: jax.Array | None = None) -> jax.Array:
     """Boolean ``[plan.global_rows]``: True at the rows :func:`mask_pad_rows` fills."""
-    _check_plan(plan)
+    check_plan(plan)
     c = _counts(plan, counts)
     ops, memo = JaxValues(c), {}
     firsts, lens = (jnp.asarray(V.evaluate(v, ops, memo), jnp.int32)
@@ -38,10 +38,11 @@ def mask_pad_rows(t: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None
                   fill: int | float = -1) -> jax.Array:
     """``t [plan.global_rows, ...]`` with every pad row (slot padding, alignment rows, idle
     replicas; every mode) set to ``fill``."""
-    _check_plan(plan)
+    check_plan(plan)
     if not hasattr(t, "shape") or len(t.shape) < 1 or t.shape[0] != plan.global_rows:
         raise DpxValueError(f"t must be an array of plan.global_rows={plan.global_rows} "
                             f"rows, got shape {getattr(t, 'shape', None)}")
+    check_fill(fill, t.dtype.name)
     pad = pad_row_mask(plan, counts=counts).reshape((-1,) + (1,) * (t.ndim - 1))
     return jnp.where(pad, jnp.asarray(fill, t.dtype), t)
 
@@ -51,7 +52,7 @@ def local_count(plan: DpPlan, *, counts: jax.Array | None = None,
     """Inside ``shard_map``: this device's real rows, an int32 scalar -- its replica's
     count, or its CP rank's shard with a sharded plan (the rows of ``local`` a gather reads,
     and the real rows at the start of its scatter / reduce_scatter output)."""
-    _check_plan(plan)
+    check_plan(plan)
     axes = _axes(axes)
     axes.check(plan.layout)   # (the mesh being traced must be the plan's layout)
     c = _counts(plan, counts)

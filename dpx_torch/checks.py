@@ -13,7 +13,7 @@ import torch
 
 from dpx.errors import DpxTypeError, DpxValueError
 from dpx.layout import DpLayout
-from dpx.plan import DpPlan
+from dpx.plan import DpPlan, check_plan
 from dpx_torch.groups import DpGroups
 from dpx_torch.tensors import check_out, overlaps
 
@@ -36,9 +36,7 @@ class InputChecks:
         self.devices = groups.devices
 
     def plan(self, plan: object) -> None:
-        if not isinstance(plan, DpPlan):
-            raise DpxTypeError(f"plan must be a dpx.DpPlan, got {type(plan).__name__}")
-        if plan.layout != self.layout:
+        if check_plan(plan).layout != self.layout:
             raise DpxValueError(f"plan was made for layout {plan.layout.describe()}, this "
                                 f"DpComm has {self.layout.describe()}")
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 
 from dpx import values as V
-from dpx.errors import DpxTypeError, DpxValueError
-from dpx.extents import real_ranges
-from dpx.plan import DpPlan
+from dpx.errors import DpxValueError
+from dpx.extents import check_fill, real_ranges
+from dpx.plan import DpPlan, check_plan
 from dpx_torch.checks import check_device_counts
 from dpx_torch.ops import OpPasses
 from dpx_torch.passes import Passes, passes_for
@@ -32,9 +32,7 @@ __all__ = ["mask_pad_rows", "pad_row_mask", "real_rows"]
 
 
 def _check(plan: object, counts: torch.Tensor | None, device: torch.device) -> None:
-    if not isinstance(plan, DpPlan):
-        raise DpxTypeError(f"plan must be a dpx.DpPlan, got {type(plan).__name__}")
-    check_device_counts(plan, counts, device)
+    check_device_counts(check_plan(plan), counts, device)
 
 
 def _tables_for(tables: DeviceTables | None, device: torch.device
@@ -74,15 +72,19 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
                             f"got shape {tuple(getattr(t, 'shape', ()))}")
     if not t.is_contiguous():
         raise DpxValueError(f"t of shape {tuple(t.shape)} must be contiguous")
-    if isinstance(fill, bool) or not isinstance(fill, (int, float)):
-        raise DpxTypeError(f"fill={fill!r} must be an int or a float")
+    check_fill(fill, str(t.dtype).removeprefix("torch."))
+    fill = float(fill) if t.dtype.is_floating_point else int(fill)
     check_device_counts(plan, counts, t.device)
     if t.numel() == 0:
         return t
+    stored = t
+    if t.dtype.is_floating_point and t.element_size() == 1:   # float8: its byte, as stored
+        fill = int(torch.full((), fill, dtype=t.dtype).view(torch.uint8))
+        stored = t.view(torch.uint8)
     firsts, lens = _tables(plan, counts, t.device, _tables_for(tables, t.device))
     if torch.compiler.is_compiling():
         passes = OpPasses()
-    (passes or passes_for(t.device)).mask(t, firsts, lens, fill)
+    (passes or passes_for(t.device)).mask(stored, firsts, lens, fill)
     return t
 
 

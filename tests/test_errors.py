@@ -129,6 +129,8 @@ CASES = {
                    DpxCapacityError, r"peer transport: all_gather_v moves a 5 x 16-byte "
                                      r"buffer \(80 bytes a phase\); this communicator's "
                                      r"workspace holds 64"),
+    "explain-plan": (lambda c: dpx.explain("x"), DpxTypeError,
+                     r"plan must be a dpx.DpPlan, got str"),
     "wire-sum-len": (lambda c: c.gather(_x(6, 128), P5_SUM, partial=True, wire="fp8"),
                      DpxValueError, r"wire='fp8' needs a copy mode \(max_len or gatherv\)"),
     "wire-dequantize": (lambda c: c.gather(_x(6, 128), P5_MAX, partial=True, wire="fp8",

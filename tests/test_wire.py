@@ -165,6 +165,57 @@ def test_mask_pad_rows_matches_the_real_rows(impl, mode):
         assert np.array_equal(pad_row_mask(p, counts=c_t, device=device).cpu().numpy(), ~real)
 
 
+# (dtype, fill, error or None): what every frontend's mask_pad_rows takes and refuses
+FILLS = [("uint8", 255, None), ("uint8", -1, r"fill=-1 is not a value of uint8: an integer "
+                                          r"in \[0, 255\]"),
+         ("int8", -128, None), ("int8", 3.0, None), ("int8", 128, r"not a value of int8"),
+         ("int8", 2.5, r"fill=2.5 is not a value of int8"), ("bool", 1, None),
+         ("bool", 2, r"not a value of bool"), ("int32", True, r"fill=True must be an int or a "
+                                                          r"float"),
+         ("int16", -32768, None), ("float16", 65504, None), ("float16", float("-inf"), None),
+         ("float16", 1e5, r"fill=100000.0 is not a value of float16: NaN, \+-inf or a number "
+                          r"within \+-65504"),
+         ("bfloat16", float("nan"), None), ("bfloat16", 0.1, None),
+         ("bfloat16", 1e39, r"not a value of bfloat16"), ("float32", -2 ** 100, None),
+         ("float32", 10 ** 39, r"not a value of float32"), ("float8_e5m2", float("inf"), None),
+         ("float8_e4m3fn", 448.0, None),
+         ("float8_e4m3fn", float("inf"), r"fill=inf is not a value of float8_e4m3fn: NaN, a "
+                                         r"number within \+-448"),
+         ("float32", "0", r"fill='0' must be an int or a float")]
+
+
+def test_mask_pad_rows_fills_only_values_of_the_dtype():
+    """``mask_pad_rows``' fill must be a value of the tensor's dtype (:func:`dpx.extents.
+    check_fill`): torch and JAX refuse the same fills with the same message (torch wrapped
+    -1 into a uint8's 255 and truncated 2.5 into an int8's 2; JAX raised OverflowError),
+    before touching the tensor, and give the same bits for the fills they take."""
+    import dpx_torch
+    from dpx.errors import DpxError
+
+    jnp = pytest.importorskip("jax.numpy")
+    import dpx_jax
+
+    plan = dpx.plan_step([3, 0, 2, 1], dpx.DpLayout(4, 4), mode="max_len")
+    real = ~np.asarray(dpx_torch.pad_row_mask(plan))
+    for dtype, fill, err in FILLS:
+        t = torch.zeros(plan.global_rows, 4, dtype=getattr(torch, dtype))
+        j = jnp.zeros((plan.global_rows, 4), getattr(jnp, dtype))
+        if err is not None:
+            with pytest.raises(DpxError, match=err):
+                dpx_torch.mask_pad_rows(t, plan, fill=fill)
+            with pytest.raises(DpxError, match=err):
+                dpx_jax.mask_pad_rows(j, plan, fill=fill)
+            assert not t.view(torch.uint8).any(), (dtype, fill)
+            continue
+        got_t = dpx_torch.mask_pad_rows(t, plan, fill=fill)
+        got_j = np.asarray(dpx_jax.mask_pad_rows(j, plan, fill=fill))
+        want = torch.full((1,), float(fill), dtype=torch.float64).to(t.dtype)  # (one rounding)
+        b = got_t.view(torch.uint8).numpy().reshape(plan.global_rows, -1)
+        assert (b[real] == 0).all() and (b[~real] == np.tile(want.view(torch.uint8).numpy(),
+                                                             4)).all(), (dtype, fill)
+        assert np.array_equal(got_j.view(np.uint8).reshape(b.shape), b), (dtype, fill)
+
+
 NONFINITE = (float("nan"), float("inf"), float("-inf"), -float("nan"))
 
 
