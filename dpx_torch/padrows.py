@@ -17,6 +17,8 @@ it, or call ``DpComm.mask_pad_rows`` (a dpx error says so). The mask is the
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
 from dpx import values as V
@@ -78,7 +80,9 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
     if t.numel() == 0:
         return t
     stored = t
-    if t.dtype.is_floating_point and t.element_size() == 1:   # float8: its byte, as stored
+    if t.dtype == torch.float64:   # its bits (a kernel's float scalar is a float32)
+        fill, stored = struct.unpack("<q", struct.pack("<d", fill))[0], t.view(torch.int64)
+    elif t.dtype.is_floating_point and t.element_size() == 1:   # float8: its byte, as stored
         fill = int(torch.full((), fill, dtype=t.dtype).view(torch.uint8))
         stored = t.view(torch.uint8)
     firsts, lens = _tables(plan, counts, t.device, _tables_for(tables, t.device))

@@ -155,13 +155,15 @@ def test_mask_pad_rows_matches_the_real_rows(impl, mode):
         real = np.zeros(p.global_rows, bool)
         for o, k in zip(offs, n):
             real[o:o + k] = True
-        for dtype in (torch.int32, torch.int64, torch.bfloat16):
+        # (a float64 fill goes in exactly: a kernel's float scalar would be a float32)
+        for dtype, fill in ((torch.int32, -1), (torch.int64, -1), (torch.bfloat16, -1),
+                            (torch.float64, 0.1)):
             t = torch.arange(p.global_rows * 8, device=device).view(-1, 8).to(dtype)
             keep = t.clone()
-            assert mask_pad_rows(t, p, counts=c_t, fill=-1, passes=passes) is t
+            assert mask_pad_rows(t, p, counts=c_t, fill=fill, passes=passes) is t
             want = torch.where(torch.from_numpy(real)[:, None].to(device), keep,
-                               torch.full_like(keep, -1))
-            assert torch.equal(t, want)
+                               torch.full_like(keep, fill))
+            assert torch.equal(t, want), (dtype, fill)
         assert np.array_equal(pad_row_mask(p, counts=c_t, device=device).cpu().numpy(), ~real)
 
 
