@@ -80,9 +80,8 @@ def _pricing(schedule: Schedule, row_bytes: int, wire_row_bytes: int | None,
     r = schedule.rank  # a symbolic rank priced at rank 0's coordinates
     known = (0, 0, 0, 0) if r.is_symbolic else (r.rank, r.dp, r.cp, r.tp)
     coords = dict(zip((X.Coord.RANK, X.Coord.DP, X.Coord.CP, X.Coord.TP), known))
-    return _Pricing(schedule, row_bytes,
-                    row_bytes if wire_row_bytes is None else wire_row_bytes, model,
-                    V.HostOps(c, coords))
+    return _Pricing(schedule, row_bytes, row_bytes if wire_row_bytes is None else wire_row_bytes,
+                    model, V.HostOps(c, coords))
 
 
 def _zero(s: Zero, p: _Pricing) -> StepCost:
@@ -203,16 +202,14 @@ def op_estimate(schedule: Schedule, *, row_bytes: int, cost_model: CostModel,
 
 def estimate_op(plan: DpPlan, op: Op, *, row_bytes: int, cost_model: CostModel,
                 transport: Transport = Transport.PER_ROOT, partial: bool = True,
-                device_counts: bool = False,
-                cache: ScheduleCache | None = None) -> OpEstimate:
+                device_counts: bool = False, cache: ScheduleCache | None = None) -> OpEstimate:
     """``op``'s schedule priced on every rank (inputs as large as the plan needs); the
     slowest rank's kept (the first with the most local bytes)."""
     estimates = []
     for rank in range(plan.layout.world_size):
         in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
-        sched = build_schedule(plan, op, rank=rank, partial=partial,
-                               device_counts=device_counts, transport=transport,
-                               in_rows=in_rows, cache=cache)
+        sched = build_schedule(plan, op, rank=rank, partial=partial, device_counts=device_counts,
+                               transport=transport, in_rows=in_rows, cache=cache)
         estimates.append(op_estimate(sched, row_bytes=row_bytes, cost_model=cost_model))
     return max(estimates, key=lambda e: e.local_bytes)
 
@@ -244,8 +241,7 @@ def mode_estimates(counts: tuple[int, ...], layout: DpLayout, modes: Sequence[Pa
 
 def compare_modes(num_tokens: Sequence[int], layout: DpLayout, *, row_bytes: int,
                   cost_model: CostModel, transport: Transport | str = Transport.PER_ROOT,
-                  candidates: Sequence[PaddingMode | str] = ALL_MODES,
-                  is_extend: bool = False,
+                  candidates: Sequence[PaddingMode | str] = ALL_MODES, is_extend: bool = False,
                   cp_shards: Sequence[Sequence[int]] | None = None) -> tuple[ModeEstimate, ...]:
     """Every candidate mode's estimate for these counts: a partial gather then a
     reduce_scatter (slowest rank each), as :func:`dpx.cost.estimate` prices their

@@ -16,6 +16,8 @@ by their largest over the ranks.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 from dpx import expr as X
@@ -28,18 +30,18 @@ from dpx.modes import Op, PaddingMode
 from dpx.plan import DpPlan
 from dpx.routes import RankRef, symbolic_geometry
 
-__all__ = ["check_fill", "first_copy", "held_rows", "local_rows", "op_rows", "OpRows",
+__all__ = ["fill_bits", "first_copy", "held_rows", "local_rows", "op_rows", "OpRows",
            "real_ranges"]
 
-#: The values a pad row's ``fill`` may take in a tensor of each dtype (by name): an
-#: integer dtype's ``(lo, hi)``; a float dtype's largest finite value and whether it has
-#: infinities (NaN is every float dtype's).
-INT_FILLS = {"bool": (0, 1), **{f"int{b}": (-2 ** (b - 1), 2 ** (b - 1) - 1)
-                                for b in (8, 16, 32, 64)},
-             **{f"uint{b}": (0, 2 ** b - 1) for b in (8, 16, 32, 64)}}
-FLOAT_FILLS = {"float16": (65504.0, True), "bfloat16": (3.3895313892515355e38, True),
-               "float32": (3.4028234663852886e38, True), "float64": (1.7976931348623157e308, True),
-               "float8_e4m3fn": (448.0, False), "float8_e5m2": (57344.0, True)}
+#: The dtypes a pad row's fill may be stored in: an integer dtype's ``(bytes, lo, hi)``; a
+#: float dtype's ``(exponent bits, mantissa bits, whether it has infinities)`` (IEEE-like;
+#: float8_e4m3fn's largest exponent holds numbers, its all-ones code is its only NaN).
+INT_FILLS = {"bool": (1, 0, 1), **{f"int{b}": (b // 8, -2 ** (b - 1), 2 ** (b - 1) - 1)
+                                   for b in (8, 16, 32, 64)},
+             **{f"uint{b}": (b // 8, 0, 2 ** b - 1) for b in (8, 16, 32, 64)}}
+FLOAT_FILLS = {"float16": (5, 10, True), "bfloat16": (8, 7, True), "float32": (8, 23, True),
+               "float64": (11, 52, True), "float8_e4m3fn": (4, 3, False),
+               "float8_e5m2": (5, 2, True)}
 
 
 class OpRows(NamedTuple):
@@ -51,27 +53,41 @@ class OpRows(NamedTuple):
     out: int
 
 
-def check_fill(fill: object, dtype: str) -> None:
-    """The rule on ``mask_pad_rows``' ``fill`` for a tensor of ``dtype`` (a name:
-    ``"bfloat16"``), the same in every frontend: a number (int or float, not bool) the
-    dtype holds -- for an integer dtype an integer in its range; for a float dtype NaN, an
-    infinity where it has one, or a value of at most its largest magnitude (rounded to the
-    nearest like any store). A value the dtype cannot hold would wrap, truncate or
-    overflow, differently on each device."""
+def fill_bits(fill: object, dtype: str) -> tuple[int, int]:
+    """``mask_pad_rows``' ``fill`` as an element of a tensor of ``dtype`` (a name:
+    ``"bfloat16"``): ``(bits, size)``, its ``size`` bytes as a signed integer, which every
+    frontend stores through the tensor's integer view (the same bits on every device and
+    under every trace). The rule, raised before the tensor is touched: a number (an int or
+    a float, not a bool) the dtype holds -- for an integer dtype an integer in its range;
+    for a float dtype NaN (its canonical quiet NaN), an infinity where it has one, or a
+    value of at most its largest magnitude, rounded once to nearest even."""
     if isinstance(fill, bool) or not isinstance(fill, (int, float)):
         raise DpxTypeError(f"fill={fill!r} must be an int or a float")
     if dtype in INT_FILLS:
-        lo, hi = INT_FILLS[dtype]
+        size, lo, hi = INT_FILLS[dtype]
         if not ((isinstance(fill, int) or fill.is_integer()) and lo <= fill <= hi):
             raise DpxValueError(f"fill={fill!r} is not a value of {dtype}: an integer in "
                                 f"[{lo}, {hi}]")
-    elif dtype in FLOAT_FILLS:
-        top, inf = FLOAT_FILLS[dtype]
-        if not (fill != fill or abs(fill) <= top or (inf and abs(fill) == float("inf"))):
-            raise DpxValueError(f"fill={fill!r} is not a value of {dtype}: NaN, "
-                                f"{'+-inf or ' if inf else ''}a number within +-{top:g}")
-    else:
+        v = int(fill)
+        return v - (1 << 8 * size) * (v >= 1 << (8 * size - 1)), size
+    if dtype not in FLOAT_FILLS:
         raise DpxTypeError(f"mask_pad_rows fills {[*INT_FILLS, *FLOAT_FILLS]} tensors, not {dtype}")
+    e, m, inf = FLOAT_FILLS[dtype]
+    size, bias = (1 + e + m) // 8, 2 ** (e - 1) - 1
+    sign = (fill < 0 if isinstance(fill, int) else math.copysign(1.0, fill) < 0) << 8 * size - 1
+    top = (2 - 2.0 ** (-m if inf else 1 - m)) * 2.0 ** (bias + (not inf))
+    if fill != fill:                                  # its canonical quiet NaN
+        v = (2 ** e - 1 << m) | (1 << m - 1 if inf else 2 ** m - 1)
+    elif inf and abs(fill) == math.inf:
+        v = (2 ** e - 1 << m) | sign
+    elif abs(fill) <= top:   # rounded once to nearest even (exact arithmetic: ints too)
+        ex = max(abs(fill).bit_length() - 1 if isinstance(fill, int) else math.frexp(fill)[1] - 1,
+                 1 - bias) if fill else 1 - bias      # its binade, or the subnormals'
+        v = (ex + bias - 1 << m) + round(abs(Fraction(fill)) / Fraction(2) ** (ex - m)) | sign
+    else:
+        raise DpxValueError(f"fill={fill!r} is not a value of {dtype}: NaN, "
+                            f"{'+-inf or ' if inf else ''}a number within +-{top:g}")
+    return v - (1 << 8 * size) * (v >= 1 << (8 * size - 1)), size
 
 
 def held_rows(plan: DpPlan, rank: int, counts: tuple[int, ...] | None = None) -> int:

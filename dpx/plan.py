@@ -203,13 +203,11 @@ class DpPlan:
         counts = check_counts(num_tokens, self.layout)
         return make_plan(counts, self.layout, self.mode, is_extend=self.is_extend,
                          capacity=self.capacity,
-                         cp_shards=check_shards(cp_shards, counts, self.layout),
-                         why=self.why)
+                         cp_shards=check_shards(cp_shards, counts, self.layout), why=self.why)
 
 
-def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *,
-              is_extend: bool, capacity: int | None,
-              cp_shards: tuple[tuple[int, ...], ...] | None,
+def make_plan(counts: tuple[int, ...], layout: DpLayout, mode: PaddingMode, *, is_extend: bool,
+              capacity: int | None, cp_shards: tuple[tuple[int, ...], ...] | None,
               why: str | Callable[[], str]) -> DpPlan:
     """The plan of checked ``counts`` in ``mode`` (a capacity plan's obey its
     :class:`CountRule`, else :class:`~dpx.DpxCapacityError`)."""

@@ -107,8 +107,7 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
               cost_model: CostModel | None = None, row_bytes: int = 7168 * 2,
               candidates: Sequence[PaddingMode | str] = ALL_MODES,
               transport: Transport | str = Transport.PER_ROOT,
-              cp_shards: Sequence[Sequence[int]] | None = None,
-              cache: ScheduleCache | None = None,
+              cp_shards: Sequence[Sequence[int]] | None = None, cache: ScheduleCache | None = None,
               sum_len_allreduce_bytes: int | None = None) -> DpPlan:
     """Plan one step for per-replica real counts ``num_tokens`` (length ``dp_size``).
 
@@ -150,11 +149,9 @@ def plan_step(num_tokens: Sequence[int], layout: DpLayout, *, is_extend: bool = 
         chosen, why = PaddingMode.MAX_LEN, ("capacity plan: MAX_LEN (static slots) unless "
                                             "mode= is given")
     elif policy is Policy.SGLANG:
-        chosen, why = sglang_mode(INTS.ceil_align(counts, layout.replica_size),
-                                  layout.dp_size, is_extend,
-                                  max_len_with_idle=max_len_with_idle,
-                                  allreduce_bytes=sum_len_allreduce_bytes,
-                                  row_bytes=row_bytes)
+        chosen, why = sglang_mode(INTS.ceil_align(counts, layout.replica_size), layout.dp_size,
+                                  is_extend, max_len_with_idle=max_len_with_idle,
+                                  allreduce_bytes=sum_len_allreduce_bytes, row_bytes=row_bytes)
     else:
         check_int("row_bytes", row_bytes, minimum=1)
         cands = candidates if candidates is ALL_MODES else tuple(

@@ -114,8 +114,7 @@ def route_of(mode: PaddingMode, transport: Transport, *, equal: bool, host_sizes
 
 
 def choose_route(geo: Geometry, op: Op, transport: Transport, *, device_counts: bool,
-                 rank_known: bool, known: Callable[[Any], bool],
-                 quantized: bool = False) -> Route:
+                 rank_known: bool, known: Callable[[Any], bool], quantized: bool = False) -> Route:
     """The route of ``op`` for a plan of geometry ``geo`` on ``transport``. ``known(cond)``
     answers whether a condition on the counts holds (and may record it as a guard).
     ``quantized``: the rows travel on a quantized wire (a reduce_scatter on one sums after

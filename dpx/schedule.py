@@ -219,9 +219,8 @@ class ScheduleCache:
 def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: bool = True,
                    device_counts: bool = False, transport: Transport | str = Transport.PER_ROOT,
                    in_rows: int | None = None, out_rows: int | None = None,
-                   wire: Wire | str = Wire.NATIVE, dequantize: bool = True,
-                   in_place: bool = False, counts_ride: bool = False,
-                   cache: ScheduleCache | None = None) -> Schedule:
+                   wire: Wire | str = Wire.NATIVE, dequantize: bool = True, in_place: bool = False,
+                   counts_ride: bool = False, cache: ScheduleCache | None = None) -> Schedule:
     """The schedule of ``op`` on ``rank`` (``None``: one symbolic program for every rank).
 
     ``partial`` applies to gather. ``device_counts`` (capacity plans only): the counts are

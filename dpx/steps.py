@@ -361,8 +361,7 @@ STEP_KINDS: tuple[type[Step], ...] = (
 
 #: Collectives of variable sizes, each in the schedules of the transports that have it.
 _TRANSPORT_VARIABLE = {Transport.PER_ROOT: (BroadcastV, ReduceV, AllToAllV),
-                       Transport.RAGGED: (AllGatherV, ReduceScatterV),
-                       Transport.EQUAL: (),
+                       Transport.RAGGED: (AllGatherV, ReduceScatterV), Transport.EQUAL: (),
                        Transport.PEER: (AllGatherV, ReduceScatterV)}
 VARIABLE_KINDS = frozenset(k for kinds in _TRANSPORT_VARIABLE.values() for k in kinds)
 

@@ -92,10 +92,8 @@ def host_value(value: Any, counts: Sequence[int], coords: dict[str, int] | None 
     return evaluate(value, HostOps(counts, coords, params))
 
 
-def substitute(value: Any, *, counts: tuple | None = None,
-               coords: dict[str, int] | None = None,
-               params: dict[str, int] | None = None,
-               memo: dict[int, Any] | None = None) -> Any:
+def substitute(value: Any, *, counts: tuple | None = None, coords: dict[str, int] | None = None,
+               params: dict[str, int] | None = None, memo: dict[int, Any] | None = None) -> Any:
     """``value`` with the given leaves replaced by host values and folded; the leaves not
     given stay (a partially evaluated expression, or an int when nothing is left)."""
     if not isinstance(value, Expr):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from dpx import values as V
 from dpx.errors import DpxValueError
-from dpx.extents import check_fill, real_ranges
+from dpx.extents import fill_bits, real_ranges
 from dpx.plan import DpPlan, check_plan
 from dpx.routes import symbolic_geometry, symbolic_rank
 from dpx_jax.interpreter import JaxValues
@@ -42,9 +42,14 @@ def mask_pad_rows(t: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None
     if not hasattr(t, "shape") or len(t.shape) < 1 or t.shape[0] != plan.global_rows:
         raise DpxValueError(f"t must be an array of plan.global_rows={plan.global_rows} "
                             f"rows, got shape {getattr(t, 'shape', None)}")
-    check_fill(fill, t.dtype.name)
+    bits, size = fill_bits(fill, t.dtype.name)
     pad = pad_row_mask(plan, counts=counts).reshape((-1,) + (1,) * (t.ndim - 1))
-    return jnp.where(pad, jnp.asarray(fill, t.dtype), t)
+    if t.dtype == jnp.bool_:
+        return jnp.where(pad, bool(bits), t)
+    # the fill's bits through the integer view: the same element as every frontend stores
+    it = {1: jnp.int8, 2: jnp.int16, 4: jnp.int32, 8: jnp.int64}[size]
+    ti = jax.lax.bitcast_convert_type(t, it)
+    return jax.lax.bitcast_convert_type(jnp.where(pad, jnp.asarray(bits, it), ti), t.dtype)
 
 
 def local_count(plan: DpPlan, *, counts: jax.Array | None = None,

@@ -17,13 +17,11 @@ it, or call ``DpComm.mask_pad_rows`` (a dpx error says so). The mask is the
 
 from __future__ import annotations
 
-import struct
-
 import torch
 
 from dpx import values as V
 from dpx.errors import DpxValueError
-from dpx.extents import check_fill, real_ranges
+from dpx.extents import fill_bits, real_ranges
 from dpx.plan import DpPlan, check_plan
 from dpx_torch.checks import check_device_counts
 from dpx_torch.ops import OpPasses
@@ -31,6 +29,9 @@ from dpx_torch.passes import Passes, passes_for
 from dpx_torch.program import DeviceTables, DeviceValues, FreshTables, tables_for_call
 
 __all__ = ["mask_pad_rows", "pad_row_mask", "real_rows"]
+
+#: The integer dtype a fill's bits are stored through, by element size.
+_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _check(plan: object, counts: torch.Tensor | None, device: torch.device) -> None:
@@ -74,21 +75,15 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
                             f"got shape {tuple(getattr(t, 'shape', ()))}")
     if not t.is_contiguous():
         raise DpxValueError(f"t of shape {tuple(t.shape)} must be contiguous")
-    check_fill(fill, str(t.dtype).removeprefix("torch."))
-    fill = float(fill) if t.dtype.is_floating_point else int(fill)
+    bits, size = fill_bits(fill, str(t.dtype).removeprefix("torch."))
     check_device_counts(plan, counts, t.device)
     if t.numel() == 0:
         return t
-    stored = t
-    if t.dtype == torch.float64:   # its bits (a kernel's float scalar is a float32)
-        fill, stored = struct.unpack("<q", struct.pack("<d", fill))[0], t.view(torch.int64)
-    elif t.dtype.is_floating_point and t.element_size() == 1:   # float8: its byte, as stored
-        fill = int(torch.full((), fill, dtype=t.dtype).view(torch.uint8))
-        stored = t.view(torch.uint8)
     firsts, lens = _tables(plan, counts, t.device, _tables_for(tables, t.device))
     if torch.compiler.is_compiling():
         passes = OpPasses()
-    (passes or passes_for(t.device)).mask(stored, firsts, lens, fill)
+    # the fill's bits through the integer view: every device stores the same element
+    (passes or passes_for(t.device)).mask(t.view(_INTS[size]), firsts, lens, bits)
     return t
 
 

@@ -147,6 +147,9 @@ class TritonPasses(Passes):
     def __len__(self) -> int:
         return len(self._launches)
 
+    def __bool__(self) -> bool:   # (an empty cache is still passes: ``passes or default``)
+        return True
+
     def clear(self) -> None:
         self._launches.clear()
 

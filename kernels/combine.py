@@ -13,8 +13,9 @@ never fuses with the fp8 product into a multiply-add (a plain ``add.f32`` it may
 for nvfp4 one ``fma.rn.f32`` of a product that is exact (the same bits); in Triton's
 interpreter a NumPy float32 addition. A NaN anywhere gives the output's canonical
 quiet NaN; a zero result is +0.0, as the sum from +0.0 defines it: the first addition is
-a real one on both (``add.rn.f32`` is never folded away: ``+0.0 + -0.0`` is ``+0.0``, not
-``-0.0``; NumPy adds). The rounding to the output dtype is the dequantize kernels'
+a real one on both (``add.rn.f32`` is never folded away, nor is an ``fma.rn.f32`` into
+``+0.0`` without no-signed-zeros: ``+0.0 + -0.0`` is ``+0.0``, not ``-0.0``; NumPy
+adds). The rounding to the output dtype is the dequantize kernels'
 (:func:`~dpx.kernels.blocks.store_rounded`).
 
 Grid: ``(cdiv(rows * H / GS, BLOCK_B),)``, ``GS`` the wire's block (fp8: its 128-element
@@ -64,10 +65,10 @@ def add_wire_block(acc, base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constex
 
 @triton.jit
 def store_sum(acc, out_ptr, offs, mask, OUT_KIND: tl.constexpr, COMPILED: tl.constexpr):
-    """``acc`` (a float32 sum from +0.0 by :func:`~dpx.kernels.blocks.add_rn`, so a zero sum is +0.0) stored at
-    ``out_ptr + offs`` rounded to ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16):
-    nearest even, a NaN as the output's canonical quiet NaN
-    (:func:`~dpx.kernels.blocks.store_rounded`)."""
+    """``acc`` (a float32 sum from +0.0 by :func:`~dpx.kernels.blocks.add_rn`, or nvfp4's
+    ``fma.rn.f32``: a zero sum is +0.0, as ``-0.0 + +0.0`` is) stored at ``out_ptr +
+    offs`` rounded to ``OUT_KIND`` (0: float32, 1: bfloat16, 2: float16): nearest even, a
+    NaN as the output's canonical quiet NaN (:func:`~dpx.kernels.blocks.store_rounded`)."""
     store_rounded(acc, out_ptr, offs, mask, OUT_KIND, COMPILED)
 
 

@@ -25,7 +25,8 @@ and JAX's XLA path give the same bits:
 - e2m1 of a quotient ``q >= 0``: the minimum of the codes ``q`` would have in each range of
   e2m1's step (:func:`~dpx.kernels.blocks.e2m1_code`), at most 7 (NaN saturates);
 - dequantize: each code's bits placed in a float16 (:func:`e2m1_halves`), then mxfp4 two
-  exact multiplications by factors making ``2**(E + 14)``, nvfp4 the element's power of two
+  exact multiplications by factors making ``2**(E + 14)`` (on a GPU the float16 pair times
+  ``2**14`` in one packed multiplication, then one by ``2**E``), nvfp4 the element's power of two
   times one of two correctly rounded quotients per block, ``s / g`` and ``1.5 s / g``
   (:func:`fp4_values`; on a GPU float64 products with ``1 / g``, :func:`nv_factor`); then
   the rounding to the output dtype of :func:`~dpx.kernels.blocks.store_rounded`.
@@ -266,9 +267,10 @@ def fp4_values(base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constexpr, NV: t
     Each element is ``f = e2m1 * 2**-14`` (:func:`e2m1_halves`) times per-block factors
     (:func:`fp4_terms`; a NaN block's are NaN), exact where the definition is:
 
-    - mxfp4: ``2**(E + 14)`` as two powers of two in float32's normal range; the products
-      have two significant bits and are exact from ``2**-128`` up, rounding to infinity
-      past the largest float as the definition does;
+    - mxfp4: ``2**(E + 14)`` as two powers of two in float32's normal range (on a GPU
+      ``e2m1`` itself, :func:`e2m1_halves`' ``WHOLE``, times ``2**E``, a subnormal float32
+      for ``E = -127``); the products have two significant bits and are exact from
+      ``2**-128`` up, rounding to infinity past the largest float as the definition does;
     - nvfp4: ``e2m1 * s / g`` correctly rounded is ``2**j * RN(s / g)`` or ``2**j *
       RN(1.5 s / g)`` (``e2m1 = 2**j`` or ``1.5 * 2**j``; 1.5s is exact, and in the global
       scale's range every such value is a normal float, so scaling by ``2**j`` is exact):

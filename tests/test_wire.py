@@ -143,6 +143,8 @@ def test_mask_pad_rows_matches_the_real_rows(impl, mode):
     from dpx_torch import mask_pad_rows, pad_row_mask
 
     device, passes = impl
+    ran, mask = [], passes.mask
+    passes.mask = lambda *a: (ran.append(1), mask(*a))[1]
     lay = dpx.DpLayout(8, 4)
     plan = dpx.plan_step([3, 0, 7, 1], lay, mode=mode)
     cap = dpx.plan_step([0] * 4, lay, mode=mode, capacity=16)
@@ -165,6 +167,9 @@ def test_mask_pad_rows_matches_the_real_rows(impl, mode):
                                torch.full_like(keep, fill))
             assert torch.equal(t, want), (dtype, fill)
         assert np.array_equal(pad_row_mask(p, counts=c_t, device=device).cpu().numpy(), ~real)
+    # the passes given ran every mask (an empty TritonPasses was taken for "no passes")
+    del passes.mask
+    assert len(ran) == 8
 
 
 # (dtype, fill, error or None): what every frontend's mask_pad_rows takes and refuses
@@ -177,20 +182,29 @@ FILLS = [("uint8", 255, None), ("uint8", -1, r"fill=-1 is not a value of uint8: 
          ("int16", -32768, None), ("float16", 65504, None), ("float16", float("-inf"), None),
          ("float16", 1e5, r"fill=100000.0 is not a value of float16: NaN, \+-inf or a number "
                           r"within \+-65504"),
-         ("bfloat16", float("nan"), None), ("bfloat16", 0.1, None),
-         ("bfloat16", 1e39, r"not a value of bfloat16"), ("float32", -2 ** 100, None),
-         ("float32", 10 ** 39, r"not a value of float32"), ("float8_e5m2", float("inf"), None),
-         ("float8_e4m3fn", 448.0, None),
+         ("bfloat16", float("nan"), None), ("bfloat16", -float("nan"), None),
+         ("bfloat16", 0.1, None), ("bfloat16", 1e39, r"not a value of bfloat16"),
+         ("float32", -2 ** 100, None), ("float32", 10 ** 39, r"not a value of float32"),
+         ("float8_e5m2", float("inf"), None), ("float8_e4m3fn", 448.0, None),
+         ("float8_e4m3fn", -0.0, None), ("float8_e4m3fn", 2.0 ** -10, None),
          ("float8_e4m3fn", float("inf"), r"fill=inf is not a value of float8_e4m3fn: NaN, a "
                                          r"number within \+-448"),
-         ("float32", "0", r"fill='0' must be an int or a float")]
+         ("float32", "0", r"fill='0' must be an int or a float"),
+         # one rounding from the Python float (through float32 first: another element)
+         ("bfloat16", 1 + 2 ** -8 + 2 ** -30, None), ("float16", 1 + 2 ** -11 + 2 ** -30, None),
+         ("float8_e4m3fn", 1 + 2 ** -4 + 2 ** -40, None), ("float16", 2.0 ** -25, None),
+         ("float16", -(2.0 ** -25 + 2 ** -40), None), ("float32", 2.0 ** -150, None)]
 
 
 def test_mask_pad_rows_fills_only_values_of_the_dtype():
     """``mask_pad_rows``' fill must be a value of the tensor's dtype (:func:`dpx.extents.
-    check_fill`): torch and JAX refuse the same fills with the same message (torch wrapped
-    -1 into a uint8's 255 and truncated 2.5 into an int8's 2; JAX raised OverflowError),
-    before touching the tensor, and give the same bits for the fills they take."""
+    fill_bits`): torch and JAX refuse the same fills with the same message, before
+    touching the tensor, and store the same bits for the fills they take -- the fill
+    rounded once to nearest even (NumPy's and ml_dtypes' conversion from a float64 here;
+    a NaN as the dtype's canonical quiet NaN), also where rounding through float32 first
+    gives another element."""
+    import ml_dtypes
+
     import dpx_torch
     from dpx.errors import DpxError
 
@@ -211,10 +225,11 @@ def test_mask_pad_rows_fills_only_values_of_the_dtype():
             continue
         got_t = dpx_torch.mask_pad_rows(t, plan, fill=fill)
         got_j = np.asarray(dpx_jax.mask_pad_rows(j, plan, fill=fill))
-        want = torch.full((1,), float(fill), dtype=torch.float64).to(t.dtype)  # (one rounding)
+        ref = getattr(ml_dtypes, dtype, None) or np.dtype(dtype)
+        one = fill if fill == fill else float("nan")   # (NaN: the canonical, positive)
+        want = np.array([one], np.float64).astype(ref).view(np.uint8)
         b = got_t.view(torch.uint8).numpy().reshape(plan.global_rows, -1)
-        assert (b[real] == 0).all() and (b[~real] == np.tile(want.view(torch.uint8).numpy(),
-                                                             4)).all(), (dtype, fill)
+        assert (b[real] == 0).all() and (b[~real] == np.tile(want, 4)).all(), (dtype, fill)
         assert np.array_equal(got_j.view(np.uint8).reshape(b.shape), b), (dtype, fill)
 
 
