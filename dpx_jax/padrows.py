@@ -37,7 +37,8 @@ def pad_row_mask(plan: DpPlan, *, counts: jax.Array | None = None) -> jax.Array:
 def mask_pad_rows(t: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None,
                   fill: int | float = -1) -> jax.Array:
     """``t [plan.global_rows, ...]`` with every pad row (slot padding, alignment rows, idle
-    replicas; every mode) set to ``fill``."""
+    replicas; every mode) set to ``fill``, a value of ``t``'s dtype stored as the element
+    :func:`dpx.extents.fill_bits` gives (the same bits as dpx_torch's)."""
     check_plan(plan)
     if not hasattr(t, "shape") or len(t.shape) < 1 or t.shape[0] != plan.global_rows:
         raise DpxValueError(f"t must be an array of plan.global_rows={plan.global_rows} "

@@ -65,7 +65,8 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
                   fill: int | float = -1, tables: DeviceTables | None = None,
                   passes: Passes | None = None) -> torch.Tensor:
     """In place: every row of ``t [plan.global_rows, ...]`` that is not a real token row
-    becomes ``fill`` (slot padding, alignment rows, idle replicas; every mode). Returns
+    becomes ``fill`` (slot padding, alignment rows, idle replicas; every mode), a value of
+    ``t``'s dtype stored as the element :func:`dpx.extents.fill_bits` gives. Returns
     ``t``. One kernel launch on CUDA for host counts and for MAX_LEN plans with device
     counts (other capacity plans first add the counts into offsets on the device); torch
     ops on CPU (``passes``: :mod:`dpx_torch.passes`, default the device's)."""
