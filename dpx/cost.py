@@ -19,7 +19,7 @@ from dpx.errors import DpxValueError, check_int
 from dpx.extents import op_rows
 from dpx.layout import DpLayout
 from dpx.modes import Group, Op, PaddingMode, Transport
-from dpx.plan import DpPlan, check_counts, check_shards, make_plan
+from dpx.plan import DpPlan, check_counts, check_plan, check_shards, make_plan
 from dpx.schedule import Schedule, ScheduleCache, build_schedule
 from dpx.steps import (AllGather, AllGatherCounts, AllGatherV, AllReduce, AllToAll,
                        AllToAllV, BroadcastV, CheckCounts, Dequantize, DequantizeSum, JoinColumns,
@@ -206,7 +206,7 @@ def estimate_op(plan: DpPlan, op: Op, *, row_bytes: int, cost_model: CostModel,
     """``op``'s schedule priced on every rank (inputs as large as the plan needs); the
     slowest rank's kept (the first with the most local bytes)."""
     estimates = []
-    for rank in range(plan.layout.world_size):
+    for rank in range(check_plan(plan).layout.world_size):
         in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
         sched = build_schedule(plan, op, rank=rank, partial=partial, device_counts=device_counts,
                                transport=transport, in_rows=in_rows, cache=cache)

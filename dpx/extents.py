@@ -27,7 +27,7 @@ from dpx.geometry import geometry
 from dpx.ints import INTS
 from dpx.layout import DpLayout
 from dpx.modes import Op, PaddingMode
-from dpx.plan import DpPlan
+from dpx.plan import DpPlan, check_plan
 from dpx.routes import RankRef, symbolic_geometry
 
 __all__ = ["fill_bits", "first_copy", "held_rows", "local_rows", "op_rows", "OpRows",
@@ -138,7 +138,7 @@ def local_rows(plan: DpPlan, rank: int, *, device_counts: bool) -> tuple[int, in
     replica's slot (real and pad rows), or its CP shard -- the view an in-place gather
     reads. A dpx error when that place is device data (a SUM_LEN / GATHERV capacity plan,
     or CP shards, with device counts)."""
-    c = plan.layout.coords(rank)
+    c = check_plan(plan).layout.coords(rank)
     d = c.attn_dp_rank
     if device_counts and (plan.mode is not PaddingMode.MAX_LEN or plan.cp_shards is not None):
         raise DpxValueError(

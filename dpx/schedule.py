@@ -21,7 +21,7 @@ from dpx.errors import DpxValueError, check_int
 from dpx.extents import op_rows
 from dpx.lru import LRU
 from dpx.modes import Op, PaddingMode, Transport, Wire
-from dpx.plan import DpPlan
+from dpx.plan import DpPlan, check_plan
 from dpx.routes import RankRef, Route, TemplateKey
 from dpx.steps import IN, OUT, AllToAllV, Ref, Step, moved_buffer
 from dpx.steps import _Variable as _VariableStep
@@ -239,7 +239,7 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
     transport = transport if type(transport) is Transport else Transport.parse(transport)
     wire = wire if type(wire) is Wire else Wire.parse(wire)
     # the rules of the request that do not depend on tensors
-    if device_counts and plan.capacity is None:
+    if check_plan(plan).capacity is None and device_counts:
         raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
     if counts_ride:
         check_ride(plan, op, device_counts=device_counts, in_place=in_place)

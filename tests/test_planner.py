@@ -421,3 +421,18 @@ def test_lm_head_scatter_moves_one_slot_a_rank(layout):
                 assert got * lay.dp_size == (W - 1) * plan.global_rows * rb
             text = dpx.explain(plan, vocab=3 * W)
             assert "lm head: vocab" in text and "all-gather of the columns" in text
+
+
+def test_a_non_plan_is_named_where_a_plan_is_taken():
+    """The planner's functions that take a plan name a non-plan first
+    (:func:`dpx.plan.check_plan`), not an AttributeError from inside."""
+    from dpx.errors import DpxTypeError
+
+    calls = [lambda p: dpx.explain(p), lambda p: dpx.build_schedule(p, "gather", rank=0),
+             lambda p: dpx.estimate(p, row_bytes=2, cost_model=dpx.CostModel()),
+             lambda p: dpx.local_rows(p, 0, device_counts=False)]
+    for call in calls:
+        with pytest.raises(DpxTypeError, match="plan must be a dpx.DpPlan, got str"):
+            call("x")
+    plan = dpx.plan_step([3, 1], dpx.DpLayout(2, 2), mode="max_len")
+    assert dpx.local_rows(plan, 1, device_counts=False) == (plan.offsets[1], plan.slot_rows[1])
