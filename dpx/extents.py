@@ -68,8 +68,7 @@ def fill_bits(fill: object, dtype: str) -> tuple[int, int]:
         if not ((isinstance(fill, int) or fill.is_integer()) and lo <= fill <= hi):
             raise DpxValueError(f"fill={fill!r} is not a value of {dtype}: an integer in "
                                 f"[{lo}, {hi}]")
-        v = int(fill)
-        return v - (1 << 8 * size) * (v >= 1 << (8 * size - 1)), size
+        return (int(fill) + (1 << 8 * size - 1)) % (1 << 8 * size) - (1 << 8 * size - 1), size
     if dtype not in FLOAT_FILLS:
         raise DpxTypeError(f"mask_pad_rows fills {[*INT_FILLS, *FLOAT_FILLS]} tensors, not {dtype}")
     e, m, inf = FLOAT_FILLS[dtype]
@@ -83,7 +82,8 @@ def fill_bits(fill: object, dtype: str) -> tuple[int, int]:
     elif abs(fill) <= top:   # rounded once to nearest even (exact arithmetic: ints too)
         ex = max(abs(fill).bit_length() - 1 if isinstance(fill, int) else math.frexp(fill)[1] - 1,
                  1 - bias) if fill else 1 - bias      # its binade, or the subnormals'
-        v = (ex + bias - 1 << m) + round(abs(Fraction(fill)) / Fraction(2) ** (ex - m)) | sign
+        step = (2.0 if isinstance(fill, float) else Fraction(2)) ** (ex - m)  # (exact)
+        v = (ex + bias - 1 << m) + round(abs(fill) / step) | sign
     else:
         raise DpxValueError(f"fill={fill!r} is not a value of {dtype}: NaN, "
                             f"{'+-inf or ' if inf else ''}a number within +-{top:g}")

@@ -60,7 +60,8 @@ def add_wire_block(acc, base, grp, ok, g, H: tl.constexpr, ROW_BYTES: tl.constex
     if FP4:
         return fp4_values(base, grp, ok, g, H, ROW_BYTES, NV, BLOCK_B, COMPILED, acc, True)
     else:
-        return add_rn(acc, fp8_block_values(base, grp, ok, H, COMPILED), COMPILED)
+        return add_rn(acc, wire_block_values(base, grp, ok, g, H, ROW_BYTES, FP4, NV, BLOCK_B,
+                                             COMPILED), COMPILED)
 
 
 @triton.jit
