@@ -8,11 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import dpx
 from conftest import device_params, passes_params
+from dpx.kernels.blocks import store_rounded
+from dpx.wire import CANONICAL_NAN
 from dpx.wire import wire_row_bytes
 from dpx_torch.passes import TritonPasses
+from dpx_torch.shims.interpreter import Interpreter
 from dpx_torch.wire import split_wire
 from reference import as_dtype, bits_of, dequantize_fp8, quantize_fp8
 
@@ -292,3 +297,42 @@ def test_nonfinite_values_follow_the_rule_bit_for_bit(impl, dtype):
     fin = np.isfinite(xf)
     assert np.array_equal(bits_of(as_dtype(alone, str(dtype).replace("torch.", "")))[fin],
                           want[fin])
+
+
+@triton.jit
+def _store_bits(src_ptr, out_ptr, N: tl.constexpr, OUT_KIND: tl.constexpr,
+                COMPILED: tl.constexpr):
+    o = tl.arange(0, N)
+    v = tl.load(src_ptr + o).to(tl.float32, bitcast=True)
+    store_rounded(v, out_ptr, o, o < N, OUT_KIND, COMPILED)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_nan_is_stored_as_the_canonical_nan(device, dtype):
+    """The dequantize and summing passes store a float32 through ``store_rounded``: each
+    number and infinity rounded to nearest even, every NaN -- either sign, quiet or
+    signalling, any payload -- as the output dtype's canonical quiet NaN (a GPU's
+    conversion writes every NaN as 0x7FFF, the interpreter's keeps sign and payload),
+    beside the values next to it: the largest numbers, the infinities, negatives, values
+    that round to infinity."""
+    name = str(dtype).replace("torch.", "")
+    nans = [0x7FC00000, 0x7FFFFFFF, 0x7F800001, 0x7FA00000, 0x7FC00001, 0x7FBFFFFF,
+            0xFFC00000, 0xFFFFFFFF, 0xFF800001, 0xFFA00000, 0xFFC00001]
+    numbers = [0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x477FE000, 0x477FF000,
+               0xC77FF000, 0x477FEFFF, 0x7F7F0000, 0x7F7F8000, 0xFF7F8000, 0x3F800000,
+               0xBF800000, 0x00000001, 0x80000001, 0x00000000, 0x80000000, 0x33800001]
+    bits = np.array(nans + numbers + [0] * (32 - len(nans) - len(numbers)), np.uint32)
+    src = torch.from_numpy(bits.view(np.int32)).to(device)
+    out = torch.empty(32, dtype=dtype, device=device)
+    kind = {"float32": 0, "bfloat16": 1, "float16": 2}[name]
+    kernel = _store_bits if device == "cuda" else Interpreter().kernel(_store_bits)
+    kernel[(1,)](src, out, N=32, OUT_KIND=kind, COMPILED=device == "cuda")
+    got = out.cpu().view(BITS[dtype]).numpy().view(
+        {4: np.uint32, 2: np.uint16}[dtype.itemsize])
+    v = bits.view(np.float32)
+    want = bits_of(as_dtype(np.where(np.isnan(v), 0, v), name)).copy()
+    want[np.isnan(v)] = CANONICAL_NAN[name]
+    assert np.array_equal(got, want), [(hex(b), hex(g), hex(w)) for b, g, w in
+                                       zip(bits, got, want) if g != w]
