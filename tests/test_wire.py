@@ -14,8 +14,8 @@ import triton.language as tl
 import dpx
 from conftest import device_params, passes_params
 from dpx.kernels.blocks import store_rounded
-from dpx.wire import CANONICAL_NAN
-from dpx.wire import wire_row_bytes
+from dpx.kernels.launch import OUT_KIND
+from dpx.wire import CANONICAL_NAN, wire_row_bytes
 from dpx_torch.passes import TritonPasses
 from dpx_torch.shims.interpreter import Interpreter
 from dpx_torch.wire import split_wire
@@ -326,9 +326,8 @@ def test_every_nan_is_stored_as_the_canonical_nan(device, dtype):
     bits = np.array(nans + numbers + [0] * (32 - len(nans) - len(numbers)), np.uint32)
     src = torch.from_numpy(bits.view(np.int32)).to(device)
     out = torch.empty(32, dtype=dtype, device=device)
-    kind = {"float32": 0, "bfloat16": 1, "float16": 2}[name]
     kernel = _store_bits if device == "cuda" else Interpreter().kernel(_store_bits)
-    kernel[(1,)](src, out, N=32, OUT_KIND=kind, COMPILED=device == "cuda")
+    kernel[(1,)](src, out, N=32, OUT_KIND=OUT_KIND[name], COMPILED=device == "cuda")
     got = out.cpu().view(BITS[dtype]).numpy().view(
         {4: np.uint32, 2: np.uint16}[dtype.itemsize])
     v = bits.view(np.float32)
