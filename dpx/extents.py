@@ -94,7 +94,7 @@ def held_rows(plan: DpPlan, rank: int, counts: tuple[int, ...] | None = None) ->
     """Real rows of ``rank``'s input: its replica's count, or its CP rank's shard, under
     the plan's host counts or ``counts`` (a step's device counts read back: per replica,
     or the shard table row by row)."""
-    c = plan.layout.coords(rank)
+    c = check_plan(plan).layout.coords(rank)
     return (plan.leaf_counts if counts is None else counts)[
         own_entry(c.attn_dp_rank, c.attn_cp_rank, plan.layout.cp_size, shards=plan.sharded)]
 
@@ -120,7 +120,7 @@ def first_copy(layout: DpLayout, op: Op, *, partial: bool, sharded: bool, rank: 
 def op_rows(plan: DpPlan, op: Op, rank: int | None, *, device_counts: bool) -> OpRows:
     """The input and output rows of ``op`` on ``rank`` (``None``: the largest over the
     ranks, for one program serving them all)."""
-    gather = op in (Op.GATHER, Op.GATHER_SUM)
+    gather, plan = op in (Op.GATHER, Op.GATHER_SUM), check_plan(plan)
     if gather and rank is not None and not device_counts:
         return OpRows(held_rows(plan, rank), False, plan.global_rows)
     if gather and rank is None and plan.capacity is None:  # the most rows a rank holds

@@ -427,10 +427,14 @@ def test_a_non_plan_is_named_where_a_plan_is_taken():
     """The planner's functions that take a plan name a non-plan first
     (:func:`dpx.plan.check_plan`), not an AttributeError from inside."""
     from dpx.errors import DpxTypeError
+    from dpx.extents import held_rows
 
     calls = [lambda p: dpx.explain(p), lambda p: dpx.build_schedule(p, "gather", rank=0),
              lambda p: dpx.estimate(p, row_bytes=2, cost_model=dpx.CostModel()),
-             lambda p: dpx.local_rows(p, 0, device_counts=False)]
+             lambda p: dpx.local_rows(p, 0, device_counts=False),
+             lambda p: dpx.op_rows(p, dpx.Op.GATHER, 0, device_counts=False),
+             lambda p: dpx.op_rows(p, dpx.Op.SCATTER, None, device_counts=True),
+             lambda p: held_rows(p, 0)]
     for call in calls:
         with pytest.raises(DpxTypeError, match="plan must be a dpx.DpPlan, got str"):
             call("x")
