@@ -8,6 +8,10 @@ import statistics
 from pathlib import Path
 from typing import Callable, Sequence
 
+#: nvfp4's global scale in the GPU tables (rows of N(0, 1) values: an amax near 5 maps
+#: to e4m3's largest scale times e2m1's largest code)
+NV_SCALE = 448 * 6 / 5.0
+
 
 def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, rounds: int = 7,
                  warmup: int = 3, graph: bool = True) -> float:

@@ -40,7 +40,7 @@ def main() -> int:
     with ThreadPoolExecutor(args.at_once) as pool:
         results = list(pool.map(lambda c: run(*c), jobs))
     print(f"{len(jobs)} runs, {args.at_once} at once, {time.perf_counter() - t0:.0f} s")
-    print(f"| variant | dp | runs | exit status not 0 | first failure |")
+    print("| variant | dp | runs | exit status not 0 | first failure |")
     print("|---|---|---|---|---|")
     failed = 0
     for case in cases:

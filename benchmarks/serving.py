@@ -40,7 +40,7 @@ import tempfile
 import time
 
 import dpx
-from common import copy_us, out_dir, print_table, pyplot, write_csv
+from common import NV_SCALE, copy_us, out_dir, print_table, pyplot, write_csv
 from dpx.cost import price
 from dpx.cost_model import CostModel
 from dpx.schedule import build_schedule
@@ -52,8 +52,6 @@ SIZES = (("decode", 32), ("mid", 512), ("prefill", 4096))
 
 #: The quantized wires of the tables
 WIRES = ("fp8", "nvfp4", "mxfp4")
-#: nvfp4's global scale in the GPU tables (rows of N(0, 1) values)
-NV_SCALE = 448 * 6 / 5.0
 
 
 def _bytes_table(op: str, modes: tuple[str, ...]) -> list[dict]:
@@ -106,7 +104,6 @@ def combine_gpu(copies: dict) -> list[dict]:
     from common import cuda_time_us
     from dpx_torch import DpComm
     from dpx_torch.passes import TritonPasses
-    from dpx_torch.wire import quantize_rows
 
     kernels = TritonPasses()
     comm = DpComm(dpx.DpLayout(1, 1))

@@ -34,14 +34,12 @@ import tempfile
 
 import torch
 
-from common import copy_us, cuda_time_us, out_dir, print_table, pyplot, write_csv
+from common import NV_SCALE, copy_us, cuda_time_us, out_dir, print_table, pyplot, write_csv
 from dpx import wire as W
 from dpx.kernels import launch as L
 from dpx.modes import Wire
 from dpx_torch.passes import TritonPasses
 
-#: nvfp4's global scale (rows of N(0, 1) values)
-NV_SCALE = 448 * 6 / 5.0
 _SCALARS = {"g": "fp32"}
 
 

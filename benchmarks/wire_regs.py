@@ -19,13 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
-from common import copy_us, cuda_time_us
+from common import NV_SCALE, copy_us, cuda_time_us
 from dpx import wire as W
 from dpx.kernels import launch as L
 from dpx.modes import Wire
 from dpx_torch.passes import TritonPasses
 
-NV_SCALE = 448 * 6 / 5.0
 HIDDEN = 7168
 #: float32 bits: NaNs (either sign, quiet and signalling, several payloads), then numbers
 PROBE = [0x7FC00000, 0x7FFFFFFF, 0x7F800001, 0x7FA00000, 0x7FC00001, 0xFFC00000, 0xFFFFFFFF,

@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from common import copy_us, cuda_time_us, out_dir, print_table, write_csv
+from common import NV_SCALE, copy_us, cuda_time_us, out_dir, print_table, write_csv
 from dpx import wire as W
 from dpx.kernels import launch as L
 from dpx.modes import Wire
@@ -26,7 +26,6 @@ from dpx_torch.passes import TritonPasses
 #: (elements per program, warps)
 CANDIDATES = [(1024, 2), (1024, 4), (2048, 2), (2048, 4), (2048, 8), (4096, 4), (4096, 8),
               (8192, 8), (8192, 16)]
-NV_SCALE = 448 * 6 / 5.0
 PARTS = 4
 
 
