@@ -17,7 +17,7 @@ from typing import Any
 from dpx import expr as X
 from dpx import values as V
 from dpx.emit import Emitter
-from dpx.errors import DpxValueError, check_int
+from dpx.errors import DpxValueError, check_bool, check_int
 from dpx.extents import op_rows
 from dpx.lru import LRU
 from dpx.modes import Op, PaddingMode, Transport, Wire
@@ -239,11 +239,11 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
     transport = transport if type(transport) is Transport else Transport.parse(transport)
     wire = wire if type(wire) is Wire else Wire.parse(wire)
     # the rules of the request that do not depend on tensors
-    if check_plan(plan).capacity is None and device_counts:
+    if (check_plan(plan).capacity is None) & check_bool("device_counts", device_counts):
         raise DpxValueError("counts= needs a capacity plan (plan_step(..., capacity=))")
-    if counts_ride:
+    if check_bool("counts_ride", counts_ride):
         check_ride(plan, op, device_counts=device_counts, in_place=in_place)
-    if in_place:
+    if check_bool("in_place", in_place):
         if op is not Op.GATHER or rank is None:
             raise DpxValueError("in_place applies to a gather on a known rank")
         if not in_place_schedule(wire, in_place):
@@ -255,10 +255,10 @@ def build_schedule(plan: DpPlan, op: Op | str, *, rank: int | None, partial: boo
         out_rows = op_rows(plan, op, rank, device_counts=device_counts).out
     if in_rows is None and op is Op.SCATTER_COLUMNS_ADJOINT:  # its input is exactly a slot
         in_rows = op_rows(plan, op, rank, device_counts=device_counts).need
-    key = TemplateKey(plan.structure, op._value_, bool(partial) or op is Op.GATHER_SUM, rank,
-                      bool(device_counts), transport._value_, wire._value_,
-                      dequantized(wire, dequantize), bool(in_place),
-                      in_rows is not None, bool(counts_ride))
+    key = TemplateKey(plan.structure, op._value_, check_bool("partial", partial)
+                      or op is Op.GATHER_SUM, rank, device_counts, transport._value_,
+                      wire._value_, dequantized(wire, dequantize), in_place,
+                      in_rows is not None, counts_ride)
     counts = plan.leaf_counts
     one_off = cache is None  # a schedule for one call: evaluated without generated code
     variant, values = (ScheduleCache(max_templates=1) if one_off else cache).variant(

@@ -28,6 +28,9 @@ from dpx_torch.collectives import all_gather_single
 
 __all__ = ["Agreement"]
 
+#: What a rank sends for ``cp_shard_counts`` that are not ints in int64's reach (an int
+#: sent as it is below it in magnitude, so every rank's message can name it).
+_NOT_INTS = -(1 << 62)
 #: The plan fields a mismatch message compares, in the order it names them.
 _PLAN_FIELDS = ("mode", "num_tokens", "cp_shards", "capacity", "is_extend", "layout")
 
@@ -163,16 +166,18 @@ class Agreement:
         not sum to its count in ``counts``."""
         lay = self.layout
         cp = lay.cp_size
-        try:
-            mine = [check_int("cp_shard_counts[i]", x) for x in cp_shard_counts]  # type: ignore
-            ok = len(mine) == cp
+        try:   # ints of any sign travel as they are (named below); others as _NOT_INTS
+            mine = [check_int("cp_shard_counts[i]", x, minimum=_NOT_INTS + 1)
+                    for x in cp_shard_counts]  # type: ignore[attr-defined]
+            ok = len(mine) == cp and max(mine) < -_NOT_INTS
         except (TypeError, DpxError):
             ok = False
-        row = torch.tensor(mine if ok else [-1] * cp, dtype=torch.int64)
+        row = torch.tensor(mine if ok else [_NOT_INTS] * cp, dtype=torch.int64)
         allv = torch.empty(lay.world_size * cp, dtype=torch.int64)
         all_gather_single(allv, row, group=self._cpu("cp_shard_counts"))
         rows = [tuple(r) for r in allv.view(-1, cp).tolist()]
-        problems = [f"rank {r} passed cp_shard_counts that are not {cp} ints >= 0"
+        problems = [f"rank {r} passed cp_shard_counts "
+                    + ("that are" if v[0] == _NOT_INTS else f"{list(v)}:") + f" not {cp} ints >= 0"
                     for r, v in enumerate(rows) if min(v) < 0]
         table = []
         for d in range(lay.dp_size):

@@ -79,7 +79,10 @@ class PeerOptions:
     def __post_init__(self) -> None:
         check_int("PeerOptions(phase_bytes)", self.phase_bytes, minimum=0)
         t = self.timeout
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e6:
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            raise DpxTypeError(f"PeerOptions(timeout={t!r}) must be a number of seconds "
+                               f"(got {type(t).__name__})")
+        if not 0 < t < 1e6:
             raise DpxValueError(f"PeerOptions(timeout={t!r}) must be a number of seconds in "
                                 f"(0, 1e6)")
 

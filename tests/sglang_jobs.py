@@ -336,6 +336,14 @@ def newer_surface(ctx, layout_args) -> dict:
         _nan(4 * dp), _rows(1, 4), fb, cp_shard_counts=bad))
     out["wrong_sum"] = raised(lambda: sg.dp_scatter(
         _nan(4), _rows(2, 4 * dp), fb, cp_shard_counts=[1] * cp))
+    # rank 0 alone passes a negative count, then one past int64: every rank names it alike
+    good = [4] + [0] * (cp - 1)
+    out["negative"] = raised(lambda: sg.dp_gather_partial(
+        _nan(4 * dp), _rows(1, 4), fb, cp_shard_counts=[5, -1] + [0] * (cp - 2) if r == 0
+        else good))
+    out["huge"] = raised(lambda: sg.dp_gather_partial(
+        _nan(4 * dp), _rows(1, 4), fb, cp_shard_counts=[1 << 70] + [0] * (cp - 1) if r == 0
+        else good))
     sg.teardown()
     return out
 

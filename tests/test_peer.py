@@ -68,6 +68,22 @@ def test_workspace_layout():
         dpx.PeerLayout(world_size=0, phase_bytes=8)
 
 
+def test_peer_options_name_bad_types_and_values():
+    """docs/errors.md: a bad type is a DpxTypeError (also a TypeError), a bad value a
+    DpxValueError (also a ValueError), each naming the option."""
+    from dpx_torch import PeerOptions
+
+    for kw in ({"timeout": "2"}, {"timeout": True}, {"timeout": None},
+               {"phase_bytes": "64"}, {"phase_bytes": 1.5}):
+        with pytest.raises(dpx.DpxTypeError, match=rf"PeerOptions\({next(iter(kw))}"):
+            PeerOptions(**kw)
+    for kw in ({"timeout": 0}, {"timeout": -1.0}, {"timeout": 1e6}, {"timeout": float("nan")},
+               {"phase_bytes": -1}):
+        with pytest.raises(dpx.DpxValueError, match=rf"PeerOptions\({next(iter(kw))}"):
+            PeerOptions(**kw)
+    assert PeerOptions(timeout=2, phase_bytes=0).timeout == 2
+
+
 @pytest.mark.parametrize("layout", [(4, 4), (4, 2), (8, 2, 2), (6, 3)], ids=IDS)
 def test_only_real_rows_travel(layout):
     """Per rank, a gather puts its chunk's real rows into every other rank's workspace and

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import dpx
 from dpx import (CostModel, DpLayout, DpxCapacityError, DpxError, DpxTypeError, DpxValueError,
-                 PaddingMode, Policy, ceil_align, plan_step)
+                 PaddingMode, Policy, build_schedule, ceil_align, plan_step)
 
 
 def test_import_dpx_pulls_no_framework():
@@ -110,6 +110,23 @@ def test_sglang_max_len_with_idle():
         plan_step([5, 0, 3, 2], lay, policy="cost", max_len_with_idle=True)
     with pytest.raises(DpxTypeError, match="max_len_with_idle=1 must be a bool"):
         plan_step([5, 0, 3, 2], lay, max_len_with_idle=1)
+
+
+def test_build_schedule_takes_its_flags_as_bools_only():
+    """A flag given as a truthy number or string is a DpxTypeError naming it, as in the
+    frontends (a gather's ``partial=1`` was built as ``partial=True`` before); bools and
+    the flags' defaults build."""
+    lay = DpLayout(4, 2)
+    cap = plan_step([3, 5], lay, mode="max_len", capacity=8)
+    for flag, value in (("partial", 1), ("partial", "no"), ("partial", None),
+                        ("device_counts", 1), ("in_place", 0), ("counts_ride", "yes"),
+                        ("dequantize", 1)):
+        with pytest.raises(DpxTypeError, match=f"{flag}={value!r} must be a bool"):
+            build_schedule(cap, "gather", rank=1, **{flag: value})
+    for partial in (True, False):
+        for dc in (True, False):
+            assert build_schedule(cap, "gather", rank=1, partial=partial, device_counts=dc,
+                                  in_place=False, counts_ride=False).steps
 
 
 def test_sglang_rule_examples():

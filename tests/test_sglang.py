@@ -86,7 +86,11 @@ def test_todays_sglang_surface(gloo_worlds, layout):
             assert got["cp_cases"] == 3 and got["changed_split"] == 2, got
             assert "replica 0's ranks pass different cp_shard_counts" in got["disagree"], got
             assert "sum to" in got["wrong_sum"], got
-    for key in ("disagree", "wrong_sum"):
+            cp = layout[2]
+            assert f"rank 0 passed cp_shard_counts {[5, -1] + [0] * (cp - 2)}: not {cp} " \
+                "ints >= 0" in got["negative"], got
+            assert f"rank 0 passed cp_shard_counts that are not {cp} ints" in got["huge"], got
+    for key in ("disagree", "wrong_sum", "negative", "huge"):
         assert len({got.get(key) for got in res}) == 1, f"{key}: ranks raised differently"
 
 
