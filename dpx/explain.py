@@ -70,7 +70,7 @@ def schedule_lines(plan: DpPlan, rank: int, *, row_bytes: int, cost_model: CostM
                    f"{est.seconds * 1e6:.1f} us")
         for step, cost in zip(sched.steps, est.steps):
             moved = f"sends {fmt_bytes(cost.moved)}" if cost.moved else (
-                "no peers" if cost.collective else "local")
+                "sends nothing" if cost.collective else "local")
             out.append(f"    {str(step):<78} {moved:>18} {cost.seconds * 1e6:8.1f} us")
         out += [f"    note: {note}" for note in sched.notes]
     return out

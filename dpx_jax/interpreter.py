@@ -30,7 +30,7 @@ from dpx.steps import (IN, OUT, AllGather, AllGatherCounts, AllGatherV, AllReduc
 from dpx.wire import wire_row_bytes
 from dpx_jax.counts import exchange_counts
 from dpx_jax.mesh import DEFAULT_AXES, Axes
-from dpx_jax.rows import Impl, _pack, _unpack, move
+from dpx_jax.rows import Impl, _pack, _unpack, move, vary_over
 from dpx_jax.wire import dequantize, dequantize_sum, quantize_take
 
 __all__ = ["group_axes", "HANDLERS", "JaxValues", "run_schedule"]
@@ -246,8 +246,8 @@ def _equal(collective, s: AllGather | ReduceScatter, run: _Run) -> None:
     this device alone, and the rows stay as they are)."""
     x = run.read(s.src)
     names = group_axes(run.axes, s.group)
-    if names and s.rows:
-        x = collective(x, names)
+    if names and s.rows:   # (typed varying over the group: an input may be typed invariant)
+        x = collective(vary_over(x, names), names)
     elif names:
         x = jnp.zeros((0, *x.shape[1:]), x.dtype)
     run.write(s.dst, x)
@@ -276,6 +276,7 @@ def _all_reduce(s: AllReduce, run: _Run) -> None:
     if s.rows and names:
         # a bool buffer is summed as uint8 (one writer a row, the others zeros: exact)
         # and keeps its dtype, which psum would promote
+        x = vary_over(x, names)   # (a row's writer varies; its copies' zeros may not)
         x = lax.psum(x.astype(jnp.uint8), names).astype(x.dtype) if x.dtype == jnp.bool_ \
             else lax.psum(x, names)
     run.write(s.buf, x)

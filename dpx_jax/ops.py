@@ -147,7 +147,9 @@ def _counts(plan: DpPlan, counts) -> jax.Array | None:
 
 
 def _check_rows(name: str, x, rows: int, *, exact: bool) -> None:
-    if not hasattr(x, "shape") or len(x.shape) < 1:
+    if not _is_array(x):
+        raise DpxTypeError(f"{name} must be an array, got {type(x).__name__}")
+    if len(x.shape) < 1:
         raise DpxValueError(f"{name} must be an array with a row dimension")
     if (x.shape[0] != rows) if exact else (x.shape[0] < rows):
         rule = "exactly" if exact else "at least"
@@ -214,6 +216,10 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
     """
     if not _is_array(local):
         leaves, tree = jax.tree.flatten(local)
+        for x in leaves:
+            if not _is_array(x):
+                raise DpxTypeError("local must be an array or a pytree of arrays; a leaf is "
+                                   f"{x!r:.60} ({type(x).__name__})")
         flags = [_per_leaf(name, v, tree, len(leaves))
                  for name, v in (("partial", partial), ("wire", wire))]
         if wire_scale is None or isinstance(wire_scale, (int, float)):

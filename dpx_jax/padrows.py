@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from dpx import values as V
-from dpx.errors import DpxValueError
+from dpx.errors import DpxTypeError, DpxValueError
 from dpx.extents import fill_bits, real_ranges
 from dpx.plan import DpPlan, check_plan
 from dpx.routes import symbolic_geometry, symbolic_rank
@@ -40,7 +40,9 @@ def mask_pad_rows(t: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None
     replicas; every mode) set to ``fill``, a value of ``t``'s dtype stored as the element
     :func:`dpx.extents.fill_bits` gives (the same bits as dpx_torch's)."""
     check_plan(plan)
-    if not hasattr(t, "shape") or len(t.shape) < 1 or t.shape[0] != plan.global_rows:
+    if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+        raise DpxTypeError(f"t must be an array, got {type(t).__name__}")
+    if len(t.shape) < 1 or t.shape[0] != plan.global_rows:
         raise DpxValueError(f"t must be an array of plan.global_rows={plan.global_rows} "
                             f"rows, got shape {getattr(t, 'shape', None)}")
     bits, size = fill_bits(fill, t.dtype.name)

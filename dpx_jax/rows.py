@@ -210,7 +210,9 @@ def move(src, src_start, dst_start, count, rows: int, impl: Impl) -> jax.Array:
 
 
 def _check(name: str, src, rows) -> None:
-    if not hasattr(src, "shape") or len(src.shape) < 1:
+    if not hasattr(src, "shape") or not hasattr(src, "dtype"):
+        raise DpxTypeError(f"{name}: src must be an array, got {type(src).__name__}")
+    if len(src.shape) < 1:
         raise DpxValueError(f"{name}: src must be an array with a row dimension")
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
         raise DpxValueError(f"{name}: rows={rows!r} must be a static int >= 0")

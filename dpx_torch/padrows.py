@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from dpx import values as V
-from dpx.errors import DpxValueError
+from dpx.errors import DpxTypeError, DpxValueError
 from dpx.extents import fill_bits, real_ranges
 from dpx.plan import DpPlan, check_plan
 from dpx_torch.checks import check_device_counts
@@ -71,7 +71,9 @@ def mask_pad_rows(t: torch.Tensor, plan: DpPlan, *, counts: torch.Tensor | None 
     counts (other capacity plans first add the counts into offsets on the device); torch
     ops on CPU (``passes``: :mod:`dpx_torch.passes`, default the device's)."""
     _check(plan, None, torch.device("cpu"))
-    if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != plan.global_rows:
+    if not isinstance(t, torch.Tensor):
+        raise DpxTypeError(f"t must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() < 1 or t.shape[0] != plan.global_rows:
         raise DpxValueError(f"t must be a tensor of plan.global_rows={plan.global_rows} rows, "
                             f"got shape {tuple(getattr(t, 'shape', ()))}")
     if not t.is_contiguous():

@@ -196,6 +196,8 @@ CASES = {
                    r"partial has 1 entries for 2 tensors"),
     "mask-rows": (lambda c: _mask(_x(4)), DpxValueError,
                   r"t must be a tensor of plan.global_rows=5 rows, got shape \(4, 4\)"),
+    "mask-type": (lambda c: _mask([[0.0]] * 5), DpxTypeError,
+                  r"t must be a torch.Tensor, got list"),
     "mask-fill": (lambda c: _mask(torch.zeros(5, 2, dtype=torch.uint8), fill=-1),
                   DpxValueError, r"fill=-1 is not a value of uint8: an integer in \[0, 255\]"),
     "mask-counts": (lambda c: _mask(_x(5), counts=torch.tensor([5], dtype=torch.int32)),

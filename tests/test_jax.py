@@ -163,6 +163,21 @@ def test_ops_bad_inputs():
         run(lambda l: dpx_jax.scatter(l, plan, counts=jnp.zeros(2, jnp.int32)))
     with pytest.raises(dpx.DpxTypeError, match="partial"):
         run(lambda l: dpx_jax.gather(l, plan, partial=1))
+    # not an array (bad types: DpxTypeError), a pytree of them too; a scalar array's shape
+    # is a bad value
+    for call, name in ((lambda v: dpx_jax.gather(v, plan, partial=True), "local"),
+                       (lambda v: dpx_jax.scatter(v, plan), "global_"),
+                       (lambda v: dpx_jax.reduce_scatter(v, plan), "global_"),
+                       (lambda v: dpx_jax.scatter_columns(v, plan), "shard"),
+                       (lambda v: dpx_jax.mask_pad_rows(v, plan), "t"),
+                       (lambda v: dpx_jax.place_rows(v, 0, 1, 4), "src")):
+        with pytest.raises(dpx.DpxTypeError, match=f"{name}.* must be an array"):
+            call(1.0)
+        with pytest.raises(dpx.DpxValueError, match=f"{name}"):
+            call(jnp.float32(1.0))
+    for tree in ([[1.0, 2.0]], {"h": 3}, (x, 2.0)):
+        with pytest.raises(dpx.DpxTypeError, match="a pytree of arrays; a leaf is"):
+            dpx_jax.gather(tree, plan, partial=True)
 
 
 def test_counts_errors_name_the_dtype_and_shape():
@@ -419,8 +434,9 @@ def test_context_parallel(layout):
 
 
 @pytest.mark.parametrize("layout_args,mode,partial", [
-    ((8, 4), "max_len", False), ((8, 2, 2), "gatherv", False), ((8, 2, 2), "sum_len", True)],
-    ids=["tp-copies", "tp-and-cp-copies", "cp-copies"])
+    ((8, 4), "max_len", False), ((8, 4), "sum_len", False), ((8, 2, 2), "gatherv", False),
+    ((8, 2, 2), "sum_len", True)],
+    ids=["tp-copies", "tp-copies-summed", "tp-and-cp-copies", "cp-copies"])
 def test_a_replicated_weight_before_a_gather_gets_the_dense_gradient(layout_args, mode,
                                                                       partial):
     """A training step's usual shape: tokens on every device (the copies of a replica
@@ -468,6 +484,39 @@ def test_a_replicated_weight_before_a_gather_gets_the_dense_gradient(layout_args
                                out_specs=P())
         got_x = jax.jit(jax.grad(step_x))(jnp.asarray(xr.reshape(-1, H)), wq, tgt)
         np.testing.assert_allclose(got_x.reshape(dp, L, H), want_x, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout_args", [(8, 4), (8, 2, 2)], ids=["tp", "cp-and-tp"])
+def test_inputs_typed_replicated_over_their_copies(layout_args):
+    """An input typed replicated over the axes of a replica's copies (``in_specs=P("dp")``,
+    invariant over cp and tp, as the gradient test's tokens): a replicated gather and a
+    reduce_scatter in every mode equal the reference (the summing collectives take the
+    input cast to vary over their axes; a size-1 axis left invariant raised in psum)."""
+    lay = dpx.DpLayout(*layout_args)
+    mesh, W, dp = mesh_for(lay), lay.world_size, lay.dp_size
+    copies = W // dp
+    for mode in ("sum_len", "max_len", "gatherv"):
+        plan = dpx.plan_step([3, 0, 5, 2][:dp], lay, mode=mode)
+        L, G = plan.max_slot_rows, plan.global_rows
+        xr = np.arange(dp * L * 2, dtype=np.float32).reshape(dp, L, 2)
+        gr = np.arange(dp * G * 2, dtype=np.float32).reshape(dp, G, 2) - 7
+        f = jax.jit(jax.shard_map(
+            lambda x, g: (dpx_jax.gather(x, plan, partial=False),
+                          dpx_jax.reduce_scatter(g, plan)),
+            mesh=mesh, in_specs=P("dp"), out_specs=SPEC))
+        got_g, got_rs = (unstack(o, W) for o in f(jnp.asarray(xr.reshape(-1, 2)),
+                                                   jnp.asarray(gr.reshape(-1, 2))))
+        want_g = np.zeros((G, 2), np.float32)
+        total = gr.sum(0) * copies   # every device's buffer: its replica's, once a copy
+        for d in range(dp):
+            want_g[plan.offsets[d]:plan.offsets[d] + plan.num_tokens[d]] = \
+                xr[d, :plan.num_tokens[d]]
+        for r in range(W):
+            d = lay.coords(r).attn_dp_rank
+            n, o = plan.num_tokens[d], plan.offsets[d]
+            np.testing.assert_array_equal(got_g[r], want_g, err_msg=f"{mode} gather {r}")
+            np.testing.assert_array_equal(got_rs[r][:n], total[o:o + n], err_msg=f"{mode} {r}")
+            assert not got_rs[r][n:].any(), (mode, r)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bool_, jnp.int8], ids=["bool", "int8"])

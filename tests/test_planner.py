@@ -280,6 +280,9 @@ def test_explain_mentions_every_mode():
     for word in ("MAX_LEN", "SUM_LEN", "GATHERV", "slot  1", "0 real", "chosen", "attn_tp=2"):
         assert word in text
     assert "* MAX_LEN" in text
+    # a world collective that moves no bytes among 8 ranks is not a group without peers
+    idle = dpx.explain(plan_step([0], DpLayout(8, 1)))
+    assert "sends nothing" in idle and "no peers" not in idle, idle
 
 
 def test_cli_plan_runs():
