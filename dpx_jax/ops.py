@@ -43,7 +43,7 @@ from dpx.schedule import build_schedule, check_ride
 from dpx_jax.counts import check_n_local
 from dpx_jax.interpreter import JaxValues, run_schedule
 from dpx_jax.mesh import DEFAULT_AXES, Axes
-from dpx_jax.rows import Impl, match_vma, on_gpu, resolve_impl, vary_over
+from dpx_jax.rows import Impl, is_array, match_vma, on_gpu, resolve_impl, vary_over
 from dpx_jax.wire import split_wire
 
 __all__ = ["gather", "gather_with_counts", "reduce_scatter", "scatter", "scatter_columns"]
@@ -147,7 +147,7 @@ def _counts(plan: DpPlan, counts) -> jax.Array | None:
 
 
 def _check_rows(name: str, x, rows: int, *, exact: bool) -> None:
-    if not _is_array(x):
+    if not is_array(x):
         raise DpxTypeError(f"{name} must be an array, got {type(x).__name__}")
     if len(x.shape) < 1:
         raise DpxValueError(f"{name} must be an array with a row dimension")
@@ -180,10 +180,6 @@ def _call(x, plan: DpPlan, op: Op, partial: bool, c: jax.Array | None, impl,
     return _run(x, c, spec)
 
 
-def _is_array(x) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
 def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
            impl: Impl | str = Impl.AUTO, wire: Wire | str = Wire.NATIVE,
            dequantize: bool = True, axes: Axes = DEFAULT_AXES, wire_scale=None):
@@ -214,10 +210,10 @@ def gather(local, plan: DpPlan, *, partial, counts: jax.Array | None = None,
     ``axes`` (every op takes it) names the caller's mesh axes of the dp, cp and tp
     dimensions (:class:`dpx_jax.Axes`); other mesh axes are outside the DP-attention group.
     """
-    if not _is_array(local):
+    if not is_array(local):
         leaves, tree = jax.tree.flatten(local)
         for x in leaves:
-            if not _is_array(x):
+            if not is_array(x):
                 raise DpxTypeError("local must be an array or a pytree of arrays; a leaf is "
                                    f"{x!r:.60} ({type(x).__name__})")
         flags = [_per_leaf(name, v, tree, len(leaves))

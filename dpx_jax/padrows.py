@@ -19,6 +19,7 @@ from dpx.routes import symbolic_geometry, symbolic_rank
 from dpx_jax.interpreter import JaxValues
 from dpx_jax.mesh import DEFAULT_AXES, Axes
 from dpx_jax.ops import _axes, _counts
+from dpx_jax.rows import is_array
 
 __all__ = ["local_count", "local_row_mask", "mask_pad_rows", "pad_row_mask"]
 
@@ -40,11 +41,11 @@ def mask_pad_rows(t: jax.Array, plan: DpPlan, *, counts: jax.Array | None = None
     replicas; every mode) set to ``fill``, a value of ``t``'s dtype stored as the element
     :func:`dpx.extents.fill_bits` gives (the same bits as dpx_torch's)."""
     check_plan(plan)
-    if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+    if not is_array(t):
         raise DpxTypeError(f"t must be an array, got {type(t).__name__}")
     if len(t.shape) < 1 or t.shape[0] != plan.global_rows:
         raise DpxValueError(f"t must be an array of plan.global_rows={plan.global_rows} "
-                            f"rows, got shape {getattr(t, 'shape', None)}")
+                            f"rows, got shape {t.shape}")
     bits, size = fill_bits(fill, t.dtype.name)
     pad = pad_row_mask(plan, counts=counts).reshape((-1,) + (1,) * (t.ndim - 1))
     if t.dtype == jnp.bool_:

@@ -31,7 +31,7 @@ import numpy as np
 from dpx.errors import DpxTypeError, DpxValueError
 
 __all__ = [
-    "Impl", "match_vma", "move", "move_rows", "on_gpu", "pack_rows", "place_rows", "platform",
+    "Impl", "is_array", "match_vma", "move", "move_rows", "on_gpu", "pack_rows", "place_rows", "platform",
     "resolve_impl", "take_rows", "unpack_rows", "vary_like", "vary_over"
 ]
 
@@ -209,8 +209,14 @@ def move(src, src_start, dst_start, count, rows: int, impl: Impl) -> jax.Array:
                  _index("count", count), rows, src.shape[0], impl)
 
 
+def is_array(x) -> bool:
+    """Whether ``x`` is an array (a ``jax.Array``, a tracer, a NumPy array): every op's
+    input rule, before its shape is read."""
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
 def _check(name: str, src, rows) -> None:
-    if not hasattr(src, "shape") or not hasattr(src, "dtype"):
+    if not is_array(src):
         raise DpxTypeError(f"{name}: src must be an array, got {type(src).__name__}")
     if len(src.shape) < 1:
         raise DpxValueError(f"{name}: src must be an array with a row dimension")
