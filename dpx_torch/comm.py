@@ -232,10 +232,9 @@ class DpComm(OverflowMethods, CacheMethods, TransportMethods):
     def local_slot(self, out: torch.Tensor, plan: DpPlan) -> torch.Tensor:
         """This rank's rows of the gather's output ``out [plan.global_rows, H...]`` (its
         replica's slot, pad rows included, or its CP shard): write the rank's rows there
-        and ``gather(slot, plan, partial=..., out=out)`` moves none of them locally. The
-        place under the plan's host counts; for a call that passes device counts ask
-        :meth:`local_slot_for`, which raises a dpx error where that place is device data
-        (SUM_LEN / GATHERV capacity plans, CP shards)."""
+        and ``gather(slot, plan, partial=..., out=out)`` moves none of them locally. Under
+        the host counts; with device counts ask :meth:`local_slot_for` (a dpx error where
+        the place is device data: SUM_LEN / GATHERV capacity plans, CP shards)."""
         return self.local_slot_for(out, plan, counts=None)
 
     def local_slot_for(self, out: torch.Tensor, plan: DpPlan, *,
