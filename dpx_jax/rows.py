@@ -31,8 +31,8 @@ import numpy as np
 from dpx.errors import DpxTypeError, DpxValueError
 
 __all__ = [
-    "Impl", "is_array", "match_vma", "move", "move_rows", "on_gpu", "pack_rows", "place_rows", "platform",
-    "resolve_impl", "take_rows", "unpack_rows", "vary_like", "vary_over"
+    "Impl", "is_array", "match_vma", "move", "move_rows", "on_gpu", "pack_rows", "place_rows",
+    "platform", "resolve_impl", "take_rows", "unpack_rows", "vary_like", "vary_over"
 ]
 
 

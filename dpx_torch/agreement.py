@@ -28,9 +28,12 @@ from dpx_torch.collectives import all_gather_single
 
 __all__ = ["Agreement"]
 
-#: What a rank sends for ``cp_shard_counts`` that are not ints in int64's reach (an int
-#: sent as it is below it in magnitude, so every rank's message can name it).
-_NOT_INTS = -(1 << 62)
+#: A host int an exchange carries as it is (int64, with room for the markers below): a
+#: count sent is below it, and a cp_shard_counts entry below it in magnitude (so every
+#: rank's message can name it).
+_HOST_INT_LIMIT = 1 << 62
+#: What a rank sends for ``cp_shard_counts`` that are not such ints.
+_NOT_INTS = -_HOST_INT_LIMIT
 #: The plan fields a mismatch message compares, in the order it names them.
 _PLAN_FIELDS = ("mode", "num_tokens", "cp_shards", "capacity", "is_extend", "layout")
 
@@ -131,7 +134,7 @@ class Agreement:
         counts, make every rank raise :class:`dpx.DpxMismatchError` naming the rank and
         the value."""
         ok = (not isinstance(num_tokens, bool) and isinstance(num_tokens, int)
-              and 0 <= num_tokens < 2**62)
+              and 0 <= num_tokens < _HOST_INT_LIMIT)
         lay = self.layout
         group = self._cpu("sync_counts")
         mine = torch.tensor([num_tokens if ok else -1, int(bool(is_extend))],
@@ -169,7 +172,7 @@ class Agreement:
         try:   # ints of any sign travel as they are (named below); others as _NOT_INTS
             mine = [check_int("cp_shard_counts[i]", x, minimum=_NOT_INTS + 1)
                     for x in cp_shard_counts]  # type: ignore[attr-defined]
-            ok = len(mine) == cp and max(mine) < -_NOT_INTS
+            ok = len(mine) == cp and max(mine) < _HOST_INT_LIMIT
         except (TypeError, DpxError):
             ok = False
         row = torch.tensor(mine if ok else [_NOT_INTS] * cp, dtype=torch.int64)
